@@ -1,0 +1,408 @@
+//! The HTTP client: TLS setup, requests, and turning statuses into errors.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use reqwest::header::{HeaderMap, HeaderValue};
+use reqwest::{Method, Response, StatusCode, Url};
+
+use crate::error::{chain, excerpt};
+use crate::kv::{key_url, kv_url, parse_entries, request_timeout};
+use crate::{ClientConfig, Error, KvQuery, KvResponse, Token};
+
+const TOKEN_HEADER: &str = "X-Consul-Token";
+const INDEX_HEADER: &str = "X-Consul-Index";
+
+/// A Consul KV client. Clones share one connection pool.
+///
+/// Without HTTP/2 every blocking query in flight holds its own connection, and
+/// Consul allows 200 per client IP by default (`http_max_conns_per_client`)
+/// and silently drops the rest, so share watches rather than clients.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    http: reqwest::Client,
+    /// Where requests go; its host is the TLS server name when one is configured.
+    base: Url,
+    address: String,
+    token: Option<Token>,
+    wait: Duration,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("address", &self.inner.address)
+            .field("wait", &self.inner.wait)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Client {
+    /// Builds the client. Async only to resolve the host once when
+    /// `tls_server_name` is set; it sends no request.
+    pub async fn new(config: ClientConfig) -> Result<Self, Error> {
+        if config.wait < Duration::from_millis(1) {
+            return Err(Error::Config("wait must be at least 1ms".into()));
+        }
+        let mut base = parse_address(&config.address)?;
+        let builder = reqwest::Client::builder()
+            .user_agent(concat!("consulbind-consul-kv/", env!("CARGO_PKG_VERSION")))
+            .http1_only()
+            .connect_timeout(Duration::from_secs(5))
+            // Detect dead peers on long polls that carry no data for minutes.
+            .tcp_keepalive(Duration::from_secs(30))
+            .pool_max_idle_per_host(32);
+        let mut builder = with_tls(builder, &config)?;
+        if let (Some(name), "https") = (&config.tls_server_name, base.scheme()) {
+            let addrs = resolve(&base, &config.address).await?;
+            builder = builder.resolve_to_addrs(name, &addrs);
+            base.set_host(Some(name))
+                .map_err(|e| Error::Config(format!("bad TLS server name {name:?}: {e}")))?;
+        }
+
+        let http = builder
+            .build()
+            .map_err(|e| Error::Config(format!("cannot build HTTP client: {}", chain(&e))))?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                http,
+                base,
+                address: config.address,
+                token: config.token,
+                wait: config.wait,
+            }),
+        })
+    }
+
+    /// The address as configured, for display and for telling clients apart.
+    pub fn address(&self) -> &str {
+        &self.inner.address
+    }
+
+    /// Reads a key or prefix. `index == 0` is a plain read; `index >= 1` is a
+    /// blocking query that returns once Consul's index passes `index` or the
+    /// configured wait runs out. Compute the index with [`crate::index::next`].
+    pub async fn get(&self, query: &KvQuery, index: u64) -> Result<KvResponse, Error> {
+        let blocking = (index >= 1).then_some(self.inner.wait);
+        let url = kv_url(&self.inner.base, query, index, self.inner.wait);
+        let token = query.token.as_ref().or(self.inner.token.as_ref());
+        let response = self
+            .send(Method::GET, url, token, request_timeout(blocking), None)
+            .await?;
+        let status = response.status();
+        tracing::trace!(key = %query.key, index, status = status.as_u16(), "consul kv get");
+        match status {
+            StatusCode::OK | StatusCode::NOT_FOUND => {
+                let index = parse_index(response.headers())?;
+                let entries = match status {
+                    StatusCode::OK => parse_entries(&self.body(response).await?)?,
+                    _ => Vec::new(),
+                };
+                Ok(KvResponse { index, entries })
+            }
+            _ => Err(self.status_error(&query.key, "read", response, token).await),
+        }
+    }
+
+    /// Writes a value (a plain, non-CAS PUT). Mostly for tests and demos.
+    pub async fn put(&self, key: &str, value: &[u8], token: Option<&Token>) -> Result<(), Error> {
+        let url = key_url(&self.inner.base, key);
+        self.write(Method::PUT, url, key, Some(value.to_vec()), token)
+            .await
+    }
+
+    /// Deletes a key, or every key under a prefix when `recurse` is set.
+    pub async fn delete(
+        &self,
+        key: &str,
+        recurse: bool,
+        token: Option<&Token>,
+    ) -> Result<(), Error> {
+        let mut url = key_url(&self.inner.base, key);
+        if recurse {
+            url.query_pairs_mut().append_key_only("recurse");
+        }
+        self.write(Method::DELETE, url, key, None, token).await
+    }
+
+    async fn write(
+        &self,
+        method: Method,
+        url: Url,
+        key: &str,
+        body: Option<Vec<u8>>,
+        token: Option<&Token>,
+    ) -> Result<(), Error> {
+        let token = token.or(self.inner.token.as_ref());
+        let response = self
+            .send(method, url, token, request_timeout(None), body)
+            .await?;
+        if response.status() != StatusCode::OK {
+            return Err(self.status_error(key, "write", response, token).await);
+        }
+        match self.body(response).await?.trim_ascii() {
+            b"true" => Ok(()),
+            other => Err(Error::Protocol(format!(
+                "write to key {key:?} answered {:?} instead of true",
+                excerpt(&String::from_utf8_lossy(other))
+            ))),
+        }
+    }
+
+    async fn send(
+        &self,
+        method: Method,
+        url: Url,
+        token: Option<&Token>,
+        timeout: Duration,
+        body: Option<Vec<u8>>,
+    ) -> Result<Response, Error> {
+        let mut request = self.inner.http.request(method, url).timeout(timeout);
+        if let Some(token) = token {
+            let mut value = HeaderValue::from_str(token.expose()).map_err(|_| {
+                Error::Config("the ACL token has characters not allowed in an HTTP header".into())
+            })?;
+            // Keeps the value out of hyper's and reqwest's debug output.
+            value.set_sensitive(true);
+            request = request.header(TOKEN_HEADER, value);
+        }
+        if let Some(body) = body {
+            request = request.body(body);
+        }
+        request.send().await.map_err(|e| self.unreachable(&e))
+    }
+
+    async fn body(&self, response: Response) -> Result<Vec<u8>, Error> {
+        let bytes = response.bytes().await.map_err(|e| self.unreachable(&e))?;
+        Ok(bytes.to_vec())
+    }
+
+    /// The error for a status other than the expected ones.
+    async fn status_error(
+        &self,
+        key: &str,
+        policy: &'static str,
+        response: Response,
+        token: Option<&Token>,
+    ) -> Error {
+        let status = response.status().as_u16();
+        let body = response.bytes().await.unwrap_or_default();
+        let mut body = excerpt(&String::from_utf8_lossy(&body));
+        // Consul does not echo tokens, but make sure no future version can leak one here.
+        if let Some(token) = token.filter(|t| !t.expose().is_empty()) {
+            body = body.replace(token.expose(), "<redacted>");
+        }
+        match status {
+            401 | 403 => Error::AccessDenied {
+                key: key.to_owned(),
+                status,
+                message: body,
+                policy,
+            },
+            _ => Error::Server {
+                address: self.inner.address.clone(),
+                key: key.to_owned(),
+                status,
+                body,
+            },
+        }
+    }
+
+    fn unreachable(&self, err: &reqwest::Error) -> Error {
+        let detail = match err.is_timeout() {
+            true => format!("request timed out ({})", chain(err)),
+            false => chain(err),
+        };
+        Error::Unreachable {
+            address: self.inner.address.clone(),
+            detail,
+        }
+    }
+}
+
+/// Adds the CA, the client certificate and the verification setting.
+fn with_tls(
+    mut builder: reqwest::ClientBuilder,
+    config: &ClientConfig,
+) -> Result<reqwest::ClientBuilder, Error> {
+    if let Some(path) = &config.ca_cert {
+        let pem = read_pem("CA certificate", path)?;
+        let certs = reqwest::Certificate::from_pem_bundle(&pem)
+            .map_err(|e| Error::Config(format!("bad CA certificate {path:?}: {e}")))?;
+        if certs.is_empty() {
+            return Err(Error::Config(format!(
+                "no PEM certificate in CA file {path:?}"
+            )));
+        }
+        // Like Consul's own client: a configured CA replaces the public roots.
+        builder = builder.tls_built_in_root_certs(false);
+        for cert in certs {
+            builder = builder.add_root_certificate(cert);
+        }
+    }
+    match (&config.client_cert, &config.client_key) {
+        (Some(cert), Some(key)) => {
+            let mut pem = read_pem("client key", key)?;
+            pem.push(b'\n');
+            pem.extend(read_pem("client certificate", cert)?);
+            let identity = reqwest::Identity::from_pem(&pem)
+                .map_err(|e| Error::Config(format!("bad client certificate or key: {e}")))?;
+            builder = builder.identity(identity);
+        }
+        (None, None) => {}
+        _ => {
+            return Err(Error::Config(
+                "client certificate and client key must be set together".into(),
+            ));
+        }
+    }
+    Ok(builder.danger_accept_invalid_certs(!config.ssl_verify))
+}
+
+/// Parses a configured address; a bare `host:port` means http.
+fn parse_address(address: &str) -> Result<Url, Error> {
+    let with_scheme = match address.contains("://") {
+        true => address.to_owned(),
+        false => format!("http://{address}"),
+    };
+    let url = Url::parse(&with_scheme)
+        .map_err(|e| Error::Config(format!("bad Consul address {address:?}: {e}")))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(Error::Config(format!(
+            "bad Consul address {address:?}: only http:// and https:// are supported"
+        )));
+    }
+    if url.query().is_some() || url.fragment().is_some() || !url.username().is_empty() {
+        return Err(Error::Config(format!(
+            "bad Consul address {address:?}: expected scheme://host:port"
+        )));
+    }
+    Ok(url)
+}
+
+/// The socket addresses of the configured host, so that requests can go to
+/// the TLS server name and still reach the real host.
+async fn resolve(base: &Url, address: &str) -> Result<Vec<SocketAddr>, Error> {
+    let port = base.port_or_known_default().unwrap_or(443);
+    let unreachable = |detail: String| Error::Unreachable {
+        address: address.to_owned(),
+        detail,
+    };
+    // IPv6 hosts come bracketed in URLs; lookup_host parses IP literals itself.
+    let host = base.host_str().unwrap_or_default();
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host, port))
+        .await
+        .map_err(|e| unreachable(format!("cannot resolve {host}: {e}")))?
+        .collect();
+    if addrs.is_empty() {
+        return Err(unreachable("the host resolved to no address".into()));
+    }
+    Ok(addrs)
+}
+
+fn parse_index(headers: &HeaderMap) -> Result<u64, Error> {
+    headers
+        .get(INDEX_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| Error::Protocol(format!("missing or invalid {INDEX_HEADER} header")))
+}
+
+fn read_pem(what: &str, path: &std::path::Path) -> Result<Vec<u8>, Error> {
+    std::fs::read(path).map_err(|e| Error::Config(format!("cannot read {what} {path:?}: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses() {
+        let url = parse_address("127.0.0.1:8500").unwrap();
+        assert_eq!(url.as_str(), "http://127.0.0.1:8500/");
+        let url = parse_address("https://consul.example:8501").unwrap();
+        assert_eq!(url.scheme(), "https");
+        for bad in [
+            "unix:///var/run/consul.sock",
+            "http://a:1/?x=1",
+            "http://u@host:1",
+            "::",
+        ] {
+            let err = parse_address(bad).unwrap_err();
+            assert_eq!(err.kind(), crate::ErrorKind::Config, "{bad}");
+        }
+    }
+
+    #[test]
+    fn index_header_is_required() {
+        let mut headers = HeaderMap::new();
+        assert_eq!(
+            parse_index(&headers).unwrap_err().kind(),
+            crate::ErrorKind::Protocol
+        );
+        headers.insert(INDEX_HEADER, "abc".parse().unwrap());
+        assert!(parse_index(&headers).is_err());
+        headers.insert(INDEX_HEADER, "1234".parse().unwrap());
+        assert_eq!(parse_index(&headers).unwrap(), 1234);
+    }
+
+    #[tokio::test]
+    async fn certificate_without_key_is_refused() {
+        let config = ClientConfig {
+            client_cert: Some("/nonexistent/cert.pem".into()),
+            ..Default::default()
+        };
+        let err = Client::new(config).await.unwrap_err();
+        assert!(err.to_string().contains("together"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn ca_file_without_certificates_is_refused() {
+        let path = std::env::temp_dir().join(format!("consul-kv-ca-{}", std::process::id()));
+        std::fs::write(&path, "not a certificate\n").unwrap();
+        let config = ClientConfig {
+            ca_cert: Some(path.clone()),
+            ..Default::default()
+        };
+        let err = Client::new(config).await.unwrap_err();
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(err.kind(), crate::ErrorKind::Config, "{err}");
+    }
+
+    #[tokio::test]
+    async fn token_unfit_for_a_header_is_a_config_error() {
+        let client = Client::new(ClientConfig::default()).await.unwrap();
+        let query = KvQuery {
+            token: Some(Token::new("s3cr3t\n")),
+            ..KvQuery::exact("k")
+        };
+        let err = client.get(&query, 0).await.unwrap_err();
+        assert_eq!(err.kind(), crate::ErrorKind::Config);
+        assert!(!format!("{err} {err:?}").contains("s3cr3t"));
+    }
+
+    #[tokio::test]
+    async fn connection_refused_is_unreachable() {
+        // Port 9 (discard) is closed on test machines.
+        let config = ClientConfig {
+            address: "127.0.0.1:9".into(),
+            token: Some(Token::new("s3cr3t")),
+            ..Default::default()
+        };
+        let client = Client::new(config).await.unwrap();
+        let err = client.get(&KvQuery::exact("k"), 0).await.unwrap_err();
+        assert_eq!(err.kind(), crate::ErrorKind::Unreachable);
+        let text = format!("{err} {err:?}");
+        assert!(
+            text.contains("cannot reach Consul at 127.0.0.1:9"),
+            "{text}"
+        );
+        assert!(!text.contains("s3cr3t"), "{text}");
+    }
+}

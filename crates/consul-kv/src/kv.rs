@@ -1,0 +1,292 @@
+//! KV request and response types, and the pure parts of a request: its URL,
+//! its timeout and the parsing of its body.
+
+use std::time::Duration;
+
+use reqwest::Url;
+use serde::Deserialize;
+
+use crate::{Error, Token};
+
+/// What to read. Equal queries can share one watch, so this is `Hash + Eq`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct KvQuery {
+    /// The key, or the prefix when `recurse` is set. An empty prefix is the whole KV store.
+    pub key: String,
+    /// Read every key that starts with `key`. This is a string prefix, so
+    /// `app` also matches `apple`; end prefixes with `/` to mean a folder.
+    pub recurse: bool,
+    pub datacenter: Option<String>,
+    pub namespace: Option<String>,
+    pub partition: Option<String>,
+    /// Overrides the client's default token.
+    pub token: Option<Token>,
+}
+
+impl KvQuery {
+    /// One exact key.
+    pub fn exact(key: impl Into<String>) -> Self {
+        Self {
+            key: key.into(),
+            ..Self::default()
+        }
+    }
+
+    /// Every key under a prefix.
+    pub fn prefix(prefix: impl Into<String>) -> Self {
+        Self {
+            key: prefix.into(),
+            recurse: true,
+            ..Self::default()
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KvEntry {
+    pub key: String,
+    /// The raw value; a key stored with no value (Consul's `null`) reads as empty.
+    pub value: Vec<u8>,
+    pub modify_index: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KvResponse {
+    /// `X-Consul-Index`. Pass it through [`crate::index::next`] before reusing it.
+    pub index: u64,
+    /// Sorted by key. Empty when nothing matched; at most one entry without `recurse`.
+    pub entries: Vec<KvEntry>,
+}
+
+impl KvResponse {
+    /// Whether both hold the same keys and values. Indexes are ignored on
+    /// purpose: rewriting the same bytes bumps them without changing anything.
+    pub fn same_contents(&self, other: &KvResponse) -> bool {
+        self.entries.len() == other.entries.len()
+            && self
+                .entries
+                .iter()
+                .zip(&other.entries)
+                .all(|(a, b)| a.key == b.key && a.value == b.value)
+    }
+}
+
+/// The URL of a KV read. Index 0 is a plain read; index >= 1 makes it a
+/// blocking query that Consul holds for up to `wait`.
+pub(crate) fn kv_url(base: &Url, query: &KvQuery, index: u64, wait: Duration) -> Url {
+    let mut url = key_url(base, &query.key);
+    {
+        let mut params = url.query_pairs_mut();
+        let optional = [
+            ("dc", &query.datacenter),
+            ("ns", &query.namespace),
+            ("partition", &query.partition),
+        ];
+        for (name, value) in optional {
+            if let Some(value) = value {
+                params.append_pair(name, value);
+            }
+        }
+        if query.recurse {
+            params.append_key_only("recurse");
+        }
+        if index >= 1 {
+            params.append_pair("index", &index.to_string());
+            params.append_pair("wait", &format!("{}ms", wait.as_millis()));
+        }
+    }
+    // query_pairs_mut leaves a bare "?" behind when nothing was appended.
+    if url.query() == Some("") {
+        url.set_query(None);
+    }
+    url
+}
+
+/// `<base>/v1/kv/<key>`, each key segment percent-encoded and `/` kept.
+pub(crate) fn key_url(base: &Url, key: &str) -> Url {
+    let mut url = base.clone();
+    url.path_segments_mut()
+        .expect("http(s) URLs always have a path")
+        .pop_if_empty()
+        .extend(["v1", "kv"])
+        .extend(key.split('/'));
+    url
+}
+
+/// How long to wait for a response before calling Consul unreachable.
+/// Consul adds up to wait/16 of jitter to a blocking query and answers a
+/// little late under load, so anything shorter cuts healthy long polls.
+pub(crate) fn request_timeout(blocking_wait: Option<Duration>) -> Duration {
+    const MARGIN: Duration = Duration::from_secs(5);
+    const NON_BLOCKING: Duration = Duration::from_secs(30);
+    match blocking_wait {
+        Some(wait) => wait + wait / 16 + MARGIN,
+        None => NON_BLOCKING,
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct RawEntry {
+    key: String,
+    value: Option<String>,
+    modify_index: u64,
+}
+
+/// Parses the JSON array of a 200 response into entries sorted by key.
+pub(crate) fn parse_entries(body: &[u8]) -> Result<Vec<KvEntry>, Error> {
+    let raw: Vec<RawEntry> = serde_json::from_slice(body)
+        .map_err(|e| Error::Protocol(format!("KV response is not a JSON entry list: {e}")))?;
+    let mut entries = raw
+        .into_iter()
+        .map(|entry| {
+            let value = match entry.value.as_deref() {
+                None => Vec::new(),
+                Some(encoded) => crate::base64::decode(encoded).ok_or_else(|| {
+                    Error::Protocol(format!("value of key {:?} is not valid base64", entry.key))
+                })?,
+            };
+            Ok(KvEntry {
+                key: entry.key,
+                value,
+                modify_index: entry.modify_index,
+            })
+        })
+        .collect::<Result<Vec<_>, Error>>()?;
+    entries.sort_by(|a, b| a.key.cmp(&b.key));
+    Ok(entries)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn base() -> Url {
+        Url::parse("http://127.0.0.1:8500").unwrap()
+    }
+
+    const WAIT: Duration = Duration::from_secs(300);
+
+    #[test]
+    fn plain_read_has_no_query() {
+        let url = kv_url(&base(), &KvQuery::exact("app/db"), 0, WAIT);
+        assert_eq!(url.as_str(), "http://127.0.0.1:8500/v1/kv/app/db");
+    }
+
+    #[test]
+    fn blocking_read_sends_index_and_wait() {
+        let url = kv_url(&base(), &KvQuery::exact("app/db"), 42, WAIT);
+        assert_eq!(
+            url.as_str(),
+            "http://127.0.0.1:8500/v1/kv/app/db?index=42&wait=300000ms"
+        );
+    }
+
+    #[test]
+    fn optional_params_only_when_set() {
+        let query = KvQuery {
+            datacenter: Some("dc2".into()),
+            partition: Some("team-a".into()),
+            ..KvQuery::prefix("app/")
+        };
+        let url = kv_url(&base(), &query, 1, Duration::from_secs(10));
+        assert_eq!(
+            url.as_str(),
+            "http://127.0.0.1:8500/v1/kv/app/?dc=dc2&partition=team-a&recurse&index=1&wait=10000ms"
+        );
+        let query = KvQuery {
+            namespace: Some("ns1".into()),
+            ..KvQuery::exact("k")
+        };
+        let url = kv_url(&base(), &query, 0, WAIT);
+        assert_eq!(url.as_str(), "http://127.0.0.1:8500/v1/kv/k?ns=ns1");
+    }
+
+    #[test]
+    fn empty_prefix_is_the_kv_root() {
+        let url = kv_url(&base(), &KvQuery::prefix(""), 0, WAIT);
+        assert_eq!(url.as_str(), "http://127.0.0.1:8500/v1/kv/?recurse");
+    }
+
+    #[test]
+    fn key_segments_are_percent_encoded() {
+        let url = key_url(&base(), "my app/a b?c#d%e");
+        assert_eq!(url.path(), "/v1/kv/my%20app/a%20b%3Fc%23d%25e");
+        assert_eq!(url.query(), None);
+    }
+
+    #[test]
+    fn base_path_is_kept() {
+        let base = Url::parse("https://proxy.example/consul/").unwrap();
+        assert_eq!(
+            key_url(&base, "k").as_str(),
+            "https://proxy.example/consul/v1/kv/k"
+        );
+    }
+
+    #[test]
+    fn timeout_outlasts_a_blocking_wait() {
+        let five_min = Duration::from_secs(300);
+        assert_eq!(
+            request_timeout(Some(five_min)),
+            five_min + Duration::from_millis(18_750) + Duration::from_secs(5)
+        );
+        assert_eq!(
+            request_timeout(Some(Duration::from_secs(16))),
+            Duration::from_secs(22)
+        );
+        assert_eq!(request_timeout(None), Duration::from_secs(30));
+    }
+
+    #[test]
+    fn parses_entries_sorted_with_null_values() {
+        let body = br#"[
+            {"LockIndex":0,"Key":"app/b","Flags":0,"Value":"aGVsbG8=","CreateIndex":5,"ModifyIndex":9},
+            {"LockIndex":0,"Key":"app/","Flags":0,"Value":null,"CreateIndex":4,"ModifyIndex":4},
+            {"Key":"app/a","Value":"","ModifyIndex":7}
+        ]"#;
+        let entries = parse_entries(body).unwrap();
+        let keys: Vec<_> = entries.iter().map(|e| e.key.as_str()).collect();
+        assert_eq!(keys, ["app/", "app/a", "app/b"]);
+        assert_eq!(entries[0].value, b"");
+        assert_eq!(entries[1].value, b"");
+        assert_eq!(entries[2].value, b"hello");
+        assert_eq!(entries[2].modify_index, 9);
+    }
+
+    #[test]
+    fn same_contents_ignores_indexes() {
+        let entry = |key: &str, value: &[u8], modify_index| KvEntry {
+            key: key.into(),
+            value: value.into(),
+            modify_index,
+        };
+        let a = KvResponse {
+            index: 5,
+            entries: vec![entry("k", b"v", 5)],
+        };
+        let rewritten = KvResponse {
+            index: 9,
+            entries: vec![entry("k", b"v", 9)],
+        };
+        let changed = KvResponse {
+            index: 9,
+            entries: vec![entry("k", b"w", 9)],
+        };
+        let missing = KvResponse {
+            index: 9,
+            entries: vec![],
+        };
+        assert!(a.same_contents(&rewritten));
+        assert!(!a.same_contents(&changed));
+        assert!(!a.same_contents(&missing));
+    }
+
+    #[test]
+    fn rejects_bad_json_and_bad_base64() {
+        let err = parse_entries(b"{\"not\":\"a list\"}").unwrap_err();
+        assert_eq!(err.kind(), crate::ErrorKind::Protocol);
+        let err = parse_entries(br#"[{"Key":"k","Value":"!!","ModifyIndex":1}]"#).unwrap_err();
+        assert!(err.to_string().contains("\"k\""), "{err}");
+    }
+}

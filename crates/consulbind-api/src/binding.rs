@@ -1,0 +1,259 @@
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Binds Consul KV keys or prefixes to workloads in the same namespace. When the content behind the
+/// keys changes, the controller stamps a checksum into each workload's pod template, which makes
+/// Kubernetes roll it out.
+#[derive(CustomResource, Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "consulbind.dev",
+    version = "v1alpha1",
+    kind = "ConsulBinding",
+    plural = "consulbindings",
+    shortname = "cbind",
+    namespaced,
+    status = "ConsulBindingStatus",
+    doc = "Binds Consul KV keys or prefixes to Deployments, StatefulSets and DaemonSets in its namespace, and rolls them when the content changes.",
+    printcolumn = r#"{"name":"Keys","type":"string","jsonPath":".status.keySummary","description":"Keys present / keys bound"}"#,
+    printcolumn = r#"{"name":"Targets","type":"string","jsonPath":".status.targetSummary","description":"Targets carrying the applied checksum / targets found"}"#,
+    printcolumn = r#"{"name":"Checksum","type":"string","jsonPath":".status.shortChecksum","description":"Start of the applied checksum"}"#,
+    printcolumn = r#"{"name":"Last Change","type":"date","jsonPath":".status.lastChangeTime","description":"When a content change was last rolled out"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","priority":1,"jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ConsulBindingSpec {
+    /// Consul keys or key prefixes whose content drives the targets.
+    #[schemars(length(min = 1))]
+    pub keys: Vec<KeySource>,
+
+    /// Workloads in this namespace to roll when the content changes.
+    #[schemars(length(min = 1))]
+    pub targets: Vec<TargetRef>,
+
+    /// Per-binding Consul settings. Anything left out uses the controller's defaults.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consul: Option<ConsulSettings>,
+
+    /// How changes are turned into rollouts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<RolloutPolicy>,
+
+    /// Pause rollouts. Changes are still tracked; resuming rolls out once if the content differs
+    /// from what the targets last received.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub suspend: bool,
+}
+
+/// One Consul key, or every key under a prefix.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KeySource {
+    /// The Consul key, for example `app/config.json`, or a prefix such as `app/features/` when
+    /// `recurse` is true.
+    #[schemars(length(min = 1))]
+    pub key: String,
+
+    /// Treat `key` as a prefix and bind every key below it, recursively.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub recurse: bool,
+
+    /// A missing optional key (or empty prefix) is part of the content like any value. A missing
+    /// required one holds all rollouts of this binding until it exists again.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub optional: bool,
+}
+
+/// A workload to roll, chosen either by name or by label selector.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("oneOf" = [{"required": ["name"]}, {"required": ["selector"]}]))]
+pub struct TargetRef {
+    /// Kind of the workload.
+    pub kind: WorkloadKind,
+
+    /// Name of the workload. Exactly one of `name` and `selector` is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+
+    /// Every workload of `kind` whose labels match. Exactly one of `name` and `selector` is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<LabelSelector>,
+}
+
+/// The kinds of workload that can be rolled.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, JsonSchema)]
+pub enum WorkloadKind {
+    #[default]
+    Deployment,
+    StatefulSet,
+    DaemonSet,
+}
+
+impl WorkloadKind {
+    pub const ALL: [WorkloadKind; 3] = [Self::Deployment, Self::StatefulSet, Self::DaemonSet];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Deployment => "Deployment",
+            Self::StatefulSet => "StatefulSet",
+            Self::DaemonSet => "DaemonSet",
+        }
+    }
+}
+
+impl std::fmt::Display for WorkloadKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Consul settings for one binding.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ConsulSettings {
+    /// Consul datacenter to read from. Defaults to the agent's own datacenter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub datacenter: Option<String>,
+
+    /// Consul Enterprise namespace. Sent only when set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+
+    /// Consul Enterprise admin partition. Sent only when set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<String>,
+
+    /// A Secret in this namespace holding the ACL token to read the keys with. Without it the
+    /// controller's default token is used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_secret_ref: Option<SecretKeyRef>,
+}
+
+/// A key in a Secret in the binding's namespace.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretKeyRef {
+    /// Name of the Secret.
+    #[schemars(length(min = 1))]
+    pub name: String,
+
+    /// Key within the Secret's data. Defaults to `token`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+}
+
+/// Debouncing, as in consul-template's `wait { min, max }`: each new change restarts the quiet
+/// period, and a stream of changes still rolls out once `maxDelay` has passed since the first.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutPolicy {
+    /// How long the content must stay unchanged before rolling out, such as `0s`, `5s` or `1m30s`.
+    /// Defaults to `2s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = crate::DURATION_PATTERN))]
+    pub quiet_period: Option<String>,
+
+    /// The longest a change waits for the content to settle, counted from the first change.
+    /// Defaults to `30s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = crate::DURATION_PATTERN))]
+    pub max_delay: Option<String>,
+
+    /// Roll the targets once when the binding is first created (or a target is first found).
+    /// By default the controller records the current content as a baseline and restarts nothing.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub on_bind: bool,
+}
+
+/// What the controller last saw and did.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ConsulBindingStatus {
+    /// The `metadata.generation` this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+
+    /// Checksum of the bound content that the targets last received (or were baselined with).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub applied_checksum: Option<String>,
+
+    /// The first 12 characters of `appliedChecksum`, for `kubectl get`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub short_checksum: Option<String>,
+
+    /// Keys present in Consul / keys bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_summary: Option<String>,
+
+    /// Targets carrying the applied checksum / targets found.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_summary: Option<String>,
+
+    /// The content last read from Consul, one entry per bound key or prefix.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub keys: Vec<KeyStatus>,
+
+    /// The workloads found for the targets, and what each carries.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub targets: Vec<TargetStatus>,
+
+    /// When the controller last read every bound key from Consul successfully.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_sync_time: Option<Time>,
+
+    /// When a content change was last rolled out to the targets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_change_time: Option<Time>,
+
+    /// `Ready`, `ConsulSynced` and `TargetsUpdated`, each with a reason and message.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+/// One bound key or prefix as last read from Consul.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KeyStatus {
+    /// The key or prefix, as in the spec.
+    pub key: String,
+
+    /// Whether `key` is a prefix.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub recurse: bool,
+
+    /// Whether the key exists (for a prefix: whether any key lies below it).
+    pub present: bool,
+
+    /// Number of keys below a prefix.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entries: Option<u32>,
+
+    /// Checksum of this key's content alone.
+    pub checksum: String,
+
+    /// Consul's ModifyIndex of the key (for a prefix: the highest below it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub modify_index: Option<u64>,
+}
+
+/// A workload the binding rolls.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TargetStatus {
+    /// Kind of the workload.
+    pub kind: WorkloadKind,
+
+    /// Name of the workload.
+    pub name: String,
+
+    /// The content checksum this workload runs with.
+    pub checksum: String,
+
+    /// When the controller last rolled this workload.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_rolled_time: Option<Time>,
+}

@@ -1,0 +1,26 @@
+//! Condition types and reasons, kept in one place so the controller, tests and docs agree.
+
+/// The targets carry the current Consul content, and nothing blocks the next change.
+pub const READY: &str = "Ready";
+/// Every bound key was read from Consul.
+pub const CONSUL_SYNCED: &str = "ConsulSynced";
+/// Every target was found and carries the applied checksum.
+pub const TARGETS_UPDATED: &str = "TargetsUpdated";
+
+pub mod reason {
+    pub const UP_TO_DATE: &str = "UpToDate";
+    pub const ROLLED_OUT: &str = "RolledOut";
+    pub const BASELINED: &str = "Baselined";
+    pub const SYNCED: &str = "Synced";
+    pub const PENDING: &str = "ChangePending";
+    pub const SUSPENDED: &str = "Suspended";
+    pub const KEY_MISSING: &str = "KeyMissing";
+    pub const WAITING_FOR_CONSUL: &str = "WaitingForConsul";
+    pub const ACCESS_DENIED: &str = "AccessDenied";
+    pub const CONSUL_UNREACHABLE: &str = "ConsulUnreachable";
+    pub const CONSUL_ERROR: &str = "ConsulError";
+    pub const TOKEN_SECRET_INVALID: &str = "TokenSecretInvalid";
+    pub const INVALID_SPEC: &str = "InvalidSpec";
+    pub const TARGET_MISSING: &str = "TargetMissing";
+    pub const PATCH_FAILED: &str = "PatchFailed";
+}

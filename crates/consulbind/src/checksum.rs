@@ -1,0 +1,147 @@
+//! The content checksum stamped on workloads.
+//!
+//! Format v1: SHA-256, in lowercase hex, over
+//!
+//! ```text
+//! "consulbind-checksum-v1\0"
+//! then, for each bound source in ascending (kind, key) order, duplicates removed:
+//!   exact key: 'K' lp(key) present:u8 [lp(value) if present]
+//!   prefix:    'P' lp(prefix) count:u64be { lp(key) lp(value) } for each key, ascending
+//! where lp(x) = len(x):u64be x
+//! ```
+//!
+//! Indexes, flags and the order of the spec's lists play no part. Changing any of this would
+//! roll every bound workload on upgrade, so the format is pinned by a test vector.
+
+use sha2::{Digest, Sha256};
+
+const HEADER: &[u8] = b"consulbind-checksum-v1\0";
+
+/// The content behind one entry of `spec.keys`.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Source<'a> {
+    Key { key: &'a str, value: Option<&'a [u8]> },
+    Prefix { prefix: &'a str, entries: Vec<(&'a str, &'a [u8])> },
+}
+
+impl Source<'_> {
+    fn sort_key(&self) -> (u8, &str) {
+        match self {
+            Source::Key { key, .. } => (b'K', key),
+            Source::Prefix { prefix, .. } => (b'P', prefix),
+        }
+    }
+
+    fn encode(&self, out: &mut Vec<u8>) {
+        match self {
+            Source::Key { key, value } => {
+                out.push(b'K');
+                length_prefixed(out, key.as_bytes());
+                out.push(u8::from(value.is_some()));
+                if let Some(value) = value {
+                    length_prefixed(out, value);
+                }
+            }
+            Source::Prefix { prefix, entries } => {
+                let mut entries = entries.clone();
+                entries.sort_unstable();
+                entries.dedup_by(|a, b| a.0 == b.0);
+                out.push(b'P');
+                length_prefixed(out, prefix.as_bytes());
+                out.extend_from_slice(&(entries.len() as u64).to_be_bytes());
+                for (key, value) in entries {
+                    length_prefixed(out, key.as_bytes());
+                    length_prefixed(out, value);
+                }
+            }
+        }
+    }
+}
+
+fn length_prefixed(out: &mut Vec<u8>, bytes: &[u8]) {
+    out.extend_from_slice(&(bytes.len() as u64).to_be_bytes());
+    out.extend_from_slice(bytes);
+}
+
+/// The canonical encoding of a set of sources.
+pub fn encode(sources: &[Source<'_>]) -> Vec<u8> {
+    let mut sorted: Vec<&Source<'_>> = sources.iter().collect();
+    sorted.sort_by(|a, b| a.sort_key().cmp(&b.sort_key()));
+    sorted.dedup_by(|a, b| a.sort_key() == b.sort_key());
+    let mut out = HEADER.to_vec();
+    for source in sorted {
+        source.encode(&mut out);
+    }
+    out
+}
+
+/// The checksum of a set of sources, as 64 lowercase hex digits.
+pub fn checksum(sources: &[Source<'_>]) -> String {
+    let digest = Sha256::digest(encode(sources));
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The first characters of a checksum, for columns and messages.
+pub fn short(checksum: &str) -> &str {
+    &checksum[..checksum.len().min(12)]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vector() -> Vec<Source<'static>> {
+        vec![
+            Source::Key { key: "app/config.json", value: Some(br#"{"pool":10}"#) },
+            Source::Key { key: "app/optional", value: None },
+            Source::Prefix { prefix: "app/features/", entries: vec![("app/features/b", b"off"), ("app/features/a", b"on")] },
+        ]
+    }
+
+    #[test]
+    fn pinned_test_vector() {
+        // Computed independently from the documented format. Changing it rolls every bound workload.
+        assert_eq!(checksum(&vector()), "b14a888965cdb9657b5b5370cd112364a9b33a0f4e36dd7023c686add0556d26");
+    }
+
+    #[test]
+    fn canonical_encoding_layout() {
+        let enc = encode(&[Source::Key { key: "a", value: Some(b"xy") }, Source::Key { key: "b", value: None }]);
+        let mut want = b"consulbind-checksum-v1\0".to_vec();
+        want.extend_from_slice(b"K\0\0\0\0\0\0\0\x01a\x01\0\0\0\0\0\0\0\x02xy");
+        want.extend_from_slice(b"K\0\0\0\0\0\0\0\x01b\x00");
+        assert_eq!(enc, want);
+    }
+
+    #[test]
+    fn order_of_sources_and_entries_does_not_matter() {
+        let mut reversed = vector();
+        reversed.reverse();
+        if let Source::Prefix { entries, .. } = &mut reversed[0] {
+            entries.reverse();
+        }
+        assert_eq!(checksum(&reversed), checksum(&vector()));
+    }
+
+    #[test]
+    fn duplicate_sources_count_once() {
+        let mut doubled = vector();
+        doubled.push(vector()[0].clone());
+        assert_eq!(checksum(&doubled), checksum(&vector()));
+    }
+
+    #[test]
+    fn distinguishes_missing_empty_and_boundaries() {
+        let missing = checksum(&[Source::Key { key: "k", value: None }]);
+        let empty = checksum(&[Source::Key { key: "k", value: Some(b"") }]);
+        assert_ne!(missing, empty);
+        // Moving bytes between a key and its value must change the checksum.
+        let a = checksum(&[Source::Prefix { prefix: "p/", entries: vec![("p/ab", b"c")] }]);
+        let b = checksum(&[Source::Prefix { prefix: "p/", entries: vec![("p/a", b"bc")] }]);
+        assert_ne!(a, b);
+        // An exact key and a prefix with the same name are different sources.
+        let key = checksum(&[Source::Key { key: "p", value: Some(b"") }]);
+        let prefix = checksum(&[Source::Prefix { prefix: "p", entries: vec![] }]);
+        assert_ne!(key, prefix);
+    }
+}

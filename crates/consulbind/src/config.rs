@@ -1,0 +1,138 @@
+//! Command-line flags. Every flag can also be set from the environment variable named beside it.
+
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
+
+use clap::{Parser, ValueEnum};
+use consul_kv::{ClientConfig, Token};
+
+#[derive(Parser, Debug, Clone)]
+#[command(name = "consulbind", version, about = "Rolls Kubernetes workloads when the Consul KV content they read changes")]
+pub struct Config {
+    /// Consul HTTP address, with scheme.
+    #[arg(long, env = "CONSUL_HTTP_ADDR", default_value = "http://127.0.0.1:8500")]
+    pub consul_http_addr: String,
+
+    /// Default Consul ACL token, for bindings without a tokenSecretRef.
+    #[arg(long, env = "CONSUL_HTTP_TOKEN", hide_env_values = true)]
+    pub consul_http_token: Option<String>,
+
+    /// File holding the default Consul ACL token. `--consul-http-token` wins if both are set.
+    #[arg(long, env = "CONSUL_HTTP_TOKEN_FILE")]
+    pub consul_http_token_file: Option<PathBuf>,
+
+    /// PEM file of the CA that signed Consul's certificate.
+    #[arg(long, env = "CONSUL_CACERT")]
+    pub consul_cacert: Option<PathBuf>,
+
+    /// PEM client certificate, for Consul agents that verify incoming TLS.
+    #[arg(long, env = "CONSUL_CLIENT_CERT")]
+    pub consul_client_cert: Option<PathBuf>,
+
+    /// PEM key of the client certificate.
+    #[arg(long, env = "CONSUL_CLIENT_KEY")]
+    pub consul_client_key: Option<PathBuf>,
+
+    /// Verify Consul's TLS certificate.
+    #[arg(long, env = "CONSUL_HTTP_SSL_VERIFY", default_value_t = true, action = clap::ArgAction::Set)]
+    pub consul_http_ssl_verify: bool,
+
+    /// Name to verify Consul's certificate against, when it differs from the address's host.
+    #[arg(long, env = "CONSUL_TLS_SERVER_NAME")]
+    pub consul_tls_server_name: Option<String>,
+
+    /// How long one blocking Consul query waits for a change, such as `5m`.
+    #[arg(long, env = "CONSULBIND_CONSUL_WAIT", default_value = "5m", value_parser = duration)]
+    pub consul_wait: Duration,
+
+    /// Namespaces to serve, comma-separated. Empty serves every namespace.
+    #[arg(long, env = "CONSULBIND_NAMESPACES", value_delimiter = ',')]
+    pub namespaces: Vec<String>,
+
+    /// Address of the HTTP server for /metrics, /livez, /readyz and /debug/watches.
+    #[arg(long, env = "CONSULBIND_ADMIN_ADDR", default_value = "0.0.0.0:8080")]
+    pub admin_addr: SocketAddr,
+
+    /// Log format.
+    #[arg(long, env = "CONSULBIND_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+
+    /// Elect a leader through a Lease, so that only one replica acts.
+    #[arg(long, env = "CONSULBIND_LEADER_ELECT", default_value_t = false, action = clap::ArgAction::Set)]
+    pub leader_elect: bool,
+
+    /// Name of the leader Lease.
+    #[arg(long, env = "CONSULBIND_LEASE_NAME", default_value = "consulbind-leader")]
+    pub lease_name: String,
+
+    /// Namespace of the leader Lease. Defaults to the namespace the pod runs in.
+    #[arg(long, env = "CONSULBIND_LEASE_NAMESPACE")]
+    pub lease_namespace: Option<String>,
+
+    /// How long a leader's claim lasts without renewal; a standby takes over after this.
+    #[arg(long, env = "CONSULBIND_LEASE_DURATION", default_value = "15s", value_parser = duration)]
+    pub lease_duration: Duration,
+
+    /// How often the leader renews, and a standby retries.
+    #[arg(long, env = "CONSULBIND_LEASE_RENEW", default_value = "5s", value_parser = duration)]
+    pub lease_renew: Duration,
+
+    /// This replica's identity in the Lease. Defaults to the host name.
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+fn duration(text: &str) -> Result<Duration, String> {
+    consulbind_api::parse_duration(text)
+}
+
+impl Config {
+    pub fn consul(&self) -> Result<ClientConfig, String> {
+        let token = match (&self.consul_http_token, &self.consul_http_token_file) {
+            (Some(token), _) => Some(token.trim().to_owned()),
+            (None, Some(path)) => Some(
+                std::fs::read_to_string(path)
+                    .map_err(|e| format!("reading CONSUL_HTTP_TOKEN_FILE {}: {e}", path.display()))?
+                    .trim()
+                    .to_owned(),
+            ),
+            (None, None) => None,
+        };
+        Ok(ClientConfig {
+            address: self.consul_http_addr.clone(),
+            token: token.filter(|t| !t.is_empty()).map(Token::new),
+            ca_cert: self.consul_cacert.clone(),
+            client_cert: self.consul_client_cert.clone(),
+            client_key: self.consul_client_key.clone(),
+            ssl_verify: self.consul_http_ssl_verify,
+            tls_server_name: self.consul_tls_server_name.clone(),
+            wait: self.consul_wait,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_parse_and_token_is_hidden() {
+        let config = Config::parse_from([
+            "consulbind",
+            "--consul-http-addr=https://consul:8501",
+            "--consul-http-token=s3cr3t",
+            "--namespaces=a,b",
+            "--consul-http-ssl-verify=false",
+        ]);
+        assert_eq!(config.namespaces, ["a", "b"]);
+        let consul = config.consul().unwrap();
+        assert!(!consul.ssl_verify);
+        assert_eq!(consul.wait, Duration::from_secs(300));
+        assert!(!format!("{consul:?}").contains("s3cr3t"));
+    }
+}

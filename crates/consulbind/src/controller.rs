@@ -1,0 +1,169 @@
+//! Wires the watches, caches and the kube-runtime `Controller` together.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, atomic::Ordering},
+};
+
+use consulbind_api::ConsulBinding;
+use futures::{StreamExt, TryStreamExt, channel::mpsc};
+use kube::{
+    Api, Client, ResourceExt,
+    runtime::{
+        Controller, WatchStreamExt,
+        controller::Config as ControllerConfig,
+        events::{Recorder, Reporter},
+        predicates,
+        reflector::{self, ObjectRef},
+        watcher::{self, watcher},
+    },
+};
+use prometheus_client::registry::Registry;
+use tokio::sync::watch as signal;
+use tracing::{debug, info, warn};
+
+use crate::{
+    admin::{self, Admin},
+    config::Config,
+    lease,
+    metrics::Metrics,
+    reconcile::{self, Context},
+    watches::{BindingRef, Wake, Watches},
+    workloads::{Touched, Workloads},
+};
+
+pub type Error = Box<dyn std::error::Error + Send + Sync>;
+
+/// Runs until `shutdown` turns true.
+pub async fn run(config: Config, shutdown: signal::Receiver<bool>) -> Result<(), Error> {
+    let client = Client::try_default().await?;
+    let consul = consul_kv::Client::new(config.consul()?).await?;
+    let mut registry = Registry::default();
+    let metrics = Arc::new(Metrics::new(&mut registry));
+
+    // Scope `None` serves every namespace; otherwise one controller per listed namespace.
+    let scopes: Vec<Option<String>> =
+        if config.namespaces.is_empty() { vec![None] } else { config.namespaces.iter().cloned().map(Some).collect() };
+    let mut senders = HashMap::new();
+    let mut receivers = Vec::new();
+    for scope in &scopes {
+        let (tx, rx) = mpsc::unbounded();
+        senders.insert(scope.clone(), tx);
+        receivers.push(rx);
+    }
+    let serves_all = config.namespaces.is_empty();
+    let wake: Wake = Arc::new(move |binding: BindingRef| {
+        let scope = if serves_all { None } else { binding.namespace.clone() };
+        if let Some(tx) = senders.get(&scope) {
+            let _ = tx.unbounded_send(binding);
+        }
+    });
+    let watches = Watches::new(consul, wake, metrics.clone());
+
+    let admin = Arc::new(Admin { registry, ready: false.into(), watches: watches.clone() });
+    let listener = admin::bind(config.admin_addr).await?;
+    info!(addr = %listener.local_addr()?, "admin server listening");
+    tokio::spawn(admin::serve(listener, admin.clone()));
+
+    let mut shutdown = shutdown;
+    let leadership = if config.leader_elect {
+        match lease::acquire(&client, &config, &metrics, &admin.ready, &mut shutdown).await? {
+            Some(leadership) => Some(leadership),
+            None => return Ok(()),
+        }
+    } else {
+        metrics.leader.set(1);
+        None
+    };
+
+    let reporter = Reporter { controller: "consulbind".into(), instance: config.identity.clone() };
+    let recorder = Recorder::new(client.clone(), reporter);
+    let mut scopes_started = Vec::new();
+    for (scope, wakes) in scopes.into_iter().zip(receivers) {
+        let (workloads, touched) = Workloads::start(&client, scope.as_deref());
+        let ctx = Arc::new(Context {
+            client: client.clone(),
+            recorder: recorder.clone(),
+            watches: watches.clone(),
+            workloads: workloads.clone(),
+            metrics: metrics.clone(),
+            pending: Default::default(),
+            ready: Default::default(),
+        });
+        scopes_started.push(tokio::spawn(run_scope(client.clone(), scope, ctx, touched, wakes, shutdown.clone())));
+    }
+    admin.ready.store(true, Ordering::Relaxed);
+    for task in scopes_started {
+        task.await??;
+    }
+    if let Some(leadership) = leadership {
+        leadership.release().await;
+    }
+    info!("stopped");
+    Ok(())
+}
+
+async fn run_scope(
+    client: Client,
+    scope: Option<String>,
+    ctx: Arc<Context>,
+    touched: impl futures::Stream<Item = Touched> + Send + 'static,
+    wakes: mpsc::UnboundedReceiver<BindingRef>,
+    mut shutdown: signal::Receiver<bool>,
+) -> Result<(), Error> {
+    let api: Api<ConsulBinding> = match &scope {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    let (reader, writer) = reflector::store::<ConsulBinding>();
+
+    // Workload changes wake the bindings that may target them. The caches must be complete
+    // before the first reconcile, or a present target would look missing.
+    let (touched_tx, touched_rx) = mpsc::unbounded();
+    let bindings_for_touch = reader.clone();
+    tokio::spawn(touched.for_each(move |t| {
+        for binding in bindings_for_touch.state() {
+            if binding.namespace().as_deref() == Some(t.namespace.as_str()) && binding.spec.targets.iter().any(|x| x.kind == t.kind) {
+                let _ = touched_tx.unbounded_send(ObjectRef::from_obj(&*binding));
+            }
+        }
+        futures::future::ready(())
+    }));
+    ctx.workloads.wait_until_ready().await?;
+    debug!(scope = scope.as_deref().unwrap_or("*"), "workload caches ready");
+
+    let forget = ctx.clone();
+    let store = reader.clone();
+    let in_scope = move |b: &BindingRef| scope.is_none() || b.namespace == scope;
+    let bindings = reflector::reflector(writer, watcher(api, watcher::Config::default()).default_backoff())
+        .inspect_ok(move |event| match event {
+            watcher::Event::Delete(binding) => forget.forget(&ObjectRef::from_obj(binding)),
+            // A relist can hide deletions; drop whatever the fresh list no longer has.
+            watcher::Event::InitDone => forget.retain(|b| !in_scope(b) || store.get(b).is_some()),
+            _ => {}
+        })
+        .applied_objects()
+        .predicate_filter(predicates::generation, Default::default());
+
+    let stop = async move {
+        let _ = shutdown.wait_for(|stop| *stop).await;
+    };
+    Controller::for_stream(bindings, reader)
+        .with_config(ControllerConfig::default().concurrency(8))
+        .reconcile_on(wakes)
+        .reconcile_on(touched_rx)
+        .graceful_shutdown_on(stop)
+        .run(reconcile::reconcile, reconcile::error_policy, ctx)
+        .for_each(|result| {
+            if let Err(error) = result {
+                use kube::runtime::controller::Error as E;
+                // Reconcile failures are logged by the error policy.
+                if !matches!(error, E::ObjectNotFound(_) | E::ReconcilerFailed(..)) {
+                    warn!(%error, "controller error");
+                }
+            }
+            futures::future::ready(())
+        })
+        .await;
+    Ok(())
+}

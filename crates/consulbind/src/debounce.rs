@@ -1,0 +1,92 @@
+//! consul-template style `wait { min, max }` for one binding.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// Quiet period and hard maximum.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Window {
+    pub quiet: Duration,
+    pub max: Duration,
+}
+
+/// A change that has been seen but not yet rolled out.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pending {
+    checksum: String,
+    first_seen: Instant,
+    last_change: Instant,
+}
+
+/// What to do about the content seen now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decision {
+    RollNow,
+    WaitUntil(Instant),
+}
+
+impl Pending {
+    /// Records `checksum` as seen at `now`, and decides whether the content has settled.
+    /// A new checksum restarts the quiet period; the maximum counts from the first change.
+    pub fn observe(pending: &mut Option<Pending>, checksum: &str, now: Instant, window: Window) -> Decision {
+        let state = pending.get_or_insert_with(|| Pending { checksum: checksum.to_owned(), first_seen: now, last_change: now });
+        if state.checksum != checksum {
+            state.checksum = checksum.to_owned();
+            state.last_change = now;
+        }
+        let deadline = (state.last_change + window.quiet).min(state.first_seen + window.max);
+        if now >= deadline { Decision::RollNow } else { Decision::WaitUntil(deadline) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::time::advance;
+
+    const WINDOW: Window = Window { quiet: Duration::from_secs(5), max: Duration::from_secs(12) };
+
+    #[tokio::test(start_paused = true)]
+    async fn zero_quiet_rolls_at_once() {
+        let mut pending = None;
+        let window = Window { quiet: Duration::ZERO, max: Duration::from_secs(30) };
+        assert_eq!(Pending::observe(&mut pending, "a", Instant::now(), window), Decision::RollNow);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn waits_for_the_quiet_period() {
+        let mut pending = None;
+        let start = Instant::now();
+        assert_eq!(Pending::observe(&mut pending, "a", start, WINDOW), Decision::WaitUntil(start + Duration::from_secs(5)));
+        advance(Duration::from_secs(4)).await;
+        assert!(matches!(Pending::observe(&mut pending, "a", Instant::now(), WINDOW), Decision::WaitUntil(_)));
+        advance(Duration::from_secs(1)).await;
+        assert_eq!(Pending::observe(&mut pending, "a", Instant::now(), WINDOW), Decision::RollNow);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn each_change_restarts_the_quiet_period() {
+        let mut pending = None;
+        Pending::observe(&mut pending, "a", Instant::now(), WINDOW);
+        advance(Duration::from_secs(3)).await;
+        let now = Instant::now();
+        assert_eq!(Pending::observe(&mut pending, "b", now, WINDOW), Decision::WaitUntil(now + Duration::from_secs(5)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_of_changes_rolls_by_the_maximum() {
+        let mut pending = None;
+        let start = Instant::now();
+        for (i, checksum) in ["a", "b", "c", "d"].iter().enumerate() {
+            let decision = Pending::observe(&mut pending, checksum, Instant::now(), WINDOW);
+            if i > 0 {
+                // Never later than first change + max, however often the content changes.
+                assert!(matches!(decision, Decision::WaitUntil(t) if t <= start + WINDOW.max));
+            }
+            advance(Duration::from_secs(3)).await;
+        }
+        assert_eq!(Instant::now(), start + Duration::from_secs(12));
+        assert_eq!(Pending::observe(&mut pending, "e", Instant::now(), WINDOW), Decision::RollNow);
+    }
+}

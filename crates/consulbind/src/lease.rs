@@ -1,0 +1,181 @@
+//! Leader election on a `coordination.k8s.io/v1` Lease. Only the leader watches Consul and
+//! writes to the cluster; standbys wait, ready but idle.
+//!
+//! Expiry is judged by how long the lease record has gone unchanged on this replica's own
+//! clock, as client-go does, so clock skew between replicas cannot hand over early.
+
+use std::{
+    sync::atomic::{AtomicBool, Ordering},
+    time::Duration,
+};
+
+use k8s_openapi::{
+    api::coordination::v1::{Lease, LeaseSpec},
+    apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta},
+    jiff::Timestamp,
+};
+use kube::{Api, Client, api::PostParams};
+use tokio::{sync::watch as signal, time::Instant};
+use tracing::{error, info, warn};
+
+use crate::{config::Config, controller::Error, metrics::Metrics};
+
+pub struct Leadership {
+    api: Api<Lease>,
+    name: String,
+    identity: String,
+}
+
+/// Waits until this replica leads, then keeps the lease renewed in the background; if it
+/// cannot, the process exits at once so that two leaders never act. Returns `None` when
+/// `shutdown` fired first.
+pub async fn acquire(
+    client: &Client,
+    config: &Config,
+    metrics: &Metrics,
+    ready: &AtomicBool,
+    shutdown: &mut signal::Receiver<bool>,
+) -> Result<Option<Leadership>, Error> {
+    let namespace = match &config.lease_namespace {
+        Some(ns) => ns.clone(),
+        None => std::fs::read_to_string("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+            .map(|ns| ns.trim().to_owned())
+            .unwrap_or_else(|_| client.default_namespace().to_owned()),
+    };
+    let identity = config.identity.clone().unwrap_or_else(hostname);
+    let api: Api<Lease> = Api::namespaced(client.clone(), &namespace);
+    let lease_secs = i32::try_from(config.lease_duration.as_secs().max(1)).unwrap_or(i32::MAX);
+    let mut observed: Option<(Option<String>, Option<MicroTime>, Instant)> = None;
+    ready.store(true, Ordering::Relaxed);
+    metrics.leader.set(0);
+    info!(lease = %format!("{namespace}/{}", config.lease_name), %identity, "waiting for leadership");
+    loop {
+        match try_acquire(&api, &config.lease_name, &identity, lease_secs, &mut observed).await {
+            Ok(true) => break,
+            Ok(false) => {}
+            Err(error) => warn!(%error, "leader election attempt failed"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(config.lease_renew) => {}
+            _ = shutdown.wait_for(|stop| *stop) => return Ok(None),
+        }
+    }
+    info!(%identity, "became leader");
+    metrics.leader.set(1);
+    let leadership = Leadership { api: api.clone(), name: config.lease_name.clone(), identity: identity.clone() };
+    tokio::spawn(renew(api, config.lease_name.clone(), identity, config.lease_duration, config.lease_renew));
+    Ok(Some(leadership))
+}
+
+impl Leadership {
+    /// Hands the lease back so a standby can take over without waiting for it to expire.
+    pub async fn release(self) {
+        let result = async {
+            let mut lease = self.api.get(&self.name).await?;
+            let spec = lease.spec.get_or_insert_with(Default::default);
+            if spec.holder_identity.as_deref() == Some(&self.identity) {
+                spec.holder_identity = None;
+                spec.lease_duration_seconds = Some(1);
+                self.api.replace(&self.name, &PostParams::default(), &lease).await?;
+            }
+            Ok::<_, kube::Error>(())
+        }
+        .await;
+        match result {
+            Ok(()) => info!("released the leader lease"),
+            Err(error) => warn!(%error, "could not release the leader lease"),
+        }
+    }
+}
+
+async fn try_acquire(
+    api: &Api<Lease>,
+    name: &str,
+    identity: &str,
+    lease_secs: i32,
+    observed: &mut Option<(Option<String>, Option<MicroTime>, Instant)>,
+) -> kube::Result<bool> {
+    let now = MicroTime(Timestamp::now());
+    let Some(mut lease) = api.get_opt(name).await? else {
+        let lease = Lease {
+            metadata: ObjectMeta { name: Some(name.into()), ..Default::default() },
+            spec: Some(claim(identity, lease_secs, &now, 0)),
+        };
+        return match api.create(&PostParams::default(), &lease).await {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+            Err(e) => Err(e),
+        };
+    };
+    let spec = lease.spec.clone().unwrap_or_default();
+    let record = (spec.holder_identity.clone(), spec.renew_time.clone());
+    let unchanged_since = match observed {
+        Some((holder, renew, since)) if (holder.clone(), renew.clone()) == record => *since,
+        _ => {
+            *observed = Some((record.0.clone(), record.1.clone(), Instant::now()));
+            Instant::now()
+        }
+    };
+    let held_for = Duration::from_secs(spec.lease_duration_seconds.unwrap_or(0).max(0) as u64).max(Duration::from_secs(1));
+    let free = spec.holder_identity.as_deref().is_none_or(str::is_empty)
+        || spec.holder_identity.as_deref() == Some(identity)
+        || unchanged_since.elapsed() >= held_for;
+    if !free {
+        return Ok(false);
+    }
+    let transitions = spec.lease_transitions.unwrap_or(0) + i32::from(spec.holder_identity.as_deref() != Some(identity));
+    lease.spec = Some(claim(identity, lease_secs, &now, transitions));
+    // Replace carries the resourceVersion we read, so two standbys cannot both win.
+    match api.replace(name, &PostParams::default(), &lease).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+fn claim(identity: &str, lease_secs: i32, now: &MicroTime, transitions: i32) -> LeaseSpec {
+    LeaseSpec {
+        holder_identity: Some(identity.into()),
+        lease_duration_seconds: Some(lease_secs),
+        acquire_time: Some(now.clone()),
+        renew_time: Some(now.clone()),
+        lease_transitions: Some(transitions),
+        ..Default::default()
+    }
+}
+
+async fn renew(api: Api<Lease>, name: String, identity: String, lease_duration: Duration, every: Duration) {
+    let deadline = lease_duration * 2 / 3;
+    let mut last_renewed = Instant::now();
+    loop {
+        tokio::time::sleep(every).await;
+        let result = async {
+            let mut lease = api.get(&name).await?;
+            let spec = lease.spec.get_or_insert_with(Default::default);
+            if spec.holder_identity.as_deref() != Some(identity.as_str()) {
+                return Ok(false);
+            }
+            spec.renew_time = Some(MicroTime(Timestamp::now()));
+            api.replace(&name, &PostParams::default(), &lease).await.map(|_| true)
+        }
+        .await;
+        match result {
+            Ok(true) => last_renewed = Instant::now(),
+            Ok(false) => {
+                error!("another replica holds the leader lease; exiting");
+                std::process::exit(1);
+            }
+            Err(error) => {
+                warn!(%error, "could not renew the leader lease");
+                if last_renewed.elapsed() >= deadline {
+                    error!("leader lease not renewed in time; exiting so that no two leaders act");
+                    std::process::exit(1);
+                }
+            }
+        }
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_owned()).unwrap_or_else(|_| "consulbind".into())
+}

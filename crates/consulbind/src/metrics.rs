@@ -1,0 +1,96 @@
+//! Prometheus metrics, served on `/metrics`.
+
+use std::time::Duration;
+
+use consul_kv::ErrorKind;
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{
+        counter::Counter,
+        family::{Family, MetricConstructor},
+        gauge::Gauge,
+        histogram::{Histogram, exponential_buckets},
+    },
+    registry::Registry,
+};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    pub result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RolloutLabels {
+    pub namespace: String,
+    pub binding: String,
+    pub kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReadyLabels {
+    pub ready: &'static str,
+}
+
+#[derive(Clone)]
+struct Buckets(fn() -> Histogram);
+
+impl MetricConstructor<Histogram> for Buckets {
+    fn new_metric(&self) -> Histogram {
+        (self.0)()
+    }
+}
+
+fn seconds() -> Histogram {
+    Histogram::new(exponential_buckets(0.005, 2.0, 16))
+}
+
+pub struct Metrics {
+    pub reconciles: Family<ResultLabels, Counter>,
+    reconcile_duration: Family<ResultLabels, Histogram, Buckets>,
+    pub rollouts: Family<RolloutLabels, Counter>,
+    consul_requests: Family<ResultLabels, Counter>,
+    consul_request_duration: Histogram,
+    pub consul_watches: Gauge,
+    pub bindings: Family<ReadyLabels, Gauge>,
+    pub change_to_rollout: Histogram,
+    pub leader: Gauge,
+}
+
+impl Metrics {
+    pub fn new(registry: &mut Registry) -> Self {
+        let metrics = Self {
+            reconciles: Family::default(),
+            reconcile_duration: Family::new_with_constructor(Buckets(seconds)),
+            rollouts: Family::default(),
+            consul_requests: Family::default(),
+            consul_request_duration: Histogram::new(exponential_buckets(0.005, 2.0, 18)),
+            consul_watches: Gauge::default(),
+            bindings: Family::default(),
+            change_to_rollout: seconds(),
+            leader: Gauge::default(),
+        };
+        let r = registry.sub_registry_with_prefix("consulbind");
+        r.register("reconciles", "Reconciles by result", metrics.reconciles.clone());
+        r.register("reconcile_duration_seconds", "Reconcile duration by result", metrics.reconcile_duration.clone());
+        r.register("rollouts", "Workload rollouts triggered", metrics.rollouts.clone());
+        r.register("consul_requests", "Consul KV requests by result", metrics.consul_requests.clone());
+        r.register("consul_request_duration_seconds", "Consul KV request latency, blocking time included", metrics.consul_request_duration.clone());
+        r.register("consul_watches", "Active shared Consul watches", metrics.consul_watches.clone());
+        r.register("bindings", "Bindings by Ready condition status", metrics.bindings.clone());
+        r.register("change_to_rollout_seconds", "Time from seeing a Consul change to rolling the targets", metrics.change_to_rollout.clone());
+        r.register("leader", "1 when this replica holds the leader lease", metrics.leader.clone());
+        metrics
+    }
+
+    pub fn reconciled(&self, result: &'static str, took: Duration) {
+        let labels = ResultLabels { result };
+        self.reconciles.get_or_create(&labels).inc();
+        self.reconcile_duration.get_or_create(&labels).observe(took.as_secs_f64());
+    }
+
+    pub fn consul_request(&self, error: Option<ErrorKind>, took: Duration) {
+        let result = error.map_or("ok", |e| e.as_str());
+        self.consul_requests.get_or_create(&ResultLabels { result }).inc();
+        self.consul_request_duration.observe(took.as_secs_f64());
+    }
+}

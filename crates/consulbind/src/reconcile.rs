@@ -1,0 +1,365 @@
+//! One reconcile of one binding: read, plan, stamp, report.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use consul_kv::{KvQuery, Token};
+use consulbind_api::{ConsulBinding, ConsulBindingSpec, ConsulBindingStatus, conditions, parse_duration};
+use k8s_openapi::{
+    api::core::v1::{ObjectReference, Secret},
+    apimachinery::pkg::apis::meta::v1::Time,
+    jiff::Timestamp,
+};
+use kube::{
+    Api, Client, Resource, ResourceExt,
+    api::{Patch, PatchParams},
+    runtime::{
+        controller::Action,
+        events::{Event, EventType, Recorder},
+    },
+};
+use serde_json::json;
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+use crate::{
+    checksum,
+    debounce::{Pending, Window},
+    metrics::{Metrics, ReadyLabels, RolloutLabels},
+    names,
+    plan::{self, Consul, Input, KeyContent, Outcome},
+    watches::{BindingRef, KeyState, Watches},
+    workloads::{self, Workloads},
+};
+
+/// Field manager for binding status.
+pub const STATUS_MANAGER: &str = "consulbind";
+/// How often a settled binding is looked at again, to refresh its sync time and pick up
+/// changes to the token Secret.
+const RESYNC: Duration = Duration::from_secs(300);
+const DEFAULT_QUIET: Duration = Duration::from_secs(2);
+const DEFAULT_MAX: Duration = Duration::from_secs(30);
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("writing status: {0}")]
+    Status(#[source] kube::Error),
+    #[error("reading Secret: {0}")]
+    Secret(#[source] kube::Error),
+}
+
+impl Error {
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Error::Status(_) => "status_error",
+            Error::Secret(_) => "secret_error",
+        }
+    }
+}
+
+pub struct Context {
+    pub client: Client,
+    pub recorder: Recorder,
+    pub watches: Watches,
+    pub workloads: Workloads,
+    pub metrics: Arc<Metrics>,
+    pub pending: Mutex<HashMap<BindingRef, Pending>>,
+    pub ready: Mutex<HashMap<BindingRef, &'static str>>,
+}
+
+impl Context {
+    /// Forgets a deleted binding: its watches, debounce and metrics.
+    pub fn forget(&self, binding: &BindingRef) {
+        self.watches.release(binding);
+        self.pending.lock().unwrap().remove(binding);
+        self.set_ready(binding, None);
+    }
+
+    /// Forgets every binding for which `keep` is false.
+    pub fn retain(&self, keep: impl Fn(&BindingRef) -> bool) {
+        self.watches.retain(&keep);
+        self.pending.lock().unwrap().retain(|b, _| keep(b));
+        let gone: Vec<BindingRef> = self.ready.lock().unwrap().keys().filter(|b| !keep(b)).cloned().collect();
+        for binding in gone {
+            self.set_ready(&binding, None);
+        }
+    }
+
+    fn set_ready(&self, binding: &BindingRef, state: Option<&'static str>) {
+        let mut ready = self.ready.lock().unwrap();
+        match state {
+            Some(s) => ready.insert(binding.clone(), s),
+            None => ready.remove(binding),
+        };
+        for label in ["True", "False", "Unknown"] {
+            let n = ready.values().filter(|s| **s == label).count();
+            self.metrics.bindings.get_or_create(&ReadyLabels { ready: label }).set(n as i64);
+        }
+    }
+}
+
+pub async fn reconcile(binding: Arc<ConsulBinding>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let started = std::time::Instant::now();
+    let result = reconcile_inner(&binding, &ctx).await;
+    let label = match &result {
+        Ok(_) => "ok",
+        Err(e) => e.metric_label(),
+    };
+    ctx.metrics.reconciled(label, started.elapsed());
+    result
+}
+
+async fn reconcile_inner(binding: &ConsulBinding, ctx: &Context) -> Result<Action, Error> {
+    let namespace = binding.namespace().unwrap_or_default();
+    let name = binding.name_any();
+    let oref = BindingRef::from_obj(binding);
+    let previous = binding.status.clone().unwrap_or_default();
+    let spec = &binding.spec;
+
+    let window = match validate(spec) {
+        Ok(window) => window,
+        Err(message) => {
+            ctx.watches.release(&oref);
+            let status = invalid_status(binding, &previous, &message);
+            report(ctx, binding, &previous, &status).await?;
+            return Ok(Action::await_change());
+        }
+    };
+
+    let mut contents = Vec::new();
+    let consul = match token(ctx, &namespace, spec).await? {
+        Err(message) => {
+            ctx.watches.release(&oref);
+            Consul::Failed { reason: conditions::reason::TOKEN_SECRET_INVALID, message }
+        }
+        Ok(token) => {
+            contents = ctx.watches.subscribe(&oref, &queries(spec, token));
+            consul_view(spec, &contents)
+        }
+    };
+    let resolved = ctx.workloads.resolve(&namespace, &spec.targets);
+    let input = Input {
+        spec,
+        window,
+        generation: binding.metadata.generation,
+        previous: &previous,
+        consul,
+        found: &resolved.found,
+        missing: &resolved.missing,
+    };
+
+    let plan = {
+        let mut pending = ctx.pending.lock().unwrap();
+        let mut entry = pending.remove(&oref);
+        let plan = plan::plan(&input, &mut entry, Instant::now());
+        if let Some(entry) = entry {
+            pending.insert(oref.clone(), entry);
+        }
+        plan
+    };
+
+    let mut outcome = Outcome::default();
+    if let Some(desired) = &plan.desired {
+        let annotation = names::annotation_key(&name);
+        let manager = names::field_manager(&name);
+        for workload in &plan.roll {
+            match workloads::stamp(&ctx.client, &namespace, workload, &annotation, desired, &manager).await {
+                Ok(()) => outcome.rolled.push(workload.clone()),
+                Err(e) => outcome.failed.push((workload.clone(), e.to_string())),
+            }
+        }
+    }
+    let now = Time(Timestamp::now());
+    let status = plan::status(&input, &plan, &outcome, &now);
+
+    if !outcome.rolled.is_empty() {
+        rolled_out(ctx, binding, &status, &outcome, &contents).await;
+    } else if plan.baseline && previous.applied_checksum.is_none() {
+        let note = format!("recorded checksum {} as the baseline; nothing was restarted", short(&status));
+        publish(ctx, &binding.object_ref(&()), EventType::Normal, conditions::reason::BASELINED, note).await;
+    }
+    report(ctx, binding, &previous, &status).await?;
+
+    let retry = if outcome.failed.is_empty() && !matches!(input.consul, Consul::Waiting) { RESYNC } else { Duration::from_secs(10) };
+    Ok(match plan.wake_at {
+        Some(at) => Action::requeue(at.saturating_duration_since(Instant::now()).max(Duration::from_millis(50))),
+        None => Action::requeue(retry),
+    })
+}
+
+pub fn error_policy(binding: Arc<ConsulBinding>, error: &Error, _ctx: Arc<Context>) -> Action {
+    warn!(binding = %BindingRef::from_obj(&*binding), %error, "reconcile failed; retrying");
+    Action::requeue(Duration::from_secs(5))
+}
+
+/// Checks what the schema cannot, and returns the debounce window.
+pub fn validate(spec: &ConsulBindingSpec) -> Result<Window, String> {
+    for target in &spec.targets {
+        if target.name.is_some() == target.selector.is_some() {
+            return Err(format!("each {} target needs exactly one of name and selector", target.kind));
+        }
+        if let Some(error) = workloads::selector_error(target) {
+            return Err(error);
+        }
+    }
+    let rollout = spec.rollout.clone().unwrap_or_default();
+    let duration = |text: Option<String>, default| text.map_or(Ok(default), |t| parse_duration(&t));
+    let quiet = duration(rollout.quiet_period, DEFAULT_QUIET)?;
+    let max = duration(rollout.max_delay, DEFAULT_MAX.max(quiet))?;
+    Ok(Window { quiet, max })
+}
+
+/// The token for this binding's keys: from its Secret, if it names one; otherwise the
+/// controller default. `Ok(Err(_))` is a problem with the Secret that a person must fix.
+async fn token(ctx: &Context, namespace: &str, spec: &ConsulBindingSpec) -> Result<Result<Option<Token>, String>, Error> {
+    let Some(secret_ref) = spec.consul.as_ref().and_then(|c| c.token_secret_ref.as_ref()) else {
+        return Ok(Ok(None));
+    };
+    let key = secret_ref.key.as_deref().unwrap_or("token");
+    let secret = match Api::<Secret>::namespaced(ctx.client.clone(), namespace).get_opt(&secret_ref.name).await {
+        Ok(Some(secret)) => secret,
+        Ok(None) => return Ok(Err(format!("token Secret {:?} not found in namespace {namespace}", secret_ref.name))),
+        Err(kube::Error::Api(status)) if status.code == 403 => {
+            return Ok(Err(format!("the controller may not read Secret {:?}: {}", secret_ref.name, status.message)));
+        }
+        Err(e) => return Err(Error::Secret(e)),
+    };
+    let value = secret.data.as_ref().and_then(|d| d.get(key)).map(|v| String::from_utf8_lossy(&v.0).trim().to_owned());
+    Ok(match value {
+        Some(token) if !token.is_empty() => Ok(Some(Token::new(token))),
+        _ => Err(format!("token Secret {:?} has no non-empty key {key:?}", secret_ref.name)),
+    })
+}
+
+fn queries(spec: &ConsulBindingSpec, token: Option<Token>) -> Vec<KvQuery> {
+    let consul = spec.consul.clone().unwrap_or_default();
+    spec.keys
+        .iter()
+        .map(|k| KvQuery {
+            key: k.key.clone(),
+            recurse: k.recurse,
+            datacenter: consul.datacenter.clone(),
+            namespace: consul.namespace.clone(),
+            partition: consul.partition.clone(),
+            token: token.clone(),
+        })
+        .collect()
+}
+
+fn consul_view<'a>(spec: &'a ConsulBindingSpec, states: &'a [KeyState]) -> Consul<'a> {
+    let mut contents = Vec::with_capacity(states.len());
+    for (source, state) in spec.keys.iter().zip(states) {
+        match state {
+            KeyState::Pending => return Consul::Waiting,
+            KeyState::Failed { reason, message } => {
+                return Consul::Failed { reason, message: format!("reading {:?}: {message}", source.key) };
+            }
+            KeyState::Ready { entries, .. } => contents.push(KeyContent { source, entries }),
+        }
+    }
+    Consul::Ready(contents)
+}
+
+fn invalid_status(binding: &ConsulBinding, previous: &ConsulBindingStatus, message: &str) -> ConsulBindingStatus {
+    let now = Time(Timestamp::now());
+    let mut status = previous.clone();
+    status.observed_generation = binding.metadata.generation;
+    let keep = |type_: &str| previous.conditions.iter().find(|c| c.type_ == type_ && c.status == "False" && c.reason == conditions::reason::INVALID_SPEC);
+    status.conditions = [conditions::READY, conditions::TARGETS_UPDATED]
+        .into_iter()
+        .map(|type_| k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+            type_: type_.into(),
+            status: "False".into(),
+            reason: conditions::reason::INVALID_SPEC.into(),
+            message: message.into(),
+            observed_generation: binding.metadata.generation,
+            last_transition_time: keep(type_).map_or_else(|| now.clone(), |c| c.last_transition_time.clone()),
+        })
+        .collect();
+    status
+}
+
+fn short(status: &ConsulBindingStatus) -> &str {
+    status.short_checksum.as_deref().unwrap_or("-")
+}
+
+async fn rolled_out(ctx: &Context, binding: &ConsulBinding, status: &ConsulBindingStatus, outcome: &Outcome, contents: &[KeyState]) {
+    let namespace = binding.namespace().unwrap_or_default();
+    let name = binding.name_any();
+    let list: Vec<String> = outcome.rolled.iter().map(|(k, n)| format!("{k}/{n}")).collect();
+    let checksum = status.applied_checksum.as_deref().map_or("-", checksum::short).to_owned();
+    info!(binding = %format!("{namespace}/{name}"), %checksum, targets = %list.join(", "), "rolled out Consul change");
+    let changed_at = contents.iter().filter_map(|s| match s {
+        KeyState::Ready { changed_at, .. } => Some(*changed_at),
+        _ => None,
+    });
+    if let Some(latest) = changed_at.max() {
+        ctx.metrics.change_to_rollout.observe(latest.elapsed().as_secs_f64());
+    }
+    let note = format!("rolled out Consul content {checksum} to {}", list.join(", "));
+    publish(ctx, &binding.object_ref(&()), EventType::Normal, conditions::reason::ROLLED_OUT, note).await;
+    for (kind, workload) in &outcome.rolled {
+        ctx.metrics.rollouts.get_or_create(&RolloutLabels { namespace: namespace.clone(), binding: name.clone(), kind: kind.as_str() }).inc();
+        let reference = ObjectReference {
+            api_version: Some("apps/v1".into()),
+            kind: Some(kind.as_str().into()),
+            namespace: Some(namespace.clone()),
+            name: Some(workload.clone()),
+            ..ObjectReference::default()
+        };
+        let note = format!("ConsulBinding {name} changed the pod template annotation to {checksum} after a Consul change");
+        publish(ctx, &reference, EventType::Normal, conditions::reason::ROLLED_OUT, note).await;
+    }
+}
+
+/// Writes the status when it changed, and raises an event when Ready turns to a new problem.
+async fn report(ctx: &Context, binding: &ConsulBinding, previous: &ConsulBindingStatus, status: &ConsulBindingStatus) -> Result<(), Error> {
+    let oref = BindingRef::from_obj(binding);
+    let ready = |s: &ConsulBindingStatus| s.conditions.iter().find(|c| c.type_ == conditions::READY).cloned();
+    let (old, new) = (ready(previous), ready(status));
+    if let Some(new) = &new {
+        ctx.set_ready(&oref, Some(match new.status.as_str() {
+            "True" => "True",
+            "False" => "False",
+            _ => "Unknown",
+        }));
+        let is_new_problem = new.status == "False" && old.as_ref().is_none_or(|o| o.reason != new.reason);
+        let quiet = [conditions::reason::PENDING, conditions::reason::SUSPENDED, conditions::reason::WAITING_FOR_CONSUL];
+        if is_new_problem && !quiet.contains(&new.reason.as_str()) {
+            warn!(binding = %oref, reason = %new.reason, message = %new.message, "binding not ready");
+            publish(ctx, &binding.object_ref(&()), EventType::Warning, &new.reason, new.message.clone()).await;
+        }
+    }
+    if !needs_write(previous, status) {
+        return Ok(());
+    }
+    let api: Api<ConsulBinding> = Api::namespaced(ctx.client.clone(), &binding.namespace().unwrap_or_default());
+    let patch = json!({ "apiVersion": ConsulBinding::api_version(&()), "kind": ConsulBinding::kind(&()), "status": status });
+    api.patch_status(&binding.name_any(), &PatchParams::apply(STATUS_MANAGER).force(), &Patch::Apply(&patch))
+        .await
+        .map_err(Error::Status)?;
+    Ok(())
+}
+
+/// Skips writes that would only move the sync time forward by less than a resync period, so
+/// that reconciles caused by workload churn cost no API writes.
+fn needs_write(previous: &ConsulBindingStatus, status: &ConsulBindingStatus) -> bool {
+    let strip = |s: &ConsulBindingStatus| ConsulBindingStatus { last_sync_time: None, ..s.clone() };
+    if strip(previous) != strip(status) {
+        return true;
+    }
+    match (&previous.last_sync_time, &status.last_sync_time) {
+        (Some(old), Some(new)) => new.0.duration_since(old.0).as_secs() >= (RESYNC.as_secs() as i64) / 2,
+        (old, new) => old != new,
+    }
+}
+
+async fn publish(ctx: &Context, reference: &ObjectReference, type_: EventType, reason: &str, note: String) {
+    let event = Event { type_, reason: reason.into(), note: Some(note), action: "Reconcile".into(), secondary: None };
+    if let Err(error) = ctx.recorder.publish(&event, reference).await {
+        warn!(%error, reason, "could not record event");
+    }
+}

@@ -1,0 +1,488 @@
+//! `cargo xtask env up|down|status`: etcd, kube-apiserver, kube-controller-manager and two Consul
+//! agents (one plain, one with ACLs) on loopback. Their data, certs, tokens, logs and pid files live
+//! in `target/consulbind-env/`.
+
+use std::fs::{self, File};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, ensure};
+
+use crate::process::{Daemon, capture, http_get, run, succeeds};
+use crate::{minutes, provision, remove_all, repo_root};
+
+// Not the default ports, so a local etcd, Kubernetes or Consul can keep theirs.
+const ETCD_PORT: u16 = 23791;
+const ETCD_PEER_PORT: u16 = 23801;
+const APISERVER_PORT: u16 = 16443;
+
+/// A single-server Consul agent on loopback. DNS and gRPC are off.
+struct Agent {
+    name: &'static str,
+    http: u16,
+    server: u16,
+    serf_lan: u16,
+    serf_wan: u16,
+    acl: bool,
+}
+
+/// The plain agent, which `CONSUL_HTTP_ADDR` points at.
+const CONSUL: Agent = Agent {
+    name: "consul",
+    http: 18500,
+    server: 18510,
+    serf_lan: 18511,
+    serf_wan: 18512,
+    acl: false,
+};
+/// ACLs on with default deny, for the ACL tests.
+const CONSUL_ACL: Agent = Agent {
+    name: "consul-acl",
+    http: 18600,
+    server: 18610,
+    serf_lan: 18611,
+    serf_wan: 18612,
+    acl: true,
+};
+
+impl Agent {
+    fn addr(&self) -> String {
+        format!("http://127.0.0.1:{}", self.http)
+    }
+
+    /// Serving, with a leader, and for the ACL agent accepting its master token, which only works
+    /// once the new leader has stored it.
+    fn ready(&self, master_token: &str) -> bool {
+        let leader =
+            http_get(self.http, "/v1/status/leader", None).is_some_and(|(status, body)| {
+                status == 200 && !body.trim().trim_matches('"').is_empty()
+            });
+        leader
+            && (!self.acl
+                || http_get(self.http, "/v1/acl/token/self", Some(master_token))
+                    .is_some_and(|(s, _)| s == 200))
+    }
+}
+
+pub struct Env {
+    dir: PathBuf,
+}
+
+impl Env {
+    pub fn new() -> Self {
+        Self {
+            dir: repo_root().join("target/consulbind-env"),
+        }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    fn daemon(&self, name: &'static str) -> Daemon {
+        Daemon::new(name, &self.dir)
+    }
+
+    /// Every process, in start order.
+    fn daemons(&self) -> [Daemon; 5] {
+        [
+            "etcd",
+            "kube-apiserver",
+            "kube-controller-manager",
+            CONSUL.name,
+            CONSUL_ACL.name,
+        ]
+        .map(|n| self.daemon(n))
+    }
+
+    /// Starts whatever isn't running, waits until all of it is ready, installs the CRDs and writes the
+    /// env file. Safe to run again at any time.
+    pub fn up(&self) -> Result<()> {
+        let started = Instant::now();
+        let tools = provision::tools()?;
+        fs::create_dir_all(&self.dir)?;
+        let admin_token = self.secret("admin-token")?;
+        let master_token = self.secret("consul-acl-master-token")?;
+        self.write_kube_files(&admin_token)?;
+        println!("==> starting the environment in {}", self.dir.display());
+
+        let etcd = self.daemon("etcd");
+        let peer_url = format!("http://127.0.0.1:{ETCD_PEER_PORT}");
+        let client_url = format!("http://127.0.0.1:{ETCD_PORT}");
+        etcd.ensure_started(
+            Command::new(&tools.etcd)
+                .args(["--name", "consulbind", "--data-dir"])
+                .arg(self.path("etcd-data"))
+                .args([
+                    "--listen-client-urls",
+                    &client_url,
+                    "--advertise-client-urls",
+                    &client_url,
+                ])
+                .args([
+                    "--listen-peer-urls",
+                    &peer_url,
+                    "--initial-advertise-peer-urls",
+                    &peer_url,
+                ])
+                .arg(format!("--initial-cluster=consulbind={peer_url}")),
+        )?;
+        for agent in [&CONSUL, &CONSUL_ACL] {
+            let config = self.path(&format!("{}.hcl", agent.name));
+            fs::write(&config, self.consul_config(agent, &master_token))?;
+            self.daemon(agent.name).ensure_started(
+                Command::new(&tools.consul)
+                    .arg("agent")
+                    .arg(format!("-config-file={}", config.display())),
+            )?;
+        }
+        etcd.wait_ready("healthy", Duration::from_secs(60), || {
+            http_get(ETCD_PORT, "/health", None)
+                .is_some_and(|(s, body)| s == 200 && body.contains("true"))
+        })?;
+
+        let apiserver = self.daemon("kube-apiserver");
+        let pki = self.path("pki");
+        apiserver.ensure_started(
+            Command::new(&tools.kube_apiserver)
+                .arg(format!("--etcd-servers={client_url}"))
+                .args([
+                    "--bind-address=127.0.0.1",
+                    &format!("--secure-port={APISERVER_PORT}"),
+                ])
+                // 1.20 still serves an unauthenticated port 8080 unless told not to.
+                .arg("--insecure-port=0")
+                // Don't look for a routable host address, which a machine without network lacks.
+                .args([
+                    "--advertise-address=127.0.0.1",
+                    "--endpoint-reconciler-type=none",
+                ])
+                .arg(format!("--cert-dir={}", pki.display()))
+                .arg(format!(
+                    "--token-auth-file={}",
+                    self.path("tokens.csv").display()
+                ))
+                .arg("--authorization-mode=RBAC")
+                .arg(format!(
+                    "--service-account-key-file={}",
+                    pki.join("sa.pub").display()
+                ))
+                .arg(format!(
+                    "--service-account-signing-key-file={}",
+                    pki.join("sa.key").display()
+                ))
+                .arg("--service-account-issuer=https://kubernetes.default.svc")
+                .arg("--service-cluster-ip-range=10.0.0.0/24"),
+        )?;
+        apiserver.wait_ready("ready (/readyz)", Duration::from_secs(180), || {
+            self.apiserver_ready(&tools.kubectl)
+        })?;
+
+        let controller_manager = self.daemon("kube-controller-manager");
+        controller_manager.ensure_started(
+            Command::new(&tools.kube_controller_manager)
+                .arg(format!("--kubeconfig={}", self.kubeconfig().display()))
+                .arg(
+                    "--controllers=deployment,replicaset,statefulset,daemonset,garbagecollector,namespace,\
+                     serviceaccount,serviceaccount-token",
+                )
+                .arg(format!("--service-account-private-key-file={}", pki.join("sa.key").display()))
+                .arg(format!("--root-ca-file={}", pki.join("apiserver.crt").display()))
+                .args(["--leader-elect=false", "--secure-port=0", "--port=0"]),
+        )?;
+        // It has no health port; the serviceaccount controller's first object shows it is working.
+        controller_manager.wait_ready(
+            "creating ServiceAccount default/default",
+            Duration::from_secs(120),
+            || {
+                succeeds(self.kubectl(&tools.kubectl).args([
+                    "get",
+                    "serviceaccount",
+                    "default",
+                    "--namespace=default",
+                ]))
+            },
+        )?;
+
+        for agent in [&CONSUL, &CONSUL_ACL] {
+            self.daemon(agent.name).wait_ready(
+                "serving with a leader",
+                Duration::from_secs(60),
+                || agent.ready(&master_token),
+            )?;
+        }
+
+        self.apply_crds(&tools.kubectl)?;
+        self.write_env_file()?;
+        println!(
+            "environment up after {}; to use it from a shell:",
+            minutes(started.elapsed())
+        );
+        println!("    source {}", shown(&self.path("env")).display());
+        Ok(())
+    }
+
+    /// Stops the processes `up` started, by their recorded pids. Data stays for the next `up`.
+    pub fn down(&self) -> Result<()> {
+        let mut failed = Vec::new();
+        for daemon in self.daemons().iter().rev() {
+            if let Err(e) = daemon.stop() {
+                eprintln!("{e:#}");
+                failed.push(daemon.name);
+            }
+        }
+        ensure!(failed.is_empty(), "could not stop {}", failed.join(", "));
+        Ok(())
+    }
+
+    /// Deletes all state (data, certs, tokens, logs). Call it only after `down`.
+    pub fn wipe(&self) -> Result<()> {
+        remove_all(&self.dir)
+    }
+
+    /// Prints each process with its state and endpoint, and fails unless all are running and healthy.
+    pub fn status(&self) -> Result<()> {
+        let master_token =
+            fs::read_to_string(self.path("consul-acl-master-token")).unwrap_or_default();
+        let apiserver_ready =
+            provision::kubectl().is_ok_and(|kubectl| self.apiserver_ready(&kubectl));
+        let etcd_health = http_get(ETCD_PORT, "/health", None)
+            .is_some_and(|(s, body)| s == 200 && body.contains("true"));
+        let rows = [
+            (format!("http://127.0.0.1:{ETCD_PORT}"), etcd_health),
+            (
+                format!("https://127.0.0.1:{APISERVER_PORT}"),
+                apiserver_ready,
+            ),
+            // No health port: running is all we can tell.
+            ("-".to_owned(), true),
+            (CONSUL.addr(), CONSUL.ready("")),
+            (CONSUL_ACL.addr(), CONSUL_ACL.ready(master_token.trim())),
+        ];
+        println!("environment in {}", shown(&self.dir).display());
+        let mut all_up = true;
+        for (daemon, (endpoint, healthy)) in self.daemons().iter().zip(rows) {
+            let state = match daemon.pid() {
+                Some(pid) if healthy => format!("running (pid {pid})"),
+                Some(pid) => format!("UNHEALTHY (pid {pid})"),
+                None => "stopped".to_owned(),
+            };
+            all_up &= daemon.pid().is_some() && healthy;
+            println!(
+                "  {:<24} {state:<20} {endpoint:<24} {}",
+                daemon.name,
+                shown(&daemon.log()).display()
+            );
+        }
+        ensure!(
+            all_up,
+            "the environment is not fully up; `cargo xtask env up` starts what is missing"
+        );
+        println!(
+            "to use it from a shell:\n    source {}",
+            shown(&self.path("env")).display()
+        );
+        Ok(())
+    }
+
+    /// What the env file exports; the end-to-end tests get the same.
+    pub fn vars(&self) -> Result<Vec<(&'static str, String)>> {
+        let master_token = fs::read_to_string(self.path("consul-acl-master-token"))
+            .context("the environment was never set up; run `cargo xtask env up`")?;
+        Ok(vec![
+            ("KUBECONFIG", self.kubeconfig().display().to_string()),
+            ("CONSUL_HTTP_ADDR", CONSUL.addr()),
+            ("CONSULBIND_E2E_ACL_ADDR", CONSUL_ACL.addr()),
+            ("CONSULBIND_E2E_ACL_TOKEN", master_token.trim().to_owned()),
+        ])
+    }
+
+    fn write_env_file(&self) -> Result<()> {
+        let mut text = String::from("# Written by `cargo xtask env up`, for `source`.\n");
+        for (name, value) in self.vars()? {
+            text += &format!("export {name}='{}'\n", value.replace('\'', r"'\''"));
+        }
+        Ok(fs::write(self.path("env"), text)?)
+    }
+
+    /// A random token kept in the run dir, so it stays the same across `down` and `up`.
+    fn secret(&self, name: &str) -> Result<String> {
+        let path = self.path(name);
+        if let Ok(token) = fs::read_to_string(&path)
+            && !token.trim().is_empty()
+        {
+            return Ok(token.trim().to_owned());
+        }
+        let token = uuid()?;
+        fs::write(&path, &token)?;
+        Ok(token)
+    }
+
+    fn kubeconfig(&self) -> PathBuf {
+        self.path("kubeconfig")
+    }
+
+    /// The service account key pair, the token file with the admin token, and a kubeconfig using it.
+    /// The apiserver writes its own self-signed serving cert into `pki/` on first start.
+    fn write_kube_files(&self, admin_token: &str) -> Result<()> {
+        let pki = self.path("pki");
+        fs::create_dir_all(&pki)?;
+        let key = pki.join("sa.key");
+        if !key.exists() {
+            // Written beside it and renamed, so an interrupted run leaves no half-written key.
+            let tmp = pki.join("sa.key.tmp");
+            capture(
+                Command::new("openssl")
+                    .args(["genrsa", "-out"])
+                    .arg(&tmp)
+                    .arg("2048"),
+            )?;
+            fs::rename(&tmp, &key)?;
+        }
+        capture(
+            Command::new("openssl")
+                .args(["rsa", "-pubout", "-in"])
+                .arg(&key)
+                .arg("-out")
+                .arg(pki.join("sa.pub")),
+        )?;
+        fs::write(
+            self.path("tokens.csv"),
+            format!("{admin_token},admin,admin,system:masters\n"),
+        )?;
+        let ca = pki.join("apiserver.crt");
+        let kubeconfig = format!(
+            "apiVersion: v1
+kind: Config
+clusters:
+- name: consulbind
+  cluster:
+    server: https://127.0.0.1:{APISERVER_PORT}
+    certificate-authority: {:?}
+users:
+- name: admin
+  user:
+    token: {admin_token}
+contexts:
+- name: consulbind
+  context:
+    cluster: consulbind
+    user: admin
+current-context: consulbind
+",
+            ca.display().to_string()
+        );
+        Ok(fs::write(self.kubeconfig(), kubeconfig)?)
+    }
+
+    fn consul_config(&self, agent: &Agent, master_token: &str) -> String {
+        let data_dir = self.path(&format!("{}-data", agent.name));
+        let acl = if agent.acl {
+            // The master token is also the agent's own, so it may register itself in the catalog.
+            format!(
+                "acl {{\n  enabled = true\n  default_policy = \"deny\"\n  tokens {{\n    master = \"{master_token}\"\n    \
+                 agent = \"{master_token}\"\n  }}\n}}\n"
+            )
+        } else {
+            String::new()
+        };
+        format!(
+            "node_name = \"consulbind-{name}\"
+data_dir = {data_dir:?}
+server = true
+bootstrap_expect = 1
+bind_addr = \"127.0.0.1\"
+client_addr = \"127.0.0.1\"
+disable_update_check = true
+# Quicker leader election than the production default of 5.
+performance {{
+  raft_multiplier = 1
+}}
+ports {{
+  http = {http}
+  server = {server}
+  serf_lan = {serf_lan}
+  serf_wan = {serf_wan}
+  dns = -1
+  grpc = -1
+}}
+{acl}",
+            name = agent.name,
+            data_dir = data_dir.display().to_string(),
+            http = agent.http,
+            server = agent.server,
+            serf_lan = agent.serf_lan,
+            serf_wan = agent.serf_wan,
+        )
+    }
+
+    fn kubectl(&self, kubectl: &Path) -> Command {
+        let mut cmd = Command::new(kubectl);
+        cmd.arg(format!("--kubeconfig={}", self.kubeconfig().display()));
+        cmd
+    }
+
+    fn apiserver_ready(&self, kubectl: &Path) -> bool {
+        capture(
+            self.kubectl(kubectl)
+                .args(["get", "--raw=/readyz", "--request-timeout=5s"]),
+        )
+        .is_ok_and(|body| body.trim() == "ok")
+    }
+
+    /// Applies `crds/` and waits until the API serves them. It may still be empty early on.
+    fn apply_crds(&self, kubectl: &Path) -> Result<()> {
+        let crds = repo_root().join("crds");
+        let is_manifest = |path: &Path| {
+            matches!(
+                path.extension().and_then(|e| e.to_str()),
+                Some("yaml" | "yml" | "json")
+            )
+        };
+        let found = fs::read_dir(&crds)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|entry| is_manifest(&entry.path()));
+        if !found {
+            println!("no CRD manifests in crds/ yet; nothing to install");
+            return Ok(());
+        }
+        println!("==> installing the CRDs from crds/");
+        run(self
+            .kubectl(kubectl)
+            .args(["apply", "--server-side", "--force-conflicts", "-f"])
+            .arg(&crds))?;
+        run(self
+            .kubectl(kubectl)
+            .args(["wait", "--for=condition=Established", "--timeout=60s", "-f"])
+            .arg(&crds))
+    }
+}
+
+/// A path relative to the current directory when it is inside it, for shorter output.
+fn shown(path: &Path) -> &Path {
+    std::env::current_dir()
+        .ok()
+        .and_then(|cwd| path.strip_prefix(cwd).ok())
+        .unwrap_or(path)
+}
+
+/// A random version-4 UUID, the form Consul wants for its master token.
+fn uuid() -> Result<String> {
+    let mut b = [0u8; 16];
+    File::open("/dev/urandom")?.read_exact(&mut b)?;
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let hex: String = b.iter().map(|byte| format!("{byte:02x}")).collect();
+    Ok(format!(
+        "{}-{}-{}-{}-{}",
+        &hex[..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..]
+    ))
+}

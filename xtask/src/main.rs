@@ -1,0 +1,107 @@
+//! Development tasks for consulbind: `cargo xtask env up|down|status`, `test`, `e2e`, `crdgen`, `demo`.
+
+mod crdgen;
+mod env;
+mod process;
+mod provision;
+mod test;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Result, bail};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(about = "Development tasks for consulbind")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Manage the local environment: etcd, kube-apiserver, kube-controller-manager and two Consul agents.
+    Env {
+        #[command(subcommand)]
+        action: EnvAction,
+    },
+    /// Check everything: fmt, clippy, crdgen --check, unit tests, then end-to-end tests on a fresh environment.
+    Test {
+        /// Passed to the end-to-end test binaries, e.g. a test name filter or --nocapture.
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+    /// Run only the end-to-end tests, against the environment that is already up.
+    E2e {
+        /// Passed to the end-to-end test binaries, e.g. a test name filter or --nocapture.
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+    /// Write the CRD manifests into crds/, or with --check fail if they are out of date.
+    Crdgen {
+        #[arg(long)]
+        check: bool,
+    },
+    /// Show a rollout caused by a Consul write (not yet implemented).
+    Demo,
+}
+
+#[derive(Subcommand)]
+enum EnvAction {
+    /// Provision (first run only) and start everything, install the CRDs and write the env file.
+    Up,
+    /// Stop the processes that `up` started. Data is kept for the next `up`.
+    Down,
+    /// Show what is running and whether it is healthy.
+    Status,
+}
+
+fn main() -> Result<()> {
+    let env = env::Env::new();
+    match Cli::parse().command {
+        Command::Env { action } => match action {
+            EnvAction::Up => env.up(),
+            EnvAction::Down => env.down(),
+            EnvAction::Status => env.status(),
+        },
+        Command::Test { args } => test::all(&env, &args),
+        Command::E2e { args } => test::e2e_on_running(&env, &args),
+        Command::Crdgen { check } => crdgen::run(check),
+        // TODO: the lead assigns this once the controller binary exists (issue 3: bring the environment up,
+        // apply examples/, run the controller, write to Consul, show the rollout).
+        Command::Demo => bail!("cargo xtask demo: not yet implemented"),
+    }
+}
+
+/// The workspace root: xtask lives one level below it.
+fn repo_root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask is inside the workspace")
+}
+
+/// Where downloads and built binaries are kept between runs, keyed by version.
+fn cache_dir() -> Result<PathBuf> {
+    let base = match std::env::var_os("XDG_CACHE_HOME").filter(|v| !v.is_empty()) {
+        Some(dir) => PathBuf::from(dir),
+        None => match std::env::var_os("HOME") {
+            Some(home) => PathBuf::from(home).join(".cache"),
+            None => bail!("neither XDG_CACHE_HOME nor HOME is set, so there is no cache directory"),
+        },
+    };
+    Ok(base.join("consulbind"))
+}
+
+/// Deletes a directory tree; one that is already gone is fine.
+fn remove_all(path: &Path) -> Result<()> {
+    match std::fs::remove_dir_all(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.into()),
+        _ => Ok(()),
+    }
+}
+
+fn minutes(elapsed: Duration) -> String {
+    let secs = elapsed.as_secs();
+    format!("{}m{:02}s", secs / 60, secs % 60)
+}

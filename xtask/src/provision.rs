@@ -1,0 +1,331 @@
+//! Provisions the environment's programs from Debian's package registry. Whatever is built or
+//! downloaded is cached under one directory, keyed by version, so only the first run pays.
+
+use std::fs::{self, File, TryLockError};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, ensure};
+
+use crate::process::{capture, run, succeeds, tail};
+use crate::{cache_dir, minutes, remove_all};
+
+const KUBE_VERSION: &str = "1.20.2";
+const CONSUL_VERSION: &str = "1.8.7";
+/// Bookworm has no consul; bullseye's is the newest Debian build.
+const CONSUL_DEB_VERSION: &str = "1.8.7+dfsg1-2+b3";
+
+pub struct Tools {
+    pub etcd: PathBuf,
+    pub kube_apiserver: PathBuf,
+    pub kube_controller_manager: PathBuf,
+    pub consul: PathBuf,
+    pub kubectl: PathBuf,
+}
+
+/// Makes sure every program is there, installing, downloading or building what is missing.
+pub fn tools() -> Result<Tools> {
+    // Checked first: it's the one thing we don't provision, so fail before a long build.
+    let kubectl = kubectl()?;
+    ensure_packages(&["etcd-server", "openssl"])?;
+    let cache = cache_dir()?;
+    fs::create_dir_all(&cache)?;
+    let _lock = lock(&cache)?;
+    let kube_bin = kubernetes(&cache)?;
+    Ok(Tools {
+        etcd: "/usr/bin/etcd".into(),
+        kube_apiserver: kube_bin.join("kube-apiserver"),
+        kube_controller_manager: kube_bin.join("kube-controller-manager"),
+        consul: consul(&cache)?,
+        kubectl,
+    })
+}
+
+pub fn kubectl() -> Result<PathBuf> {
+    std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .map(|dir| dir.join("kubectl"))
+        .find(|path| path.is_file())
+        .context(
+            "kubectl is not on PATH. Install it, for example with `apt-get install kubernetes-client` \
+             (Debian's package), then run this again",
+        )
+}
+
+/// Serialises provisioning between concurrent runs, which would otherwise build into the same paths.
+fn lock(cache: &Path) -> Result<File> {
+    let file = File::create(cache.join("lock"))?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(TryLockError::WouldBlock) => {
+            println!(
+                "waiting for another cargo xtask that is provisioning {}",
+                cache.display()
+            );
+            file.lock()?;
+        }
+        Err(TryLockError::Error(e)) => return Err(e.into()),
+    }
+    Ok(file)
+}
+
+/// Installs the Debian packages that are missing, and skips apt entirely when none are.
+fn ensure_packages(packages: &[&str]) -> Result<()> {
+    let missing: Vec<&str> = packages.iter().copied().filter(|p| !installed(p)).collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    println!("==> installing {} with apt-get", missing.join(" "));
+    run(Command::new("apt-get").arg("update"))?;
+    run(Command::new("apt-get")
+        .args(["install", "-y"])
+        .args(&missing)
+        .env("DEBIAN_FRONTEND", "noninteractive"))
+}
+
+fn installed(package: &str) -> bool {
+    capture(Command::new("dpkg-query").args(["--show", "--showformat=${Status}", package]))
+        .is_ok_and(|status| status == "install ok installed")
+}
+
+/// kube-apiserver and kube-controller-manager, which Debian ships only as source.
+fn kubernetes(cache: &Path) -> Result<PathBuf> {
+    const PROGRAMS: [&str; 2] = ["kube-apiserver", "kube-controller-manager"];
+    let all_run = |dir: &Path| {
+        PROGRAMS
+            .iter()
+            .all(|p| succeeds(Command::new(dir.join(p)).arg("--version")))
+    };
+    let entry = cache.join(format!("kubernetes-{KUBE_VERSION}"));
+    if all_run(&entry.join("bin")) {
+        return Ok(entry.join("bin"));
+    }
+    let build = cache.join("src/build");
+    let output = build.join(format!("kubernetes-{KUBE_VERSION}/_output/bin"));
+    // A finished build whose binaries did not make it into the cache is reused.
+    if !all_run(&output) {
+        build_kubernetes(cache, &build)?;
+        ensure!(
+            all_run(&output),
+            "the build finished but left no working binaries in {}",
+            output.display()
+        );
+    }
+    install_dir(&entry, |tmp| {
+        fs::create_dir(tmp.join("bin"))?;
+        for program in PROGRAMS {
+            fs::copy(output.join(program), tmp.join("bin").join(program))?;
+        }
+        ensure!(
+            all_run(&tmp.join("bin")),
+            "the copied kubernetes binaries don't run"
+        );
+        Ok(())
+    })?;
+    // Only the binaries are worth keeping; the tree and Go's build cache are gigabytes.
+    remove_all(&build)?;
+    Ok(entry.join("bin"))
+}
+
+fn build_kubernetes(cache: &Path, build: &Path) -> Result<()> {
+    println!(
+        "==> building kube-apiserver and kube-controller-manager {KUBE_VERSION} from Debian's source \
+         package (once; about 8 minutes on 2 cores)"
+    );
+    ensure_packages(&["golang-go", "rsync", "make"])?;
+    let orig = download(
+        cache,
+        ("kubernetes_", ".orig.tar.gz"),
+        |path| succeeds(Command::new("gzip").arg("-t").arg(path)),
+        &["source", "--download-only", "kubernetes"],
+    )?;
+    // Start from a clean tree: a half-finished build is in an unknown state.
+    remove_all(build)?;
+    fs::create_dir_all(build)?;
+    run(Command::new("tar")
+        .arg("-xzf")
+        .arg(&orig)
+        .arg("-C")
+        .arg(build))?;
+    let tree = build.join(format!("kubernetes-{KUBE_VERSION}"));
+    ensure!(
+        tree.is_dir(),
+        "{} did not unpack into {}",
+        orig.display(),
+        tree.display()
+    );
+    // The 1.20 build expects to sit at k8s.io/kubernetes in a GOPATH, as in Debian's own rules.
+    let gopath = tree.join(".go");
+    let link = gopath.join("src/k8s.io/kubernetes");
+    fs::create_dir_all(gopath.join("src/k8s.io"))?;
+    std::os::unix::fs::symlink(&tree, &link)?;
+
+    let log_path = cache.join("src/kubernetes-build.log");
+    let log = File::create(&log_path)?;
+    let mut make = Command::new("make")
+        .arg("WHAT=cmd/kube-apiserver cmd/kube-controller-manager")
+        .current_dir(&link)
+        .env("GOPATH", &gopath)
+        .env("GOFLAGS", "-mod=vendor")
+        .env("GO111MODULE", "on")
+        // Inside the build dir, so it goes away with the tree.
+        .env("GOCACHE", build.join("gocache"))
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+        .context("cannot run make")?;
+    println!("    log: {}", log_path.display());
+    let start = Instant::now();
+    let mut next_report = Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = make.try_wait()? {
+            break status;
+        }
+        if start.elapsed() >= next_report {
+            println!(
+                "    [{}] {}",
+                minutes(start.elapsed()),
+                tail(&log_path, 1).trim()
+            );
+            next_report += Duration::from_secs(30);
+        }
+        sleep(Duration::from_secs(1));
+    };
+    ensure!(
+        status.success(),
+        "building kubernetes failed ({status}); the log is {}. Last lines:\n{}",
+        log_path.display(),
+        tail(&log_path, 40)
+    );
+    println!("    built in {}", minutes(start.elapsed()));
+    Ok(())
+}
+
+/// Consul, from Debian bullseye's package, unpacked into the cache rather than installed.
+fn consul(cache: &Path) -> Result<PathBuf> {
+    let entry = cache.join(format!("consul-{CONSUL_VERSION}"));
+    let binary = |dir: &Path| dir.join("usr/bin/consul");
+    let runs = |dir: &Path| succeeds(Command::new(binary(dir)).arg("version"));
+    if !runs(&entry) {
+        println!("==> unpacking Consul {CONSUL_VERSION} from Debian bullseye");
+        let deb = download(
+            cache,
+            (&format!("consul_{CONSUL_DEB_VERSION}_"), ".deb"),
+            |path| succeeds(Command::new("dpkg-deb").arg("--info").arg(path)),
+            &["download", &format!("consul={CONSUL_DEB_VERSION}")],
+        )?;
+        install_dir(&entry, |tmp| {
+            run(Command::new("dpkg").arg("-x").arg(&deb).arg(tmp))?;
+            ensure!(
+                runs(tmp),
+                "the consul unpacked from {} doesn't run",
+                deb.display()
+            );
+            Ok(())
+        })?;
+    }
+    Ok(binary(&entry))
+}
+
+/// A file in `<cache>/src` named `<prefix>...<suffix>`, fetched with the private apt config unless
+/// a copy that `valid` accepts is already there.
+fn download(
+    cache: &Path,
+    (prefix, suffix): (&str, &str),
+    valid: impl Fn(&Path) -> bool,
+    apt_args: &[&str],
+) -> Result<PathBuf> {
+    let src = cache.join("src");
+    fs::create_dir_all(&src)?;
+    let find = || -> Result<Option<PathBuf>> {
+        Ok(fs::read_dir(&src)?.flatten().map(|e| e.path()).find(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(prefix) && n.ends_with(suffix))
+        }))
+    };
+    if let Some(path) = find()? {
+        if valid(&path) {
+            return Ok(path);
+        }
+        println!("    {} is corrupt; downloading it again", path.display());
+        fs::remove_file(&path)?;
+    }
+    run(private_apt_get(cache)?.args(apt_args).current_dir(&src))?;
+    let path = find()?
+        .with_context(|| format!("apt-get left no {prefix}*{suffix} in {}", src.display()))?;
+    ensure!(
+        valid(&path),
+        "{} was downloaded but is corrupt",
+        path.display()
+    );
+    Ok(path)
+}
+
+/// An apt-get with a private config that adds bookworm sources and bullseye packages from the
+/// machine's own mirror, leaving the host's apt files alone. Its package lists are refreshed first.
+fn private_apt_get(cache: &Path) -> Result<Command> {
+    let dir = cache.join("apt");
+    for sub in ["etc", "lists/partial", "archives/partial", "cache"] {
+        fs::create_dir_all(dir.join(sub))?;
+    }
+    let mirror = debian_mirror()?;
+    let sources = dir.join("etc/sources.list");
+    fs::write(
+        &sources,
+        format!("deb-src {mirror} bookworm main\ndeb {mirror} bullseye main\n"),
+    )?;
+    let options = [
+        format!("Dir::Etc::SourceList={}", sources.display()),
+        "Dir::Etc::SourceParts=/dev/null".to_owned(),
+        format!("Dir::State::Lists={}", dir.join("lists").display()),
+        format!("Dir::Cache::Archives={}", dir.join("archives").display()),
+        format!("Dir::Cache={}", dir.join("cache").display()),
+    ];
+    let apt_get = || {
+        let mut cmd = Command::new("apt-get");
+        for option in &options {
+            cmd.arg("-o").arg(option);
+        }
+        cmd
+    };
+    run(apt_get().arg("update"))?;
+    Ok(apt_get())
+}
+
+/// The machine's Debian mirror: the first `URIs:` of its deb822 sources, or the first `deb` line
+/// of a classic sources.list.
+fn debian_mirror() -> Result<String> {
+    let deb822 = fs::read_to_string("/etc/apt/sources.list.d/debian.sources").unwrap_or_default();
+    let classic = fs::read_to_string("/etc/apt/sources.list").unwrap_or_default();
+    deb822
+        .lines()
+        .find_map(|line| line.strip_prefix("URIs:"))
+        .and_then(|uris| uris.split_whitespace().next())
+        .or_else(|| {
+            classic
+                .lines()
+                .find_map(|line| line.strip_prefix("deb "))
+                .and_then(|rest| rest.split_whitespace().find(|word| word.contains("://")))
+        })
+        .map(str::to_owned)
+        .context("no Debian mirror URI in /etc/apt/sources.list.d/debian.sources or /etc/apt/sources.list")
+}
+
+/// Fills a cache entry in a temporary sibling, then renames it into place, so an entry is either
+/// complete or absent.
+fn install_dir(entry: &Path, fill: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+    let mut tmp = entry.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    remove_all(&tmp)?;
+    fs::create_dir_all(&tmp)?;
+    fill(&tmp)?;
+    remove_all(entry)?;
+    fs::rename(&tmp, entry)?;
+    Ok(())
+}

@@ -1,0 +1,181 @@
+//! `cargo xtask test`, everything CI checks, and `cargo xtask e2e`, the end-to-end tests alone.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail};
+
+use crate::env::Env;
+use crate::process::{capture, catch_interrupts, interrupted, run};
+use crate::{crdgen, minutes, repo_root};
+
+/// Runs every step, even after one fails, so a single run shows all problems. The environment is
+/// stopped at the end whatever happened.
+pub fn all(env: &Env, e2e_args: &[String]) -> Result<()> {
+    catch_interrupts();
+    let mut report = Report::default();
+    report.step("cargo fmt --all --check", || {
+        run(cargo().args(["fmt", "--all", "--check"]))
+    });
+    report.step(
+        "cargo clippy --workspace --all-targets -- -D warnings",
+        || {
+            run(cargo().args([
+                "clippy",
+                "--workspace",
+                "--all-targets",
+                "--",
+                "-D",
+                "warnings",
+            ]))
+        },
+    );
+    report.step("crdgen --check", || crdgen::run(true));
+    report.step("unit tests", || {
+        run(cargo().args(["test", "--workspace", "--lib", "--bins"]))
+    });
+
+    let mut guard = StopGuard {
+        env,
+        stopped: false,
+    };
+    let up = report.step("fresh environment", || {
+        env.down()?;
+        env.wipe()?;
+        env.up()
+    });
+    if up {
+        report.step("end-to-end tests", || e2e(env, e2e_args));
+    } else {
+        report.skip("end-to-end tests");
+    }
+    report.always("stop the environment", || guard.stop());
+    report.finish()
+}
+
+/// The end-to-end tests against an environment that is already up.
+pub fn e2e_on_running(env: &Env, args: &[String]) -> Result<()> {
+    env.status()?;
+    e2e(env, args)
+}
+
+/// Every integration-test target (`tests/`), with the env file's variables and CONSULBIND_E2E=1.
+fn e2e(env: &Env, args: &[String]) -> Result<()> {
+    if !has_integration_tests()? {
+        println!("NOTE: the workspace has no integration test targets yet; nothing to run");
+        return Ok(());
+    }
+    run(cargo()
+        .args(["test", "--workspace", "--test", "*", "--"])
+        .args(args)
+        .envs(env.vars()?)
+        .env("CONSULBIND_E2E", "1"))
+}
+
+/// `cargo test --test '*'` fails when no target matches, which is the case before the first test lands.
+fn has_integration_tests() -> Result<bool> {
+    let metadata = capture(cargo().args(["metadata", "--no-deps", "--format-version=1"]))?;
+    let metadata: serde_json::Value = serde_json::from_str(&metadata)?;
+    let targets = metadata["packages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|package| package["targets"].as_array().into_iter().flatten());
+    Ok(targets
+        .flat_map(|target| target["kind"].as_array().into_iter().flatten())
+        .any(|kind| kind == "test"))
+}
+
+fn cargo() -> Command {
+    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    cmd.current_dir(repo_root());
+    cmd
+}
+
+/// Stops the environment when dropped, so a panicking step doesn't leave servers running.
+struct StopGuard<'a> {
+    env: &'a Env,
+    stopped: bool,
+}
+
+impl StopGuard<'_> {
+    fn stop(&mut self) -> Result<()> {
+        self.stopped = true;
+        self.env.down()
+    }
+}
+
+impl Drop for StopGuard<'_> {
+    fn drop(&mut self) {
+        if !self.stopped
+            && let Err(e) = self.env.down()
+        {
+            eprintln!("error stopping the environment: {e:#}");
+        }
+    }
+}
+
+enum Outcome {
+    Passed(Duration),
+    Failed(Duration),
+    Skipped,
+}
+
+#[derive(Default)]
+struct Report {
+    steps: Vec<(&'static str, Outcome)>,
+}
+
+impl Report {
+    /// Runs a step unless Ctrl-C was pressed, and returns whether it passed.
+    fn step(&mut self, name: &'static str, f: impl FnOnce() -> Result<()>) -> bool {
+        if interrupted() {
+            self.skip(name);
+            return false;
+        }
+        self.always(name, f)
+    }
+
+    fn always(&mut self, name: &'static str, f: impl FnOnce() -> Result<()>) -> bool {
+        println!("\n==== {name} ====");
+        let start = Instant::now();
+        let result = f();
+        if let Err(e) = &result {
+            eprintln!("error: {e:#}");
+        }
+        let elapsed = start.elapsed();
+        let outcome = if result.is_ok() {
+            Outcome::Passed(elapsed)
+        } else {
+            Outcome::Failed(elapsed)
+        };
+        self.steps.push((name, outcome));
+        result.is_ok()
+    }
+
+    fn skip(&mut self, name: &'static str) {
+        self.steps.push((name, Outcome::Skipped));
+    }
+
+    fn finish(self) -> Result<()> {
+        println!("\n==== summary ====");
+        let mut failed = 0;
+        for (name, outcome) in &self.steps {
+            match outcome {
+                Outcome::Passed(t) => println!("  ok       {name} ({})", minutes(*t)),
+                Outcome::Failed(t) => {
+                    failed += 1;
+                    println!("  FAILED   {name} ({})", minutes(*t));
+                }
+                Outcome::Skipped => println!("  skipped  {name}"),
+            }
+        }
+        if interrupted() {
+            bail!("interrupted");
+        }
+        if failed > 0 {
+            bail!("{failed} step(s) failed");
+        }
+        Ok(())
+    }
+}
