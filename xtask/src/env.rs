@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, ensure};
 
 use crate::process::{Daemon, capture, http_get, run, succeeds};
-use crate::{minutes, provision, remove_all, repo_root};
+use crate::provision::{self, Tools};
+use crate::{minutes, remove_all, repo_root};
 
 // Not the default ports, so a local etcd, Kubernetes or Consul can keep theirs.
 const ETCD_PORT: u16 = 23791;
@@ -106,106 +107,17 @@ impl Env {
         let admin_token = self.secret("admin-token")?;
         let master_token = self.secret("consul-acl-master-token")?;
         self.write_kube_files(&admin_token)?;
-        println!("==> starting the environment in {}", self.dir.display());
 
-        let etcd = self.daemon("etcd");
-        let peer_url = format!("http://127.0.0.1:{ETCD_PEER_PORT}");
-        let client_url = format!("http://127.0.0.1:{ETCD_PORT}");
-        etcd.ensure_started(
-            Command::new(&tools.etcd)
-                .args(["--name", "consulbind", "--data-dir"])
-                .arg(self.path("etcd-data"))
-                .args([
-                    "--listen-client-urls",
-                    &client_url,
-                    "--advertise-client-urls",
-                    &client_url,
-                ])
-                .args([
-                    "--listen-peer-urls",
-                    &peer_url,
-                    "--initial-advertise-peer-urls",
-                    &peer_url,
-                ])
-                .arg(format!("--initial-cluster=consulbind={peer_url}")),
-        )?;
+        println!("==> starting the environment in {}", self.dir.display());
+        // Consul first: its agents elect themselves while Kubernetes comes up.
         for agent in [&CONSUL, &CONSUL_ACL] {
             let config = self.path(&format!("{}.hcl", agent.name));
             fs::write(&config, self.consul_config(agent, &master_token))?;
-            self.daemon(agent.name).ensure_started(
-                Command::new(&tools.consul)
-                    .arg("agent")
-                    .arg(format!("-config-file={}", config.display())),
-            )?;
+            let config = format!("-config-file={}", config.display());
+            self.daemon(agent.name)
+                .ensure_started(Command::new(&tools.consul).args(["agent", &config]))?;
         }
-        etcd.wait_ready("healthy", Duration::from_secs(60), || {
-            http_get(ETCD_PORT, "/health", None)
-                .is_some_and(|(s, body)| s == 200 && body.contains("true"))
-        })?;
-
-        let apiserver = self.daemon("kube-apiserver");
-        let pki = self.path("pki");
-        apiserver.ensure_started(
-            Command::new(&tools.kube_apiserver)
-                .arg(format!("--etcd-servers={client_url}"))
-                .args([
-                    "--bind-address=127.0.0.1",
-                    &format!("--secure-port={APISERVER_PORT}"),
-                ])
-                // 1.20 still serves an unauthenticated port 8080 unless told not to.
-                .arg("--insecure-port=0")
-                // Don't look for a routable host address, which a machine without network lacks.
-                .args([
-                    "--advertise-address=127.0.0.1",
-                    "--endpoint-reconciler-type=none",
-                ])
-                .arg(format!("--cert-dir={}", pki.display()))
-                .arg(format!(
-                    "--token-auth-file={}",
-                    self.path("tokens.csv").display()
-                ))
-                .arg("--authorization-mode=RBAC")
-                .arg(format!(
-                    "--service-account-key-file={}",
-                    pki.join("sa.pub").display()
-                ))
-                .arg(format!(
-                    "--service-account-signing-key-file={}",
-                    pki.join("sa.key").display()
-                ))
-                .arg("--service-account-issuer=https://kubernetes.default.svc")
-                .arg("--service-cluster-ip-range=10.0.0.0/24"),
-        )?;
-        apiserver.wait_ready("ready (/readyz)", Duration::from_secs(180), || {
-            self.apiserver_ready(&tools.kubectl)
-        })?;
-
-        let controller_manager = self.daemon("kube-controller-manager");
-        controller_manager.ensure_started(
-            Command::new(&tools.kube_controller_manager)
-                .arg(format!("--kubeconfig={}", self.kubeconfig().display()))
-                .arg(
-                    "--controllers=deployment,replicaset,statefulset,daemonset,garbagecollector,namespace,\
-                     serviceaccount,serviceaccount-token",
-                )
-                .arg(format!("--service-account-private-key-file={}", pki.join("sa.key").display()))
-                .arg(format!("--root-ca-file={}", pki.join("apiserver.crt").display()))
-                .args(["--leader-elect=false", "--secure-port=0", "--port=0"]),
-        )?;
-        // It has no health port; the serviceaccount controller's first object shows it is working.
-        controller_manager.wait_ready(
-            "creating ServiceAccount default/default",
-            Duration::from_secs(120),
-            || {
-                succeeds(self.kubectl(&tools.kubectl).args([
-                    "get",
-                    "serviceaccount",
-                    "default",
-                    "--namespace=default",
-                ]))
-            },
-        )?;
-
+        self.start_kubernetes(&tools)?;
         for agent in [&CONSUL, &CONSUL_ACL] {
             self.daemon(agent.name).wait_ready(
                 "serving with a leader",
@@ -222,6 +134,80 @@ impl Env {
         );
         println!("    source {}", shown(&self.path("env")).display());
         Ok(())
+    }
+
+    /// etcd, kube-apiserver and kube-controller-manager, each ready before the next starts.
+    fn start_kubernetes(&self, tools: &Tools) -> Result<()> {
+        let etcd = self.daemon("etcd");
+        let client_url = format!("http://127.0.0.1:{ETCD_PORT}");
+        let peer_url = format!("http://127.0.0.1:{ETCD_PEER_PORT}");
+        etcd.ensure_started(Command::new(&tools.etcd).args([
+            "--name=consulbind".to_owned(),
+            format!("--data-dir={}", self.path("etcd-data").display()),
+            format!("--listen-client-urls={client_url}"),
+            format!("--advertise-client-urls={client_url}"),
+            format!("--listen-peer-urls={peer_url}"),
+            format!("--initial-advertise-peer-urls={peer_url}"),
+            format!("--initial-cluster=consulbind={peer_url}"),
+        ]))?;
+        etcd.wait_ready("healthy", Duration::from_secs(60), etcd_healthy)?;
+
+        let pki = self.path("pki");
+        let apiserver = self.daemon("kube-apiserver");
+        apiserver.ensure_started(Command::new(&tools.kube_apiserver).args([
+            format!("--etcd-servers={client_url}"),
+            "--bind-address=127.0.0.1".to_owned(),
+            format!("--secure-port={APISERVER_PORT}"),
+            // 1.20 still serves an unauthenticated port 8080 unless told not to.
+            "--insecure-port=0".to_owned(),
+            // Advertise loopback instead of guessing a host address, which may not exist. Endpoints
+            // can't hold a loopback address, so nothing maintains those of the `kubernetes` Service.
+            "--advertise-address=127.0.0.1".to_owned(),
+            "--endpoint-reconciler-type=none".to_owned(),
+            format!("--cert-dir={}", pki.display()),
+            format!("--token-auth-file={}", self.path("tokens.csv").display()),
+            "--authorization-mode=RBAC".to_owned(),
+            format!(
+                "--service-account-key-file={}",
+                pki.join("sa.pub").display()
+            ),
+            format!(
+                "--service-account-signing-key-file={}",
+                pki.join("sa.key").display()
+            ),
+            "--service-account-issuer=https://kubernetes.default.svc".to_owned(),
+            "--service-cluster-ip-range=10.0.0.0/24".to_owned(),
+        ]))?;
+        apiserver.wait_ready("ready (/readyz)", Duration::from_secs(180), || {
+            self.apiserver_ready(&tools.kubectl)
+        })?;
+
+        let controller_manager = self.daemon("kube-controller-manager");
+        controller_manager.ensure_started(Command::new(&tools.kube_controller_manager).args([
+            format!("--kubeconfig={}", self.kubeconfig().display()),
+            // Enough for Deployments to roll out as new ReplicaSets. Nothing schedules or runs pods.
+            "--controllers=deployment,replicaset,statefulset,daemonset,garbagecollector,namespace,\
+             serviceaccount,serviceaccount-token"
+                .to_owned(),
+            format!("--service-account-private-key-file={}", pki.join("sa.key").display()),
+            format!("--root-ca-file={}", pki.join("apiserver.crt").display()),
+            "--leader-elect=false".to_owned(),
+            "--secure-port=0".to_owned(),
+            "--port=0".to_owned(),
+        ]))?;
+        // It has no health port; the serviceaccount controller's first object shows it is working.
+        controller_manager.wait_ready(
+            "creating ServiceAccount default/default",
+            Duration::from_secs(120),
+            || {
+                succeeds(self.kubectl(&tools.kubectl).args([
+                    "get",
+                    "serviceaccount",
+                    "default",
+                    "--namespace=default",
+                ]))
+            },
+        )
     }
 
     /// Stops the processes `up` started, by their recorded pids. Data stays for the next `up`.
@@ -248,10 +234,8 @@ impl Env {
             fs::read_to_string(self.path("consul-acl-master-token")).unwrap_or_default();
         let apiserver_ready =
             provision::kubectl().is_ok_and(|kubectl| self.apiserver_ready(&kubectl));
-        let etcd_health = http_get(ETCD_PORT, "/health", None)
-            .is_some_and(|(s, body)| s == 200 && body.contains("true"));
         let rows = [
-            (format!("http://127.0.0.1:{ETCD_PORT}"), etcd_health),
+            (format!("http://127.0.0.1:{ETCD_PORT}"), etcd_healthy()),
             (
                 format!("https://127.0.0.1:{APISERVER_PORT}"),
                 apiserver_ready,
@@ -389,7 +373,7 @@ current-context: consulbind
             String::new()
         };
         format!(
-            "node_name = \"consulbind-{name}\"
+            "node_name = \"{name}\"
 data_dir = {data_dir:?}
 server = true
 bootstrap_expect = 1
@@ -460,6 +444,11 @@ ports {{
             .args(["wait", "--for=condition=Established", "--timeout=60s", "-f"])
             .arg(&crds))
     }
+}
+
+fn etcd_healthy() -> bool {
+    http_get(ETCD_PORT, "/health", None)
+        .is_some_and(|(status, body)| status == 200 && body.contains("true"))
 }
 
 /// A path relative to the current directory when it is inside it, for shorter output.

@@ -7,6 +7,7 @@ mod provision;
 mod test;
 
 use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Result, bail};
@@ -57,9 +58,20 @@ enum EnvAction {
     Status,
 }
 
-fn main() -> Result<()> {
+fn main() -> ExitCode {
+    match run(Cli::parse().command) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // Just the message chain: a backtrace (with RUST_BACKTRACE set) only hides it.
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(command: Command) -> Result<()> {
     let env = env::Env::new();
-    match Cli::parse().command {
+    match command {
         Command::Env { action } => match action {
             EnvAction::Up => env.up(),
             EnvAction::Down => env.down(),

@@ -3,6 +3,7 @@
 use std::fs::{self, OpenOptions};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -132,12 +133,21 @@ impl Daemon {
         (state != 'Z' && start_time.to_string() == started).then_some(pid)
     }
 
-    /// Starts the command unless the process is already running.
+    /// Starts the command unless the process is already running it. One running another command
+    /// line (an older binary or other flags, after an xtask change) is restarted.
     pub fn ensure_started(&self, cmd: &mut Command) -> Result<()> {
         match self.pid() {
-            Some(pid) => {
+            Some(pid) if fs::read(format!("/proc/{pid}/cmdline")).ok() == Some(argv(cmd)) => {
                 println!("{} is already running (pid {pid})", self.name);
                 Ok(())
+            }
+            Some(pid) => {
+                println!(
+                    "{} (pid {pid}) runs an outdated command line; restarting it",
+                    self.name
+                );
+                self.stop()?;
+                self.start(cmd)
             }
             None => self.start(cmd),
         }
@@ -243,6 +253,16 @@ impl Daemon {
             tail(&log, 30)
         )
     }
+}
+
+/// The command line as the kernel shows it in /proc/<pid>/cmdline: each argument NUL-terminated.
+fn argv(cmd: &Command) -> Vec<u8> {
+    let mut argv = Vec::new();
+    for arg in std::iter::once(cmd.get_program()).chain(cmd.get_args()) {
+        argv.extend_from_slice(arg.as_bytes());
+        argv.push(0);
+    }
+    argv
 }
 
 fn signal(pid: u32, sig: libc::c_int) {

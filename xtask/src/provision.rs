@@ -13,6 +13,11 @@ use crate::process::{capture, run, succeeds, tail};
 use crate::{cache_dir, minutes, remove_all};
 
 const KUBE_VERSION: &str = "1.20.2";
+/// Bumped whenever the build recipe changes, so an older cached build is not reused.
+const KUBE_BUILD: &str = "reflect2-1.0.2";
+/// Debian's reflect2 1.0.2, whose map iteration works with the Go 1.18+ runtime. The 1.0.1 that
+/// Kubernetes 1.20 vendors crashes kube-apiserver (SIGSEGV in aeshashbody) when built with Go 1.19.
+const REFLECT2_SRC: &str = "/usr/share/gocode/src/github.com/modern-go/reflect2";
 const CONSUL_VERSION: &str = "1.8.7";
 /// Bookworm has no consul; bullseye's is the newest Debian build.
 const CONSUL_DEB_VERSION: &str = "1.8.7+dfsg1-2+b3";
@@ -99,21 +104,18 @@ fn kubernetes(cache: &Path) -> Result<PathBuf> {
             .iter()
             .all(|p| succeeds(Command::new(dir.join(p)).arg("--version")))
     };
-    let entry = cache.join(format!("kubernetes-{KUBE_VERSION}"));
+    let entry = cache.join(format!("kubernetes-{KUBE_VERSION}-{KUBE_BUILD}"));
     if all_run(&entry.join("bin")) {
         return Ok(entry.join("bin"));
     }
     let build = cache.join("src/build");
     let output = build.join(format!("kubernetes-{KUBE_VERSION}/_output/bin"));
-    // A finished build whose binaries did not make it into the cache is reused.
-    if !all_run(&output) {
-        build_kubernetes(cache, &build)?;
-        ensure!(
-            all_run(&output),
-            "the build finished but left no working binaries in {}",
-            output.display()
-        );
-    }
+    build_kubernetes(cache, &build)?;
+    ensure!(
+        all_run(&output),
+        "the build finished but left no working binaries in {}",
+        output.display()
+    );
     install_dir(&entry, |tmp| {
         fs::create_dir(tmp.join("bin"))?;
         for program in PROGRAMS {
@@ -135,7 +137,12 @@ fn build_kubernetes(cache: &Path, build: &Path) -> Result<()> {
         "==> building kube-apiserver and kube-controller-manager {KUBE_VERSION} from Debian's source \
          package (once; about 8 minutes on 2 cores)"
     );
-    ensure_packages(&["golang-go", "rsync", "make"])?;
+    ensure_packages(&[
+        "golang-go",
+        "rsync",
+        "make",
+        "golang-github-modern-go-reflect2-dev",
+    ])?;
     let orig = download(
         cache,
         ("kubernetes_", ".orig.tar.gz"),
@@ -157,6 +164,12 @@ fn build_kubernetes(cache: &Path, build: &Path) -> Result<()> {
         orig.display(),
         tree.display()
     );
+    let vendored = tree.join("vendor/github.com/modern-go/reflect2");
+    remove_all(&vendored)?;
+    run(Command::new("cp")
+        .arg("-r")
+        .arg(REFLECT2_SRC)
+        .arg(&vendored))?;
     // The 1.20 build expects to sit at k8s.io/kubernetes in a GOPATH, as in Debian's own rules.
     let gopath = tree.join(".go");
     let link = gopath.join("src/k8s.io/kubernetes");

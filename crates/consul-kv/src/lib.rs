@@ -7,9 +7,10 @@
 //! - a 404 for a missing key is an empty [`KvResponse`], with its index;
 //! - tokens go only in the `X-Consul-Token` header and print as `<redacted>`.
 //!
-//! A response does not mean a change: Consul may return the same contents
-//! with a new index (a rewrite of the same bytes, a write elsewhere waking a
-//! watch on a missing key), so callers compare contents ([`KvResponse::same_contents`]), not indexes.
+//! A response does not mean a change. Consul returns the same contents with a
+//! new index when a key is deleted and recreated with the same bytes, when
+//! only its flags or lock change, and when a write anywhere wakes a watch on
+//! a missing key. Compare contents ([`KvResponse::same_contents`]), not indexes.
 //!
 //! Consul filters a recursive read by ACL without saying so: a token that
 //! exists but may not read a prefix gets an empty 404, not a 403. Only an

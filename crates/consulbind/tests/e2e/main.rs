@@ -1,0 +1,675 @@
+//! End-to-end scenarios against a real kube-apiserver, kube-controller-manager and Consul,
+//! with the real controller binary. Each test has its own namespace and controller.
+
+mod support;
+
+use consulbind_api::conditions::{self, reason};
+use serde_json::json;
+use support::{SETTLE, Scene};
+
+const DEPLOY: &str = "Deployment";
+
+fn spec(keys: serde_json::Value, targets: serde_json::Value, quiet: &str) -> serde_json::Value {
+    json!({"keys": keys, "targets": targets, "rollout": {"quietPeriod": quiet}})
+}
+
+fn deploy(name: &str) -> serde_json::Value {
+    json!([{"kind": "Deployment", "name": name}])
+}
+
+/// A Deployment bound to one key, baselined without a rollout.
+async fn bound_deployment(s: &Scene, key: &str, quiet: &str) {
+    s.put(key, "v1").await;
+    s.workload(DEPLOY, "web", json!({})).await;
+    s.wait_revisions(DEPLOY, "web", 1).await;
+    s.binding("cfg", spec(json!([{"key": key}]), deploy("web"), quiet))
+        .await;
+    s.wait_condition("cfg", conditions::READY, "True", reason::BASELINED)
+        .await;
+    s.wait_revisions(DEPLOY, "web", 1).await;
+}
+
+#[tokio::test]
+async fn value_change_rolls_out_once_and_updates_status() {
+    let Some(s) = Scene::new("value-change").await else {
+        return;
+    };
+    let key = s.key("config");
+    bound_deployment(&s, &key, "0s").await;
+    let before = s.get_binding("cfg").await.status.unwrap();
+    assert!(before.last_change_time.is_none());
+    assert_eq!(before.key_summary.as_deref(), Some("1/1"));
+
+    s.put(&key, "v2").await;
+    s.wait_revisions(DEPLOY, "web", 2).await;
+    let binding = s
+        .wait_condition("cfg", conditions::READY, "True", reason::UP_TO_DATE)
+        .await;
+    let status = binding.status.unwrap();
+    assert_ne!(status.applied_checksum, before.applied_checksum);
+    assert!(status.last_change_time.is_some());
+    assert_eq!(status.target_summary.as_deref(), Some("1/1"));
+    let target = &status.targets[0];
+    assert_eq!(Some(&target.checksum), status.applied_checksum.as_ref());
+    assert!(target.last_rolled_time.is_some());
+    let annotations = s.template_annotations(DEPLOY, "web").await;
+    assert_eq!(
+        annotations.get("checksum.consulbind.dev/cfg"),
+        status.applied_checksum.as_ref()
+    );
+
+    let table = s.kubectl(&["get", "consulbindings", "cfg"]);
+    let short = status.short_checksum.unwrap();
+    assert!(
+        table.contains(&short) && table.contains("True") && table.contains("1/1"),
+        "{table}"
+    );
+    let events = s.events_for("cfg").await;
+    assert!(
+        events.iter().any(|(r, _)| r == reason::ROLLED_OUT),
+        "{events:?}"
+    );
+    assert!(
+        s.events_for("web")
+            .await
+            .iter()
+            .any(|(r, n)| r == reason::ROLLED_OUT && n.contains("cfg"))
+    );
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn rewriting_the_same_bytes_does_not_roll() {
+    let Some(s) = Scene::new("same-bytes").await else {
+        return;
+    };
+    let key = s.key("config");
+    bound_deployment(&s, &key, "0s").await;
+    s.put(&key, "v1").await;
+    // Deleting and recreating moves every index but not the content.
+    s.delete_key(&key).await;
+    s.put(&key, "v1").await;
+    tokio::time::sleep(SETTLE).await;
+    assert_eq!(s.revisions(DEPLOY, "web").await, 1, "{}", s.log());
+    // The controller is live: a real change still rolls.
+    s.put(&key, "v2").await;
+    s.wait_revisions(DEPLOY, "web", 2).await;
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn changes_inside_the_quiet_period_roll_once() {
+    let Some(s) = Scene::new("debounce").await else {
+        return;
+    };
+    let keys: Vec<String> = ["a", "b", "c"].iter().map(|k| s.key(k)).collect();
+    for key in &keys {
+        s.put(key, "v1").await;
+    }
+    s.workload(DEPLOY, "web", json!({})).await;
+    let key_list: Vec<_> = keys.iter().map(|k| json!({"key": k})).collect();
+    s.binding("cfg", spec(json!(key_list), deploy("web"), "3s"))
+        .await;
+    s.wait_condition("cfg", conditions::READY, "True", reason::BASELINED)
+        .await;
+    for key in &keys {
+        s.put(key, "v2").await;
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+    s.wait_condition("cfg", conditions::READY, "False", reason::PENDING)
+        .await;
+    assert_eq!(
+        s.revisions(DEPLOY, "web").await,
+        1,
+        "rolled before the quiet period ended"
+    );
+    s.wait_revisions(DEPLOY, "web", 2).await;
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn restart_without_change_does_not_roll_and_change_while_down_rolls_once() {
+    let Some(mut s) = Scene::new("restart").await else {
+        return;
+    };
+    let key = s.key("config");
+    bound_deployment(&s, &key, "0s").await;
+
+    s.stop_controller().await;
+    s.start_controller(&[]).await;
+    tokio::time::sleep(SETTLE).await;
+    assert_eq!(s.revisions(DEPLOY, "web").await, 1, "{}", s.log());
+
+    s.stop_controller().await;
+    s.put(&key, "changed while down").await;
+    s.start_controller(&[]).await;
+    s.wait_revisions(DEPLOY, "web", 2).await;
+    s.wait_condition("cfg", conditions::READY, "True", reason::UP_TO_DATE)
+        .await;
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn adding_or_removing_a_key_under_a_prefix_rolls_once() {
+    let Some(s) = Scene::new("prefix").await else {
+        return;
+    };
+    let prefix = s.key("features/");
+    s.put(&format!("{prefix}a"), "on").await;
+    s.workload(DEPLOY, "web", json!({})).await;
+    s.binding(
+        "cfg",
+        spec(
+            json!([{"key": prefix, "recurse": true}]),
+            deploy("web"),
+            "0s",
+        ),
+    )
+    .await;
+    s.wait_condition("cfg", conditions::READY, "True", reason::BASELINED)
+        .await;
+
+    s.put(&format!("{prefix}b"), "on").await;
+    s.wait_revisions(DEPLOY, "web", 2).await;
+    let status = s.get_binding("cfg").await.status.unwrap();
+    assert_eq!(status.keys[0].entries, Some(2));
+
+    s.delete_key(&format!("{prefix}a")).await;
+    s.wait_revisions(DEPLOY, "web", 3).await;
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn statefulset_daemonset_and_selected_targets_roll() {
+    let Some(s) = Scene::new("kinds").await else {
+        return;
+    };
+    let key = s.key("config");
+    s.put(&key, "v1").await;
+    s.workload("StatefulSet", "db", json!({})).await;
+    s.workload("DaemonSet", "agent", json!({})).await;
+    s.workload(DEPLOY, "api", json!({"tier": "backend"})).await;
+    s.workload(DEPLOY, "worker", json!({"tier": "backend"}))
+        .await;
+    s.workload(DEPLOY, "frontend", json!({"tier": "frontend"}))
+        .await;
+    let targets = json!([
+        {"kind": "StatefulSet", "name": "db"},
+        {"kind": "DaemonSet", "name": "agent"},
+        {"kind": "Deployment", "selector": {"matchLabels": {"tier": "backend"}}},
+    ]);
+    s.binding("cfg", spec(json!([{"key": key}]), targets, "0s"))
+        .await;
+    let binding = s
+        .wait_condition("cfg", conditions::READY, "True", reason::BASELINED)
+        .await;
+    let mut found = support::status_targets(&binding);
+    found.sort();
+    assert_eq!(
+        found,
+        [
+            "DaemonSet/agent",
+            "Deployment/api",
+            "Deployment/worker",
+            "StatefulSet/db"
+        ]
+    );
+    let before = [
+        s.revisions("StatefulSet", "db").await,
+        s.revisions("DaemonSet", "agent").await,
+        s.revisions(DEPLOY, "api").await,
+    ];
+
+    s.put(&key, "v2").await;
+    s.wait_revisions("StatefulSet", "db", before[0] + 1).await;
+    s.wait_revisions("DaemonSet", "agent", before[1] + 1).await;
+    s.wait_revisions(DEPLOY, "api", before[2] + 1).await;
+    s.wait_revisions(DEPLOY, "worker", 2).await;
+    assert_eq!(
+        s.revisions(DEPLOY, "frontend").await,
+        1,
+        "an unselected Deployment rolled"
+    );
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn deleted_required_key_holds_until_it_returns_with_new_content() {
+    let Some(s) = Scene::new("key-missing").await else {
+        return;
+    };
+    let key = s.key("config");
+    bound_deployment(&s, &key, "0s").await;
+
+    s.delete_key(&key).await;
+    let binding = s
+        .wait_condition("cfg", conditions::READY, "False", reason::KEY_MISSING)
+        .await;
+    assert!(
+        binding
+            .status
+            .unwrap()
+            .conditions
+            .iter()
+            .any(|c| c.message.contains(&key))
+    );
+    tokio::time::sleep(SETTLE).await;
+    assert_eq!(s.revisions(DEPLOY, "web").await, 1);
+    assert!(
+        s.events_for("cfg")
+            .await
+            .iter()
+            .any(|(r, _)| r == reason::KEY_MISSING)
+    );
+
+    s.put(&key, "v2").await;
+    s.wait_revisions(DEPLOY, "web", 2).await;
+    s.wait_condition("cfg", conditions::READY, "True", reason::UP_TO_DATE)
+        .await;
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn suspended_binding_rolls_once_on_resume() {
+    let Some(s) = Scene::new("suspend").await else {
+        return;
+    };
+    let key = s.key("config");
+    bound_deployment(&s, &key, "0s").await;
+
+    s.binding("cfg", json!({"keys": [{"key": key}], "targets": deploy("web"), "rollout": {"quietPeriod": "0s"}, "suspend": true}))
+        .await;
+    s.put(&key, "v2").await;
+    s.wait_condition("cfg", conditions::READY, "False", reason::SUSPENDED)
+        .await;
+    s.put(&key, "v3").await;
+    tokio::time::sleep(SETTLE).await;
+    assert_eq!(
+        s.revisions(DEPLOY, "web").await,
+        1,
+        "rolled while suspended"
+    );
+
+    s.binding("cfg", spec(json!([{"key": key}]), deploy("web"), "0s"))
+        .await;
+    s.wait_revisions(DEPLOY, "web", 2).await;
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn two_bindings_on_one_deployment_keep_their_own_annotations() {
+    let Some(s) = Scene::new("two-bindings").await else {
+        return;
+    };
+    let (a, b) = (s.key("a"), s.key("b"));
+    s.put(&a, "1").await;
+    s.put(&b, "1").await;
+    s.workload(DEPLOY, "web", json!({})).await;
+    s.binding("first", spec(json!([{"key": a}]), deploy("web"), "0s"))
+        .await;
+    s.binding("second", spec(json!([{"key": b}]), deploy("web"), "0s"))
+        .await;
+    s.wait_condition("first", conditions::READY, "True", reason::BASELINED)
+        .await;
+    s.wait_condition("second", conditions::READY, "True", reason::BASELINED)
+        .await;
+
+    s.put(&a, "2").await;
+    s.wait_revisions(DEPLOY, "web", 2).await;
+    s.put(&b, "2").await;
+    s.wait_revisions(DEPLOY, "web", 3).await;
+    let annotations = s.template_annotations(DEPLOY, "web").await;
+    let first = s
+        .get_binding("first")
+        .await
+        .status
+        .unwrap()
+        .applied_checksum;
+    let second = s
+        .get_binding("second")
+        .await
+        .status
+        .unwrap()
+        .applied_checksum;
+    assert_eq!(
+        annotations.get("checksum.consulbind.dev/first"),
+        first.as_ref()
+    );
+    assert_eq!(
+        annotations.get("checksum.consulbind.dev/second"),
+        second.as_ref()
+    );
+
+    s.put(&a, "3").await;
+    s.wait_revisions(DEPLOY, "web", 4).await;
+    assert!(
+        s.template_annotations(DEPLOY, "web")
+            .await
+            .contains_key("checksum.consulbind.dev/second")
+    );
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn api_server_refuses_invalid_bindings() {
+    let Some(s) = Scene::new("invalid").await else {
+        return;
+    };
+    let ok_keys = json!([{"key": "k"}]);
+    let cases = [
+        (
+            "no keys",
+            json!({"keys": [], "targets": deploy("web")}),
+            "spec.keys",
+        ),
+        (
+            "no targets",
+            json!({"keys": ok_keys, "targets": []}),
+            "spec.targets",
+        ),
+        (
+            "unknown kind",
+            json!({"keys": ok_keys, "targets": [{"kind": "CronJob", "name": "x"}]}),
+            "Unsupported value: \"CronJob\"",
+        ),
+        (
+            "malformed duration",
+            json!({"keys": ok_keys, "targets": deploy("web"), "rollout": {"quietPeriod": "5 seconds"}}),
+            "spec.rollout.quietPeriod",
+        ),
+        (
+            "name and selector",
+            json!({"keys": ok_keys, "targets": [{"kind": "Deployment", "name": "a", "selector": {}}]}),
+            "oneOf",
+        ),
+        (
+            "neither name nor selector",
+            json!({"keys": ok_keys, "targets": [{"kind": "Deployment"}]}),
+            "spec.targets",
+        ),
+    ];
+    for (case, spec, expected) in cases {
+        let manifest = json!({"apiVersion": "consulbind.dev/v1alpha1", "kind": "ConsulBinding", "metadata": {"name": "bad"}, "spec": spec});
+        let error = s.apply(manifest).await.expect_err(case).to_string();
+        assert!(error.contains(expected), "{case}: {error}");
+    }
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn deleting_a_binding_stops_its_watch_and_leaves_the_workload() {
+    let Some(s) = Scene::new("delete").await else {
+        return;
+    };
+    let key = s.key("config");
+    bound_deployment(&s, &key, "0s").await;
+    s.put(&key, "v2").await;
+    s.wait_revisions(DEPLOY, "web", 2).await;
+    let watches = s.controller().get("/debug/watches").await;
+    assert!(watches.contains(&key), "{watches}");
+    assert!(
+        s.controller()
+            .get("/metrics")
+            .await
+            .contains("consulbind_consul_watches 1")
+    );
+
+    let annotations = s.template_annotations(DEPLOY, "web").await;
+    s.bindings()
+        .delete("cfg", &Default::default())
+        .await
+        .unwrap();
+    support::wait("the watch to stop", || async {
+        Ok(s.controller()
+            .get("/metrics")
+            .await
+            .contains("consulbind_consul_watches 0"))
+    })
+    .await
+    .unwrap();
+    assert_eq!(s.controller().get("/debug/watches").await, "[]");
+    s.put(&key, "v3").await;
+    tokio::time::sleep(SETTLE).await;
+    assert_eq!(s.revisions(DEPLOY, "web").await, 2);
+    assert_eq!(s.template_annotations(DEPLOY, "web").await, annotations);
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn missing_target_is_reported_and_picked_up_without_rollout() {
+    let Some(s) = Scene::new("late-target").await else {
+        return;
+    };
+    let key = s.key("config");
+    s.put(&key, "v1").await;
+    s.binding("cfg", spec(json!([{"key": key}]), deploy("web"), "0s"))
+        .await;
+    let binding = s
+        .wait_condition(
+            "cfg",
+            conditions::TARGETS_UPDATED,
+            "False",
+            reason::TARGET_MISSING,
+        )
+        .await;
+    assert_eq!(
+        binding
+            .status
+            .unwrap()
+            .conditions
+            .iter()
+            .find(|c| c.type_ == conditions::READY)
+            .unwrap()
+            .reason,
+        reason::TARGET_MISSING
+    );
+
+    s.workload(DEPLOY, "web", json!({})).await;
+    let binding = s
+        .wait_condition("cfg", conditions::READY, "True", reason::UP_TO_DATE)
+        .await;
+    assert_eq!(support::status_targets(&binding), ["Deployment/web"]);
+    s.wait_revisions(DEPLOY, "web", 1).await;
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn a_broken_binding_does_not_block_the_others() {
+    let Some(s) = Scene::new("isolation").await else {
+        return;
+    };
+    let key = s.key("config");
+    bound_deployment(&s, &key, "0s").await;
+    let broken = json!({"keys": [{"key": key}], "targets": deploy("web"), "consul": {"tokenSecretRef": {"name": "absent"}}});
+    s.binding("broken", broken).await;
+    let binding = s
+        .wait_condition(
+            "broken",
+            conditions::CONSUL_SYNCED,
+            "False",
+            reason::TOKEN_SECRET_INVALID,
+        )
+        .await;
+    assert!(
+        binding
+            .status
+            .unwrap()
+            .conditions
+            .iter()
+            .any(|c| c.message.contains("\"absent\" not found"))
+    );
+
+    s.put(&key, "v2").await;
+    s.wait_revisions(DEPLOY, "web", 2).await;
+    s.wait_condition("cfg", conditions::READY, "True", reason::UP_TO_DATE)
+        .await;
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn unreachable_consul_is_a_condition_not_a_rollout() {
+    let dead = format!("--consul-http-addr=http://{}", support::free_port());
+    let Some(s) = Scene::with_args("unreachable", &[&dead]).await else {
+        return;
+    };
+    s.workload(DEPLOY, "web", json!({})).await;
+    s.binding(
+        "cfg",
+        spec(json!([{"key": s.key("config")}]), deploy("web"), "0s"),
+    )
+    .await;
+    let binding = s
+        .wait_condition(
+            "cfg",
+            conditions::CONSUL_SYNCED,
+            "False",
+            reason::CONSUL_UNREACHABLE,
+        )
+        .await;
+    let synced = binding
+        .status
+        .unwrap()
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == conditions::CONSUL_SYNCED)
+        .unwrap();
+    assert!(
+        synced.message.contains("cannot reach Consul") || synced.message.contains("connect"),
+        "{}",
+        synced.message
+    );
+    assert!(
+        s.events_for("cfg")
+            .await
+            .iter()
+            .any(|(r, _)| r == reason::CONSUL_UNREACHABLE)
+    );
+    assert_eq!(s.revisions(DEPLOY, "web").await, 1);
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn acl_token_from_secret_syncs_and_a_bad_one_is_denied_without_leaking() {
+    let Some((acl_addr, master)) = support::acl_consul() else {
+        assert!(
+            std::env::var("CI").is_err(),
+            "CONSULBIND_E2E_ACL_ADDR and CONSULBIND_E2E_ACL_TOKEN must be set in CI"
+        );
+        return;
+    };
+    let addr_flag = format!("--consul-http-addr={acl_addr}");
+    let Some(s) = Scene::with_args("acl", &[&addr_flag]).await else {
+        return;
+    };
+    let key = s.key("config");
+    let acl = acl::Acl::new(&acl_addr, master.clone());
+    acl.put(&key, "v1").await;
+    let good = acl.read_token(&format!("{}/", s.ns)).await;
+    let bad = "00000000-1111-2222-3333-444444444444".to_owned();
+
+    s.workload(DEPLOY, "web", json!({})).await;
+    for (name, token) in [("good-token", &good), ("bad-token", &bad)] {
+        s.apply(json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "stringData": {"token": token}})).await.unwrap();
+    }
+    let with_secret = |secret: &str| {
+        json!({"keys": [{"key": key}], "targets": deploy("web"), "rollout": {"quietPeriod": "0s"},
+               "consul": {"tokenSecretRef": {"name": secret}}})
+    };
+    s.binding("good", with_secret("good-token")).await;
+    s.binding("bad", with_secret("bad-token")).await;
+    s.wait_condition("good", conditions::CONSUL_SYNCED, "True", reason::SYNCED)
+        .await;
+    let denied = s
+        .wait_condition(
+            "bad",
+            conditions::CONSUL_SYNCED,
+            "False",
+            reason::ACCESS_DENIED,
+        )
+        .await;
+
+    acl.put(&key, "v2").await;
+    s.wait_revisions(DEPLOY, "web", 2).await;
+    let status = serde_json::to_string(&denied.status).unwrap()
+        + &serde_json::to_string(&s.get_binding("good").await.status).unwrap();
+    let events =
+        format!("{:?}", s.events_for("bad").await) + &format!("{:?}", s.events_for("good").await);
+    let log = s.log();
+    for secret in [&good, &bad, &master.expose().to_owned()] {
+        assert!(!status.contains(secret.as_str()), "token in status");
+        assert!(!events.contains(secret.as_str()), "token in events");
+        assert!(
+            !log.contains(secret.as_str()),
+            "token in the controller log"
+        );
+    }
+    assert!(
+        s.events_for("bad")
+            .await
+            .iter()
+            .any(|(r, _)| r == reason::ACCESS_DENIED)
+    );
+    s.finish().await;
+}
+
+mod acl {
+    use consul_kv::{Client, ClientConfig, Token};
+    use serde_json::{Value, json};
+
+    /// The ACL agent, driven with its management token.
+    pub struct Acl {
+        addr: String,
+        master: Token,
+        http: reqwest::Client,
+    }
+
+    impl Acl {
+        pub fn new(addr: &str, master: Token) -> Self {
+            Self {
+                addr: addr.to_owned(),
+                master,
+                http: reqwest::Client::new(),
+            }
+        }
+
+        pub async fn put(&self, key: &str, value: &str) {
+            let client = Client::new(ClientConfig {
+                address: self.addr.clone(),
+                token: Some(self.master.clone()),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+            client.put(key, value.as_bytes(), None).await.unwrap();
+        }
+
+        async fn call(&self, path: &str, body: Value) -> Value {
+            let response = self
+                .http
+                .put(format!("{}{path}", self.addr))
+                .header("X-Consul-Token", self.master.expose())
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            assert!(
+                response.status().is_success(),
+                "{path}: {}",
+                response.text().await.unwrap()
+            );
+            response.json().await.unwrap()
+        }
+
+        /// A token that may read keys under `prefix`.
+        pub async fn read_token(&self, prefix: &str) -> String {
+            let policy = format!("e2e-{}", prefix.trim_end_matches('/'));
+            let rules = format!("key_prefix \"{prefix}\" {{ policy = \"read\" }}");
+            self.call("/v1/acl/policy", json!({"Name": policy, "Rules": rules}))
+                .await;
+            let token = self
+                .call("/v1/acl/token", json!({"Policies": [{"Name": policy}]}))
+                .await;
+            token["SecretID"].as_str().unwrap().to_owned()
+        }
+    }
+}

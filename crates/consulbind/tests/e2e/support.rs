@@ -1,0 +1,485 @@
+//! Test support: the real API server and Consul from `cargo xtask env up`, the real controller
+//! binary, and waits that fail with a useful message.
+
+use std::{
+    future::Future,
+    net::{SocketAddr, TcpListener},
+    path::PathBuf,
+    process::Stdio,
+    time::Duration,
+};
+
+use anyhow::{Context as _, Result, bail};
+use consul_kv::{Client as Consul, ClientConfig, Token};
+use consulbind_api::ConsulBinding;
+use k8s_openapi::api::{
+    apps::v1::{ControllerRevision, DaemonSet, Deployment, ReplicaSet, StatefulSet},
+    core::v1::Namespace,
+};
+use kube::{
+    Api, Client,
+    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
+};
+use serde_json::{Value, json};
+use tokio::process::{Child, Command};
+
+pub const SETTLE: Duration = Duration::from_secs(4);
+const TIMEOUT: Duration = Duration::from_secs(45);
+
+/// The servers, or `None` to skip when they are not configured outside CI.
+pub async fn servers() -> Option<(Client, Consul)> {
+    if std::env::var_os("KUBECONFIG").is_none() || std::env::var_os("CONSUL_HTTP_ADDR").is_none() {
+        let required = std::env::var("CI").is_ok_and(|v| v == "true")
+            || std::env::var_os("CONSULBIND_E2E").is_some();
+        assert!(
+            !required,
+            "KUBECONFIG and CONSUL_HTTP_ADDR must point at the test servers; run `cargo xtask test`"
+        );
+        eprintln!("skipped: no test servers (run `cargo xtask env up` and source its env file)");
+        return None;
+    }
+    let client = Client::try_default().await.expect("Kubernetes client");
+    let consul = Consul::new(ClientConfig {
+        address: std::env::var("CONSUL_HTTP_ADDR").unwrap(),
+        ..ClientConfig::default()
+    })
+    .await
+    .expect("Consul client");
+    Some((client, consul))
+}
+
+/// A namespace of its own, and a controller serving only it.
+pub struct Scene {
+    pub client: Client,
+    pub consul: Consul,
+    pub ns: String,
+    pub controller: Option<Controller>,
+}
+
+impl Scene {
+    pub async fn new(name: &str) -> Option<Self> {
+        Self::with_args(name, &[]).await
+    }
+
+    /// `args` are extra controller flags.
+    pub async fn with_args(name: &str, args: &[&str]) -> Option<Self> {
+        let (client, consul) = servers().await?;
+        let ns = format!("{name}-{}", std::process::id() % 100_000);
+        let api: Api<Namespace> = Api::all(client.clone());
+        let _ = api.delete(&ns, &DeleteParams::default()).await;
+        wait("old namespace to go", || async {
+            Ok(api.get_opt(&ns).await?.is_none())
+        })
+        .await
+        .unwrap();
+        api.create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap(),
+        )
+        .await
+        .unwrap();
+        let controller = Controller::start(&ns, args).await.unwrap();
+        Some(Self {
+            client,
+            consul,
+            ns,
+            controller: Some(controller),
+        })
+    }
+
+    /// A Consul key unique to this scene.
+    pub fn key(&self, suffix: &str) -> String {
+        format!("{}/{suffix}", self.ns)
+    }
+
+    pub async fn put(&self, key: &str, value: &str) {
+        self.consul.put(key, value.as_bytes(), None).await.unwrap();
+    }
+
+    pub async fn delete_key(&self, key: &str) {
+        self.consul.delete(key, false, None).await.unwrap();
+    }
+
+    pub async fn apply(&self, manifest: Value) -> Result<()> {
+        let kind = manifest["kind"].as_str().unwrap().to_owned();
+        let name = manifest["metadata"]["name"].as_str().unwrap().to_owned();
+        let pp = PatchParams::apply("e2e-test").force();
+        let patch = Patch::Apply(&manifest);
+        match kind.as_str() {
+            "Deployment" => drop(
+                Api::<Deployment>::namespaced(self.client.clone(), &self.ns)
+                    .patch(&name, &pp, &patch)
+                    .await?,
+            ),
+            "StatefulSet" => drop(
+                Api::<StatefulSet>::namespaced(self.client.clone(), &self.ns)
+                    .patch(&name, &pp, &patch)
+                    .await?,
+            ),
+            "DaemonSet" => drop(
+                Api::<DaemonSet>::namespaced(self.client.clone(), &self.ns)
+                    .patch(&name, &pp, &patch)
+                    .await?,
+            ),
+            "ConsulBinding" => drop(self.bindings().patch(&name, &pp, &patch).await?),
+            "Secret" => drop(
+                Api::<k8s_openapi::api::core::v1::Secret>::namespaced(
+                    self.client.clone(),
+                    &self.ns,
+                )
+                .patch(&name, &pp, &patch)
+                .await?,
+            ),
+            other => bail!("cannot apply {other}"),
+        }
+        Ok(())
+    }
+
+    pub async fn workload(&self, kind: &str, name: &str, labels: Value) {
+        self.apply(workload(kind, name, labels)).await.unwrap();
+    }
+
+    pub async fn binding(&self, name: &str, spec: Value) {
+        self.apply(json!({
+            "apiVersion": "consulbind.dev/v1alpha1",
+            "kind": "ConsulBinding",
+            "metadata": {"name": name},
+            "spec": spec,
+        }))
+        .await
+        .unwrap();
+    }
+
+    pub fn bindings(&self) -> Api<ConsulBinding> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    pub async fn get_binding(&self, name: &str) -> ConsulBinding {
+        self.bindings().get(name).await.unwrap()
+    }
+
+    /// Waits until the binding's condition `type_` has `status` and `reason`.
+    pub async fn wait_condition(
+        &self,
+        name: &str,
+        type_: &str,
+        status: &str,
+        reason: &str,
+    ) -> ConsulBinding {
+        let what = format!("{}/{name} {type_}={status} {reason}", self.ns);
+        let result = wait(&what, || async {
+            let binding = self.bindings().get(name).await?;
+            let found = binding
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.iter().find(|c| c.type_ == type_));
+            Ok(found.is_some_and(|c| c.status == status && c.reason == reason))
+        })
+        .await;
+        if let Err(error) = result {
+            let binding = self.bindings().get(name).await.ok();
+            panic!(
+                "{error}\nstatus: {:#?}\ncontroller log:\n{}",
+                binding.and_then(|b| b.status),
+                self.log()
+            );
+        }
+        self.get_binding(name).await
+    }
+
+    /// Number of rollouts a workload has had: ReplicaSets of a Deployment, ControllerRevisions
+    /// of a StatefulSet or DaemonSet. The first template counts as one.
+    pub async fn revisions(&self, kind: &str, name: &str) -> usize {
+        let owned =
+            |refs: Option<&Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>>| {
+                refs.is_some_and(|r| r.iter().any(|o| o.kind == kind && o.name == name))
+            };
+        let lp = ListParams::default();
+        match kind {
+            "Deployment" => Api::<ReplicaSet>::namespaced(self.client.clone(), &self.ns)
+                .list(&lp)
+                .await
+                .unwrap()
+                .items
+                .iter()
+                .filter(|rs| owned(rs.metadata.owner_references.as_ref()))
+                .count(),
+            _ => Api::<ControllerRevision>::namespaced(self.client.clone(), &self.ns)
+                .list(&lp)
+                .await
+                .unwrap()
+                .items
+                .iter()
+                .filter(|cr| owned(cr.metadata.owner_references.as_ref()))
+                .count(),
+        }
+    }
+
+    pub async fn wait_revisions(&self, kind: &str, name: &str, want: usize) {
+        let what = format!("{kind} {name} to have {want} revisions");
+        if let Err(error) = wait(&what, || async {
+            Ok(self.revisions(kind, name).await >= want)
+        })
+        .await
+        {
+            panic!(
+                "{error} (has {})\ncontroller log:\n{}",
+                self.revisions(kind, name).await,
+                self.log()
+            );
+        }
+        // Exactly: give a duplicate rollout time to show up.
+        tokio::time::sleep(SETTLE).await;
+        assert_eq!(
+            self.revisions(kind, name).await,
+            want,
+            "{kind} {name} rolled more than once\n{}",
+            self.log()
+        );
+    }
+
+    /// The pod-template annotations of a workload.
+    pub async fn template_annotations(
+        &self,
+        kind: &str,
+        name: &str,
+    ) -> std::collections::BTreeMap<String, String> {
+        let template = match kind {
+            "Deployment" => {
+                Api::<Deployment>::namespaced(self.client.clone(), &self.ns)
+                    .get(name)
+                    .await
+                    .unwrap()
+                    .spec
+                    .unwrap()
+                    .template
+            }
+            "StatefulSet" => {
+                Api::<StatefulSet>::namespaced(self.client.clone(), &self.ns)
+                    .get(name)
+                    .await
+                    .unwrap()
+                    .spec
+                    .unwrap()
+                    .template
+            }
+            _ => {
+                Api::<DaemonSet>::namespaced(self.client.clone(), &self.ns)
+                    .get(name)
+                    .await
+                    .unwrap()
+                    .spec
+                    .unwrap()
+                    .template
+            }
+        };
+        template
+            .metadata
+            .and_then(|m| m.annotations)
+            .unwrap_or_default()
+    }
+
+    /// Reasons and notes of the events in this namespace about `name`.
+    pub async fn events_for(&self, name: &str) -> Vec<(String, String)> {
+        let api: Api<k8s_openapi::api::events::v1::Event> =
+            Api::namespaced(self.client.clone(), &self.ns);
+        api.list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+            .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
+            .collect()
+    }
+
+    pub fn log(&self) -> String {
+        self.controller
+            .as_ref()
+            .map(|c| c.log())
+            .unwrap_or_default()
+    }
+
+    pub fn controller(&self) -> &Controller {
+        self.controller.as_ref().expect("controller running")
+    }
+
+    pub async fn stop_controller(&mut self) {
+        if let Some(controller) = self.controller.take() {
+            controller.stop().await;
+        }
+    }
+
+    pub async fn start_controller(&mut self, args: &[&str]) {
+        assert!(self.controller.is_none());
+        self.controller = Some(Controller::start(&self.ns, args).await.unwrap());
+    }
+
+    /// `kubectl get` output for the bindings, as a user would see it.
+    pub fn kubectl(&self, args: &[&str]) -> String {
+        let out = std::process::Command::new("kubectl")
+            .arg("-n")
+            .arg(&self.ns)
+            .args(args)
+            .output()
+            .expect("kubectl");
+        assert!(
+            out.status.success(),
+            "kubectl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    pub async fn finish(mut self) {
+        self.stop_controller().await;
+        let _ = Api::<Namespace>::all(self.client.clone())
+            .delete(&self.ns, &DeleteParams::default())
+            .await;
+    }
+}
+
+pub fn workload(kind: &str, name: &str, labels: Value) -> Value {
+    let mut selector_labels = json!({"app": name});
+    let mut all_labels = selector_labels.clone();
+    if let Value::Object(extra) = labels {
+        all_labels.as_object_mut().unwrap().extend(extra);
+    }
+    let template = json!({
+        "metadata": {"labels": all_labels.clone()},
+        "spec": {"containers": [{"name": "app", "image": "example.invalid/app:1"}]},
+    });
+    let mut spec =
+        json!({"selector": {"matchLabels": selector_labels.take()}, "template": template});
+    if kind != "DaemonSet" {
+        spec["replicas"] = json!(1);
+    }
+    if kind == "StatefulSet" {
+        spec["serviceName"] = json!(name);
+    }
+    json!({"apiVersion": "apps/v1", "kind": kind, "metadata": {"name": name, "labels": all_labels}, "spec": spec})
+}
+
+/// A running controller process, serving one namespace.
+pub struct Controller {
+    child: Child,
+    pub admin: SocketAddr,
+    log_path: PathBuf,
+}
+
+impl Controller {
+    pub async fn start(ns: &str, args: &[&str]) -> Result<Self> {
+        let admin = free_port();
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("e2e-logs");
+        std::fs::create_dir_all(&dir)?;
+        let log_path = dir.join(format!("{ns}.log"));
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)?;
+        let child = Command::new(env!("CARGO_BIN_EXE_consulbind"))
+            .arg(format!("--namespaces={ns}"))
+            .arg(format!("--admin-addr={admin}"))
+            .args(args)
+            .env("RUST_LOG", "info,consulbind=debug")
+            .stdout(Stdio::from(log.try_clone()?))
+            .stderr(Stdio::from(log))
+            .kill_on_drop(true)
+            .spawn()
+            .context("starting consulbind")?;
+        let controller = Self {
+            child,
+            admin,
+            log_path,
+        };
+        let url = format!("http://{admin}/readyz");
+        if let Err(error) = wait("controller to be ready", || async {
+            Ok(get(&url).await.is_ok_and(|(code, _)| code == 200))
+        })
+        .await
+        {
+            bail!("{error}\n{}", controller.log());
+        }
+        Ok(controller)
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+
+    pub async fn get(&self, path: &str) -> String {
+        get(&format!("http://{}{path}", self.admin))
+            .await
+            .unwrap()
+            .1
+    }
+
+    /// SIGTERM, and wait for a prompt exit.
+    pub async fn stop(mut self) {
+        if let Some(pid) = self.child.id() {
+            let _ = std::process::Command::new("kill")
+                .arg("-TERM")
+                .arg(pid.to_string())
+                .status();
+        }
+        let exited = tokio::time::timeout(Duration::from_secs(15), self.child.wait()).await;
+        assert!(
+            exited.is_ok(),
+            "controller did not exit within 15 s of SIGTERM\n{}",
+            self.log()
+        );
+    }
+}
+
+pub fn free_port() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+/// A plain HTTP GET, returning status and body.
+pub async fn get(url: &str) -> Result<(u16, String)> {
+    let response = reqwest::get(url).await?;
+    Ok((response.status().as_u16(), response.text().await?))
+}
+
+/// Polls `check` until it returns true, or fails after a timeout.
+pub async fn wait<F, Fut>(what: &str, check: F) -> Result<()>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<bool>>,
+{
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    loop {
+        match check().await {
+            Ok(true) => return Ok(()),
+            Ok(false) => {}
+            Err(error) if tokio::time::Instant::now() >= deadline => {
+                bail!("timed out waiting for {what}: {error}")
+            }
+            Err(_) => {}
+        }
+        if tokio::time::Instant::now() >= deadline {
+            bail!("timed out after {TIMEOUT:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// The ACL-enabled Consul, and its management token.
+pub fn acl_consul() -> Option<(String, Token)> {
+    let addr = std::env::var("CONSULBIND_E2E_ACL_ADDR").ok()?;
+    let token = std::env::var("CONSULBIND_E2E_ACL_TOKEN").ok()?;
+    Some((addr, Token::new(token)))
+}
+
+/// The names of every object of `kind` the binding's status lists as targets.
+pub fn status_targets(binding: &ConsulBinding) -> Vec<String> {
+    binding
+        .status
+        .iter()
+        .flat_map(|s| &s.targets)
+        .map(|t| format!("{}/{}", t.kind, t.name))
+        .collect()
+}

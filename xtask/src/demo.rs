@@ -1,0 +1,123 @@
+//! `cargo xtask demo`: the product's main job on real servers, for a newcomer.
+
+use std::{
+    path::Path,
+    process::Command,
+    thread::sleep,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail};
+
+use crate::{
+    env::Env,
+    process::{self, Daemon},
+    provision, repo_root,
+};
+
+const NAMESPACE: &str = "default";
+const CONFIG_KEY: &str = "demo/web/config.json";
+const ADMIN_ADDR: &str = "127.0.0.1:18080";
+
+pub fn run(env: &Env) -> Result<()> {
+    env.up()?;
+    let vars = env.vars()?;
+    let consul_addr = vars.iter().find(|(k, _)| *k == "CONSUL_HTTP_ADDR").map(|(_, v)| v.clone()).context("CONSUL_HTTP_ADDR")?;
+    let tools = provision::tools()?;
+    let kubectl = |args: &[&str]| {
+        let mut cmd = Command::new(&tools.kubectl);
+        cmd.args(["-n", NAMESPACE]).args(args).envs(vars.iter().map(|(k, v)| (*k, v)));
+        cmd
+    };
+    let consul_put = |value: &str| {
+        process::run(Command::new(&tools.consul).args(["kv", "put", &format!("-http-addr={consul_addr}"), CONFIG_KEY, value]))
+    };
+
+    step("building the controller");
+    process::run(Command::new(env!("CARGO")).current_dir(repo_root()).args(["build", "--quiet", "-p", "consulbind"]))?;
+    let binary = repo_root().join("target/debug/consulbind");
+
+    step("writing the first configuration to Consul and applying examples/");
+    consul_put(r#"{"pool": 10, "color": "blue"}"#)?;
+    let examples = repo_root().join("examples");
+    for file in ["deployment.yaml", "consulbinding.yaml"] {
+        process::run(kubectl(&["apply", "--server-side", "-f", &examples.join(file).display().to_string()]))?;
+    }
+
+    step("starting the controller");
+    let controller = env.daemon("controller");
+    controller.stop()?;
+    controller.ensure_started(
+        Command::new(&binary)
+            .args([&format!("--namespaces={NAMESPACE}"), &format!("--admin-addr={ADMIN_ADDR}")])
+            .envs(vars.iter().map(|(k, v)| (*k, v))),
+    )?;
+    wait("the binding to record its baseline", Duration::from_secs(60), &controller, || {
+        process::capture(&mut kubectl(&["get", "consulbinding", "web-config", "-o", "jsonpath={.status.appliedChecksum}"]))
+            .is_ok_and(|c| !c.trim().is_empty())
+    })?;
+    show(kubectl(&["get", "consulbindings"]))?;
+    show(kubectl(&["get", "replicasets", "-l", "app=web"]))?;
+    let before = replica_sets(&mut kubectl(&["get", "replicasets", "-l", "app=web", "-o", "name"]))?;
+
+    step(&format!("changing {CONFIG_KEY} in Consul"));
+    consul_put(r#"{"pool": 20, "color": "green"}"#)?;
+    wait("the rollout (a new ReplicaSet)", Duration::from_secs(60), &controller, || {
+        replica_sets(&mut kubectl(&["get", "replicasets", "-l", "app=web", "-o", "name"])).is_ok_and(|n| n > before)
+    })?;
+    wait("the binding to report it", Duration::from_secs(30), &controller, || {
+        process::capture(&mut kubectl(&["get", "consulbinding", "web-config", "-o", "jsonpath={.status.lastChangeTime}"]))
+            .is_ok_and(|c| !c.trim().is_empty())
+    })?;
+
+    step("the rollout");
+    show(kubectl(&["get", "consulbindings", "-o", "wide"]))?;
+    show(kubectl(&["get", "replicasets", "-l", "app=web"]))?;
+    show(kubectl(&["get", "events", "--field-selector", "reason=RolledOut"]))?;
+
+    let env_file = env.env_file();
+    println!(
+        "\nEverything is still running. Try more by hand:\n\
+         \n    source {env}\
+         \n    {consul} kv put {CONFIG_KEY} '{{\"pool\": 30}}'\
+         \n    kubectl get consulbindings -w\
+         \n    kubectl describe consulbinding web-config\
+         \n    kubectl get replicasets -l app=web\
+         \n    curl -s http://{ADMIN_ADDR}/metrics | grep consulbind_\
+         \n    tail -f {log}\
+         \n\nTear it all down (controller included):\n\n    cargo xtask env down\n",
+        env = shown(&env_file),
+        consul = tools.consul.display(),
+        log = shown(&controller.log()),
+    );
+    Ok(())
+}
+
+fn step(what: &str) {
+    println!("\n==> {what}");
+}
+
+fn show(mut cmd: Command) -> Result<()> {
+    println!("{}", process::capture(&mut cmd)?.trim_end());
+    Ok(())
+}
+
+fn replica_sets(cmd: &mut Command) -> Result<usize> {
+    Ok(process::capture(cmd)?.lines().filter(|l| !l.trim().is_empty()).count())
+}
+
+fn wait(what: &str, timeout: Duration, controller: &Daemon, done: impl Fn() -> bool) -> Result<()> {
+    println!("waiting for {what}...");
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if done() {
+            return Ok(());
+        }
+        sleep(Duration::from_millis(500));
+    }
+    bail!("timed out waiting for {what}; the controller log ({}) ends with:\n{}", controller.log().display(), process::tail(&controller.log(), 20))
+}
+
+fn shown(path: &Path) -> String {
+    path.strip_prefix(repo_root()).unwrap_or(path).display().to_string()
+}
