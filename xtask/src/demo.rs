@@ -41,7 +41,7 @@ pub fn run(env: &Env) -> Result<()> {
     consul_put(r#"{"pool": 10, "color": "blue"}"#)?;
     let examples = repo_root().join("examples");
     for file in ["deployment.yaml", "consulbinding.yaml"] {
-        process::run(kubectl(&["apply", "--server-side", "-f", &examples.join(file).display().to_string()]))?;
+        process::run(&mut kubectl(&["apply", "--server-side", "-f", &examples.join(file).display().to_string()]))?;
     }
 
     step("starting the controller");

@@ -30,23 +30,11 @@ struct Agent {
 }
 
 /// The plain agent, which `CONSUL_HTTP_ADDR` points at.
-const CONSUL: Agent = Agent {
-    name: "consul",
-    http: 18500,
-    server: 18510,
-    serf_lan: 18511,
-    serf_wan: 18512,
-    acl: false,
-};
+const CONSUL: Agent =
+    Agent { name: "consul", http: 18500, server: 18510, serf_lan: 18511, serf_wan: 18512, acl: false };
 /// ACLs on with default deny, for the ACL tests.
-const CONSUL_ACL: Agent = Agent {
-    name: "consul-acl",
-    http: 18600,
-    server: 18610,
-    serf_lan: 18611,
-    serf_wan: 18612,
-    acl: true,
-};
+const CONSUL_ACL: Agent =
+    Agent { name: "consul-acl", http: 18600, server: 18610, serf_lan: 18611, serf_wan: 18612, acl: true };
 
 impl Agent {
     fn addr(&self) -> String {
@@ -56,14 +44,11 @@ impl Agent {
     /// Serving, with a leader, and for the ACL agent accepting its master token, which only works
     /// once the new leader has stored it.
     fn ready(&self, master_token: &str) -> bool {
-        let leader =
-            http_get(self.http, "/v1/status/leader", None).is_some_and(|(status, body)| {
-                status == 200 && !body.trim().trim_matches('"').is_empty()
-            });
+        let leader = http_get(self.http, "/v1/status/leader", None)
+            .is_some_and(|(status, body)| status == 200 && !body.trim().trim_matches('"').is_empty());
         leader
             && (!self.acl
-                || http_get(self.http, "/v1/acl/token/self", Some(master_token))
-                    .is_some_and(|(s, _)| s == 200))
+                || http_get(self.http, "/v1/acl/token/self", Some(master_token)).is_some_and(|(s, _)| s == 200))
     }
 }
 
@@ -73,29 +58,24 @@ pub struct Env {
 
 impl Env {
     pub fn new() -> Self {
-        Self {
-            dir: repo_root().join("target/consulbind-env"),
-        }
+        Self { dir: repo_root().join("target/consulbind-env") }
     }
 
     fn path(&self, name: &str) -> PathBuf {
         self.dir.join(name)
     }
 
-    fn daemon(&self, name: &'static str) -> Daemon {
+    pub fn env_file(&self) -> PathBuf {
+        self.path("env")
+    }
+
+    pub fn daemon(&self, name: &'static str) -> Daemon {
         Daemon::new(name, &self.dir)
     }
 
     /// Every process, in start order.
     fn daemons(&self) -> [Daemon; 5] {
-        [
-            "etcd",
-            "kube-apiserver",
-            "kube-controller-manager",
-            CONSUL.name,
-            CONSUL_ACL.name,
-        ]
-        .map(|n| self.daemon(n))
+        ["etcd", "kube-apiserver", "kube-controller-manager", CONSUL.name, CONSUL_ACL.name].map(|n| self.daemon(n))
     }
 
     /// Starts whatever isn't running, waits until all of it is ready, installs the CRDs and writes the
@@ -114,24 +94,17 @@ impl Env {
             let config = self.path(&format!("{}.hcl", agent.name));
             fs::write(&config, self.consul_config(agent, &master_token))?;
             let config = format!("-config-file={}", config.display());
-            self.daemon(agent.name)
-                .ensure_started(Command::new(&tools.consul).args(["agent", &config]))?;
+            self.daemon(agent.name).ensure_started(Command::new(&tools.consul).args(["agent", &config]))?;
         }
         self.start_kubernetes(&tools)?;
         for agent in [&CONSUL, &CONSUL_ACL] {
-            self.daemon(agent.name).wait_ready(
-                "serving with a leader",
-                Duration::from_secs(60),
-                || agent.ready(&master_token),
-            )?;
+            self.daemon(agent.name)
+                .wait_ready("serving with a leader", Duration::from_secs(60), || agent.ready(&master_token))?;
         }
 
         self.apply_crds(&tools.kubectl)?;
         self.write_env_file()?;
-        println!(
-            "environment up after {}; to use it from a shell:",
-            minutes(started.elapsed())
-        );
+        println!("environment up after {}; to use it from a shell:", minutes(started.elapsed()));
         println!("    source {}", shown(&self.path("env")).display());
         Ok(())
     }
@@ -167,53 +140,39 @@ impl Env {
             format!("--cert-dir={}", pki.display()),
             format!("--token-auth-file={}", self.path("tokens.csv").display()),
             "--authorization-mode=RBAC".to_owned(),
-            format!(
-                "--service-account-key-file={}",
-                pki.join("sa.pub").display()
-            ),
-            format!(
-                "--service-account-signing-key-file={}",
-                pki.join("sa.key").display()
-            ),
+            format!("--service-account-key-file={}", pki.join("sa.pub").display()),
+            format!("--service-account-signing-key-file={}", pki.join("sa.key").display()),
             "--service-account-issuer=https://kubernetes.default.svc".to_owned(),
             "--service-cluster-ip-range=10.0.0.0/24".to_owned(),
         ]))?;
-        apiserver.wait_ready("ready (/readyz)", Duration::from_secs(180), || {
-            self.apiserver_ready(&tools.kubectl)
-        })?;
+        apiserver.wait_ready("ready (/readyz)", Duration::from_secs(180), || self.apiserver_ready(&tools.kubectl))?;
 
         let controller_manager = self.daemon("kube-controller-manager");
-        controller_manager.ensure_started(Command::new(&tools.kube_controller_manager).args([
-            format!("--kubeconfig={}", self.kubeconfig().display()),
-            // Enough for Deployments to roll out as new ReplicaSets. Nothing schedules or runs pods.
-            "--controllers=deployment,replicaset,statefulset,daemonset,garbagecollector,namespace,\
+        controller_manager.ensure_started(
+            Command::new(&tools.kube_controller_manager).args([
+                format!("--kubeconfig={}", self.kubeconfig().display()),
+                // Enough for Deployments to roll out as new ReplicaSets. Nothing schedules or runs pods.
+                "--controllers=deployment,replicaset,statefulset,daemonset,garbagecollector,namespace,\
              serviceaccount,serviceaccount-token"
-                .to_owned(),
-            format!("--service-account-private-key-file={}", pki.join("sa.key").display()),
-            format!("--root-ca-file={}", pki.join("apiserver.crt").display()),
-            "--leader-elect=false".to_owned(),
-            "--secure-port=0".to_owned(),
-            "--port=0".to_owned(),
-        ]))?;
+                    .to_owned(),
+                format!("--service-account-private-key-file={}", pki.join("sa.key").display()),
+                format!("--root-ca-file={}", pki.join("apiserver.crt").display()),
+                "--leader-elect=false".to_owned(),
+                "--secure-port=0".to_owned(),
+                "--port=0".to_owned(),
+            ]),
+        )?;
         // It has no health port; the serviceaccount controller's first object shows it is working.
-        controller_manager.wait_ready(
-            "creating ServiceAccount default/default",
-            Duration::from_secs(120),
-            || {
-                succeeds(self.kubectl(&tools.kubectl).args([
-                    "get",
-                    "serviceaccount",
-                    "default",
-                    "--namespace=default",
-                ]))
-            },
-        )
+        controller_manager.wait_ready("creating ServiceAccount default/default", Duration::from_secs(120), || {
+            succeeds(self.kubectl(&tools.kubectl).args(["get", "serviceaccount", "default", "--namespace=default"]))
+        })
     }
 
     /// Stops the processes `up` started, by their recorded pids. Data stays for the next `up`.
     pub fn down(&self) -> Result<()> {
         let mut failed = Vec::new();
-        for daemon in self.daemons().iter().rev() {
+        // The demo's controller, then the servers in reverse start order.
+        for daemon in std::iter::once(self.daemon("controller")).chain(self.daemons().into_iter().rev()) {
             if let Err(e) = daemon.stop() {
                 eprintln!("{e:#}");
                 failed.push(daemon.name);
@@ -230,16 +189,11 @@ impl Env {
 
     /// Prints each process with its state and endpoint, and fails unless all are running and healthy.
     pub fn status(&self) -> Result<()> {
-        let master_token =
-            fs::read_to_string(self.path("consul-acl-master-token")).unwrap_or_default();
-        let apiserver_ready =
-            provision::kubectl().is_ok_and(|kubectl| self.apiserver_ready(&kubectl));
+        let master_token = fs::read_to_string(self.path("consul-acl-master-token")).unwrap_or_default();
+        let apiserver_ready = provision::kubectl().is_ok_and(|kubectl| self.apiserver_ready(&kubectl));
         let rows = [
             (format!("http://127.0.0.1:{ETCD_PORT}"), etcd_healthy()),
-            (
-                format!("https://127.0.0.1:{APISERVER_PORT}"),
-                apiserver_ready,
-            ),
+            (format!("https://127.0.0.1:{APISERVER_PORT}"), apiserver_ready),
             // No health port: running is all we can tell.
             ("-".to_owned(), true),
             (CONSUL.addr(), CONSUL.ready("")),
@@ -254,20 +208,10 @@ impl Env {
                 None => "stopped".to_owned(),
             };
             all_up &= daemon.pid().is_some() && healthy;
-            println!(
-                "  {:<24} {state:<20} {endpoint:<24} {}",
-                daemon.name,
-                shown(&daemon.log()).display()
-            );
+            println!("  {:<24} {state:<20} {endpoint:<24} {}", daemon.name, shown(&daemon.log()).display());
         }
-        ensure!(
-            all_up,
-            "the environment is not fully up; `cargo xtask env up` starts what is missing"
-        );
-        println!(
-            "to use it from a shell:\n    source {}",
-            shown(&self.path("env")).display()
-        );
+        ensure!(all_up, "the environment is not fully up; `cargo xtask env up` starts what is missing");
+        println!("to use it from a shell:\n    source {}", shown(&self.path("env")).display());
         Ok(())
     }
 
@@ -317,25 +261,11 @@ impl Env {
         if !key.exists() {
             // Written beside it and renamed, so an interrupted run leaves no half-written key.
             let tmp = pki.join("sa.key.tmp");
-            capture(
-                Command::new("openssl")
-                    .args(["genrsa", "-out"])
-                    .arg(&tmp)
-                    .arg("2048"),
-            )?;
+            capture(Command::new("openssl").args(["genrsa", "-out"]).arg(&tmp).arg("2048"))?;
             fs::rename(&tmp, &key)?;
         }
-        capture(
-            Command::new("openssl")
-                .args(["rsa", "-pubout", "-in"])
-                .arg(&key)
-                .arg("-out")
-                .arg(pki.join("sa.pub")),
-        )?;
-        fs::write(
-            self.path("tokens.csv"),
-            format!("{admin_token},admin,admin,system:masters\n"),
-        )?;
+        capture(Command::new("openssl").args(["rsa", "-pubout", "-in"]).arg(&key).arg("-out").arg(pki.join("sa.pub")))?;
+        fs::write(self.path("tokens.csv"), format!("{admin_token},admin,admin,system:masters\n"))?;
         let ca = pki.join("apiserver.crt");
         let kubeconfig = format!(
             "apiVersion: v1
@@ -409,54 +339,33 @@ ports {{
     }
 
     fn apiserver_ready(&self, kubectl: &Path) -> bool {
-        capture(
-            self.kubectl(kubectl)
-                .args(["get", "--raw=/readyz", "--request-timeout=5s"]),
-        )
-        .is_ok_and(|body| body.trim() == "ok")
+        capture(self.kubectl(kubectl).args(["get", "--raw=/readyz", "--request-timeout=5s"]))
+            .is_ok_and(|body| body.trim() == "ok")
     }
 
     /// Applies `crds/` and waits until the API serves them. It may still be empty early on.
     fn apply_crds(&self, kubectl: &Path) -> Result<()> {
         let crds = repo_root().join("crds");
-        let is_manifest = |path: &Path| {
-            matches!(
-                path.extension().and_then(|e| e.to_str()),
-                Some("yaml" | "yml" | "json")
-            )
-        };
-        let found = fs::read_dir(&crds)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .any(|entry| is_manifest(&entry.path()));
+        let is_manifest =
+            |path: &Path| matches!(path.extension().and_then(|e| e.to_str()), Some("yaml" | "yml" | "json"));
+        let found = fs::read_dir(&crds).into_iter().flatten().flatten().any(|entry| is_manifest(&entry.path()));
         if !found {
             println!("no CRD manifests in crds/ yet; nothing to install");
             return Ok(());
         }
         println!("==> installing the CRDs from crds/");
-        run(self
-            .kubectl(kubectl)
-            .args(["apply", "--server-side", "--force-conflicts", "-f"])
-            .arg(&crds))?;
-        run(self
-            .kubectl(kubectl)
-            .args(["wait", "--for=condition=Established", "--timeout=60s", "-f"])
-            .arg(&crds))
+        run(self.kubectl(kubectl).args(["apply", "--server-side", "--force-conflicts", "-f"]).arg(&crds))?;
+        run(self.kubectl(kubectl).args(["wait", "--for=condition=Established", "--timeout=60s", "-f"]).arg(&crds))
     }
 }
 
 fn etcd_healthy() -> bool {
-    http_get(ETCD_PORT, "/health", None)
-        .is_some_and(|(status, body)| status == 200 && body.contains("true"))
+    http_get(ETCD_PORT, "/health", None).is_some_and(|(status, body)| status == 200 && body.contains("true"))
 }
 
 /// A path relative to the current directory when it is inside it, for shorter output.
 fn shown(path: &Path) -> &Path {
-    std::env::current_dir()
-        .ok()
-        .and_then(|cwd| path.strip_prefix(cwd).ok())
-        .unwrap_or(path)
+    std::env::current_dir().ok().and_then(|cwd| path.strip_prefix(cwd).ok()).unwrap_or(path)
 }
 
 /// A random version-4 UUID, the form Consul wants for its master token.
@@ -466,12 +375,5 @@ fn uuid() -> Result<String> {
     b[6] = (b[6] & 0x0f) | 0x40;
     b[8] = (b[8] & 0x3f) | 0x80;
     let hex: String = b.iter().map(|byte| format!("{byte:02x}")).collect();
-    Ok(format!(
-        "{}-{}-{}-{}-{}",
-        &hex[..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..]
-    ))
+    Ok(format!("{}-{}-{}-{}-{}", &hex[..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..]))
 }

@@ -1,6 +1,7 @@
 //! Development tasks for consulbind: `cargo xtask env up|down|status`, `test`, `e2e`, `crdgen`, `demo`.
 
 mod crdgen;
+mod demo;
 mod env;
 mod process;
 mod provision;
@@ -44,7 +45,7 @@ enum Command {
         #[arg(long)]
         check: bool,
     },
-    /// Show a rollout caused by a Consul write (not yet implemented).
+    /// Bring the environment up, run the controller on examples/, and show a rollout caused by a Consul write.
     Demo,
 }
 
@@ -80,17 +81,13 @@ fn run(command: Command) -> Result<()> {
         Command::Test { args } => test::all(&env, &args),
         Command::E2e { args } => test::e2e_on_running(&env, &args),
         Command::Crdgen { check } => crdgen::run(check),
-        // TODO: the lead assigns this once the controller binary exists (issue 3: bring the environment up,
-        // apply examples/, run the controller, write to Consul, show the rollout).
-        Command::Demo => bail!("cargo xtask demo: not yet implemented"),
+        Command::Demo => demo::run(&env),
     }
 }
 
 /// The workspace root: xtask lives one level below it.
 fn repo_root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("xtask is inside the workspace")
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask is inside the workspace")
 }
 
 /// Where downloads and built binaries are kept between runs, keyed by version.

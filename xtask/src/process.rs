@@ -15,36 +15,22 @@ use anyhow::{Context, Result, bail, ensure};
 
 /// Runs a command with inherited output, failing if it exits non-zero.
 pub fn run(cmd: &mut Command) -> Result<()> {
-    let status = cmd
-        .status()
-        .with_context(|| format!("cannot run `{}`", show(cmd)))?;
+    let status = cmd.status().with_context(|| format!("cannot run `{}`", show(cmd)))?;
     ensure!(status.success(), "`{}` failed ({status})", show(cmd));
     Ok(())
 }
 
 /// Runs a command and returns its stdout, failing with its stderr if it exits non-zero.
 pub fn capture(cmd: &mut Command) -> Result<String> {
-    let out = cmd
-        .output()
-        .with_context(|| format!("cannot run `{}`", show(cmd)))?;
+    let out = cmd.output().with_context(|| format!("cannot run `{}`", show(cmd)))?;
     let stderr = String::from_utf8_lossy(&out.stderr);
-    ensure!(
-        out.status.success(),
-        "`{}` failed ({}): {}",
-        show(cmd),
-        out.status,
-        stderr.trim()
-    );
+    ensure!(out.status.success(), "`{}` failed ({}): {}", show(cmd), out.status, stderr.trim());
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// Whether a command runs and exits zero; its output is discarded.
 pub fn succeeds(cmd: &mut Command) -> bool {
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
+    cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success())
 }
 
 fn show(cmd: &Command) -> String {
@@ -87,14 +73,8 @@ pub fn http_get(port: u16, path: &str, token: Option<&str>) -> Option<(u16, Stri
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
     stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    let auth = token
-        .map(|t| format!("X-Consul-Token: {t}\r\n"))
-        .unwrap_or_default();
-    write!(
-        stream,
-        "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n{auth}\r\n"
-    )
-    .ok()?;
+    let auth = token.map(|t| format!("X-Consul-Token: {t}\r\n")).unwrap_or_default();
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n{auth}\r\n").ok()?;
     let mut response = String::new();
     stream.read_to_string(&mut response).ok()?;
     let (head, body) = response.split_once("\r\n\r\n")?;
@@ -110,10 +90,7 @@ pub struct Daemon {
 
 impl Daemon {
     pub fn new(name: &'static str, dir: &Path) -> Self {
-        Self {
-            name,
-            dir: dir.to_owned(),
-        }
+        Self { name, dir: dir.to_owned() }
     }
 
     pub fn log(&self) -> PathBuf {
@@ -142,10 +119,7 @@ impl Daemon {
                 Ok(())
             }
             Some(pid) => {
-                println!(
-                    "{} (pid {pid}) runs an outdated command line; restarting it",
-                    self.name
-                );
+                println!("{} (pid {pid}) runs an outdated command line; restarting it", self.name);
                 self.stop()?;
                 self.start(cmd)
             }
@@ -156,10 +130,7 @@ impl Daemon {
     /// Starts the command detached from our process group (so it outlives `up` and ignores Ctrl-C
     /// meant for us), logging to the log file, and records its pid.
     fn start(&self, cmd: &mut Command) -> Result<()> {
-        let mut log = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.log())?;
+        let mut log = OpenOptions::new().create(true).append(true).open(self.log())?;
         writeln!(log, "\n=== cargo xtask env up: {}", show(cmd))?;
         let child = cmd
             .stdin(Stdio::null())
@@ -170,12 +141,7 @@ impl Daemon {
             .with_context(|| format!("cannot start {}", self.name))?;
         let (_, start_time) = proc_stat(child.id()).context("the new process vanished")?;
         fs::write(self.pid_file(), format!("{} {start_time}\n", child.id()))?;
-        println!(
-            "started {} (pid {}), log {}",
-            self.name,
-            child.id(),
-            self.log().display()
-        );
+        println!("started {} (pid {}), log {}", self.name, child.id(), self.log().display());
         Ok(())
     }
 
@@ -188,11 +154,7 @@ impl Daemon {
                 if !self.wait_gone(pid, Duration::from_secs(20)) {
                     println!("{} (pid {pid}) ignored SIGTERM; sending SIGKILL", self.name);
                     signal(pid, libc::SIGKILL);
-                    ensure!(
-                        self.wait_gone(pid, Duration::from_secs(5)),
-                        "{} (pid {pid}) survived SIGKILL",
-                        self.name
-                    );
+                    ensure!(self.wait_gone(pid, Duration::from_secs(5)), "{} (pid {pid}) survived SIGKILL", self.name);
                 }
                 println!("stopped {} (pid {pid})", self.name);
             }
@@ -220,12 +182,7 @@ impl Daemon {
     }
 
     /// Polls `ready` until it holds, failing early if the process exits, and with the log's tail on timeout.
-    pub fn wait_ready(
-        &self,
-        what: &str,
-        timeout: Duration,
-        mut ready: impl FnMut() -> bool,
-    ) -> Result<()> {
+    pub fn wait_ready(&self, what: &str, timeout: Duration, mut ready: impl FnMut() -> bool) -> Result<()> {
         let start = Instant::now();
         loop {
             if ready() {
@@ -246,12 +203,7 @@ impl Daemon {
 
     fn failure(&self, problem: &str) -> String {
         let log = self.log();
-        format!(
-            "{} {problem}; its log is {}. Last lines:\n{}",
-            self.name,
-            log.display(),
-            tail(&log, 30)
-        )
+        format!("{} {problem}; its log is {}. Last lines:\n{}", self.name, log.display(), tail(&log, 30))
     }
 }
 
@@ -276,8 +228,5 @@ fn proc_stat(pid: u32) -> Option<(char, u64)> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name in field 2 may contain spaces, so count fields after its closing parenthesis.
     let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-    Some((
-        fields.first()?.chars().next()?,
-        fields.get(19)?.parse().ok()?,
-    ))
+    Some((fields.first()?.chars().next()?, fields.get(19)?.parse().ok()?))
 }

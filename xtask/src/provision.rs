@@ -66,10 +66,7 @@ fn lock(cache: &Path) -> Result<File> {
     match file.try_lock() {
         Ok(()) => {}
         Err(TryLockError::WouldBlock) => {
-            println!(
-                "waiting for another cargo xtask that is provisioning {}",
-                cache.display()
-            );
+            println!("waiting for another cargo xtask that is provisioning {}", cache.display());
             file.lock()?;
         }
         Err(TryLockError::Error(e)) => return Err(e.into()),
@@ -85,10 +82,7 @@ fn ensure_packages(packages: &[&str]) -> Result<()> {
     }
     println!("==> installing {} with apt-get", missing.join(" "));
     run(Command::new("apt-get").arg("update"))?;
-    run(Command::new("apt-get")
-        .args(["install", "-y"])
-        .args(&missing)
-        .env("DEBIAN_FRONTEND", "noninteractive"))
+    run(Command::new("apt-get").args(["install", "-y"]).args(&missing).env("DEBIAN_FRONTEND", "noninteractive"))
 }
 
 fn installed(package: &str) -> bool {
@@ -99,11 +93,7 @@ fn installed(package: &str) -> bool {
 /// kube-apiserver and kube-controller-manager, which Debian ships only as source.
 fn kubernetes(cache: &Path) -> Result<PathBuf> {
     const PROGRAMS: [&str; 2] = ["kube-apiserver", "kube-controller-manager"];
-    let all_run = |dir: &Path| {
-        PROGRAMS
-            .iter()
-            .all(|p| succeeds(Command::new(dir.join(p)).arg("--version")))
-    };
+    let all_run = |dir: &Path| PROGRAMS.iter().all(|p| succeeds(Command::new(dir.join(p)).arg("--version")));
     let entry = cache.join(format!("kubernetes-{KUBE_VERSION}-{KUBE_BUILD}"));
     if all_run(&entry.join("bin")) {
         return Ok(entry.join("bin"));
@@ -111,20 +101,13 @@ fn kubernetes(cache: &Path) -> Result<PathBuf> {
     let build = cache.join("src/build");
     let output = build.join(format!("kubernetes-{KUBE_VERSION}/_output/bin"));
     build_kubernetes(cache, &build)?;
-    ensure!(
-        all_run(&output),
-        "the build finished but left no working binaries in {}",
-        output.display()
-    );
+    ensure!(all_run(&output), "the build finished but left no working binaries in {}", output.display());
     install_dir(&entry, |tmp| {
         fs::create_dir(tmp.join("bin"))?;
         for program in PROGRAMS {
             fs::copy(output.join(program), tmp.join("bin").join(program))?;
         }
-        ensure!(
-            all_run(&tmp.join("bin")),
-            "the copied kubernetes binaries don't run"
-        );
+        ensure!(all_run(&tmp.join("bin")), "the copied kubernetes binaries don't run");
         Ok(())
     })?;
     // Only the binaries are worth keeping; the tree and Go's build cache are gigabytes.
@@ -137,12 +120,7 @@ fn build_kubernetes(cache: &Path, build: &Path) -> Result<()> {
         "==> building kube-apiserver and kube-controller-manager {KUBE_VERSION} from Debian's source \
          package (once; about 8 minutes on 2 cores)"
     );
-    ensure_packages(&[
-        "golang-go",
-        "rsync",
-        "make",
-        "golang-github-modern-go-reflect2-dev",
-    ])?;
+    ensure_packages(&["golang-go", "rsync", "make", "golang-github-modern-go-reflect2-dev"])?;
     let orig = download(
         cache,
         ("kubernetes_", ".orig.tar.gz"),
@@ -152,24 +130,12 @@ fn build_kubernetes(cache: &Path, build: &Path) -> Result<()> {
     // Start from a clean tree: a half-finished build is in an unknown state.
     remove_all(build)?;
     fs::create_dir_all(build)?;
-    run(Command::new("tar")
-        .arg("-xzf")
-        .arg(&orig)
-        .arg("-C")
-        .arg(build))?;
+    run(Command::new("tar").arg("-xzf").arg(&orig).arg("-C").arg(build))?;
     let tree = build.join(format!("kubernetes-{KUBE_VERSION}"));
-    ensure!(
-        tree.is_dir(),
-        "{} did not unpack into {}",
-        orig.display(),
-        tree.display()
-    );
+    ensure!(tree.is_dir(), "{} did not unpack into {}", orig.display(), tree.display());
     let vendored = tree.join("vendor/github.com/modern-go/reflect2");
     remove_all(&vendored)?;
-    run(Command::new("cp")
-        .arg("-r")
-        .arg(REFLECT2_SRC)
-        .arg(&vendored))?;
+    run(Command::new("cp").arg("-r").arg(REFLECT2_SRC).arg(&vendored))?;
     // The 1.20 build expects to sit at k8s.io/kubernetes in a GOPATH, as in Debian's own rules.
     let gopath = tree.join(".go");
     let link = gopath.join("src/k8s.io/kubernetes");
@@ -199,11 +165,7 @@ fn build_kubernetes(cache: &Path, build: &Path) -> Result<()> {
             break status;
         }
         if start.elapsed() >= next_report {
-            println!(
-                "    [{}] {}",
-                minutes(start.elapsed()),
-                tail(&log_path, 1).trim()
-            );
+            println!("    [{}] {}", minutes(start.elapsed()), tail(&log_path, 1).trim());
             next_report += Duration::from_secs(30);
         }
         sleep(Duration::from_secs(1));
@@ -233,11 +195,7 @@ fn consul(cache: &Path) -> Result<PathBuf> {
         )?;
         install_dir(&entry, |tmp| {
             run(Command::new("dpkg").arg("-x").arg(&deb).arg(tmp))?;
-            ensure!(
-                runs(tmp),
-                "the consul unpacked from {} doesn't run",
-                deb.display()
-            );
+            ensure!(runs(tmp), "the consul unpacked from {} doesn't run", deb.display());
             Ok(())
         })?;
     }
@@ -256,9 +214,7 @@ fn download(
     fs::create_dir_all(&src)?;
     let find = || -> Result<Option<PathBuf>> {
         Ok(fs::read_dir(&src)?.flatten().map(|e| e.path()).find(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with(prefix) && n.ends_with(suffix))
+            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(prefix) && n.ends_with(suffix))
         }))
     };
     if let Some(path) = find()? {
@@ -269,13 +225,8 @@ fn download(
         fs::remove_file(&path)?;
     }
     run(private_apt_get(cache)?.args(apt_args).current_dir(&src))?;
-    let path = find()?
-        .with_context(|| format!("apt-get left no {prefix}*{suffix} in {}", src.display()))?;
-    ensure!(
-        valid(&path),
-        "{} was downloaded but is corrupt",
-        path.display()
-    );
+    let path = find()?.with_context(|| format!("apt-get left no {prefix}*{suffix} in {}", src.display()))?;
+    ensure!(valid(&path), "{} was downloaded but is corrupt", path.display());
     Ok(path)
 }
 
@@ -288,10 +239,7 @@ fn private_apt_get(cache: &Path) -> Result<Command> {
     }
     let mirror = debian_mirror()?;
     let sources = dir.join("etc/sources.list");
-    fs::write(
-        &sources,
-        format!("deb-src {mirror} bookworm main\ndeb {mirror} bullseye main\n"),
-    )?;
+    fs::write(&sources, format!("deb-src {mirror} bookworm main\ndeb {mirror} bullseye main\n"))?;
     let options = [
         format!("Dir::Etc::SourceList={}", sources.display()),
         "Dir::Etc::SourceParts=/dev/null".to_owned(),

@@ -14,31 +14,14 @@ use crate::{crdgen, minutes, repo_root};
 pub fn all(env: &Env, e2e_args: &[String]) -> Result<()> {
     catch_interrupts();
     let mut report = Report::default();
-    report.step("cargo fmt --all --check", || {
-        run(cargo().args(["fmt", "--all", "--check"]))
+    report.step("cargo fmt --all --check", || run(cargo().args(["fmt", "--all", "--check"])));
+    report.step("cargo clippy --workspace --all-targets -- -D warnings", || {
+        run(cargo().args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))
     });
-    report.step(
-        "cargo clippy --workspace --all-targets -- -D warnings",
-        || {
-            run(cargo().args([
-                "clippy",
-                "--workspace",
-                "--all-targets",
-                "--",
-                "-D",
-                "warnings",
-            ]))
-        },
-    );
     report.step("crdgen --check", || crdgen::run(true));
-    report.step("unit tests", || {
-        run(cargo().args(["test", "--workspace", "--lib", "--bins"]))
-    });
+    report.step("unit tests", || run(cargo().args(["test", "--workspace", "--lib", "--bins"])));
 
-    let mut guard = StopGuard {
-        env,
-        stopped: false,
-    };
+    let mut guard = StopGuard { env, stopped: false };
     let up = report.step("fresh environment", || {
         env.down()?;
         env.wipe()?;
@@ -69,7 +52,9 @@ fn e2e(env: &Env, args: &[String]) -> Result<()> {
         .args(["test", "--workspace", "--test", "*", "--"])
         .args(args)
         .envs(env.vars()?)
-        .env("CONSULBIND_E2E", "1"))
+        .env("CONSULBIND_E2E", "1")
+        // The tests mostly wait on servers, each in its own namespace: run many at once.
+        .env("RUST_TEST_THREADS", std::env::var("RUST_TEST_THREADS").unwrap_or_else(|_| "8".into())))
 }
 
 /// `cargo test --test '*'` fails when no target matches, which is the case before the first test lands.
@@ -81,9 +66,7 @@ fn has_integration_tests() -> Result<bool> {
         .into_iter()
         .flatten()
         .flat_map(|package| package["targets"].as_array().into_iter().flatten());
-    Ok(targets
-        .flat_map(|target| target["kind"].as_array().into_iter().flatten())
-        .any(|kind| kind == "test"))
+    Ok(targets.flat_map(|target| target["kind"].as_array().into_iter().flatten()).any(|kind| kind == "test"))
 }
 
 fn cargo() -> Command {
@@ -144,11 +127,7 @@ impl Report {
             eprintln!("error: {e:#}");
         }
         let elapsed = start.elapsed();
-        let outcome = if result.is_ok() {
-            Outcome::Passed(elapsed)
-        } else {
-            Outcome::Failed(elapsed)
-        };
+        let outcome = if result.is_ok() { Outcome::Passed(elapsed) } else { Outcome::Failed(elapsed) };
         self.steps.push((name, outcome));
         result.is_ok()
     }

@@ -20,19 +20,12 @@ pub struct Backoff {
 
 impl Backoff {
     pub fn new(base: Duration, max: Duration) -> Self {
-        Self {
-            base,
-            max: max.max(base),
-            attempt: 0,
-        }
+        Self { base, max: max.max(base), attempt: 0 }
     }
 
     /// The delay before the next retry; each call doubles the ceiling up to `max`.
     pub fn next_delay(&mut self) -> Duration {
-        let ceiling = self
-            .base
-            .checked_mul(1 << self.attempt.min(30))
-            .map_or(self.max, |d| d.min(self.max));
+        let ceiling = self.base.checked_mul(1 << self.attempt.min(30)).map_or(self.max, |d| d.min(self.max));
         self.attempt = self.attempt.saturating_add(1);
         let half = ceiling / 2;
         half + half.mul_f64(random_fraction())
@@ -110,10 +103,7 @@ mod tests {
         let d = Duration::from_secs(60);
         for _ in 0..100 {
             let j = jitter(d, 0.1);
-            assert!(
-                j >= Duration::from_secs(54) && j <= Duration::from_secs(66),
-                "{j:?}"
-            );
+            assert!(j >= Duration::from_secs(54) && j <= Duration::from_secs(66), "{j:?}");
         }
         assert_eq!(jitter(d, 0.0), d);
         assert!(jitter(d, 5.0) <= 2 * d);

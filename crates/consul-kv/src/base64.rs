@@ -54,11 +54,7 @@ mod tests {
             ("Zm9vYmFy", "foobar"),
         ];
         for (encoded, plain) in vectors {
-            assert_eq!(
-                decode(encoded).as_deref(),
-                Some(plain.as_bytes()),
-                "{encoded}"
-            );
+            assert_eq!(decode(encoded).as_deref(), Some(plain.as_bytes()), "{encoded}");
         }
     }
 
@@ -70,9 +66,7 @@ mod tests {
 
     #[test]
     fn rejects_malformed_input() {
-        for bad in [
-            "Zg", "Zg=", "Z===", "Zg==Zm9v", "Zm9v!A==", "Zm9-", "Zm9_", "Zm 9",
-        ] {
+        for bad in ["Zg", "Zg=", "Z===", "Zg==Zm9v", "Zm9v!A==", "Zm9-", "Zm9_", "Zm 9"] {
             assert_eq!(decode(bad), None, "{bad}");
         }
     }

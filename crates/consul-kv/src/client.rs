@@ -61,21 +61,12 @@ impl Client {
         if let (Some(name), "https") = (&config.tls_server_name, base.scheme()) {
             let addrs = resolve(&base, &config.address).await?;
             builder = builder.resolve_to_addrs(name, &addrs);
-            base.set_host(Some(name))
-                .map_err(|e| Error::Config(format!("bad TLS server name {name:?}: {e}")))?;
+            base.set_host(Some(name)).map_err(|e| Error::Config(format!("bad TLS server name {name:?}: {e}")))?;
         }
 
-        let http = builder
-            .build()
-            .map_err(|e| Error::Config(format!("cannot build HTTP client: {}", chain(&e))))?;
+        let http = builder.build().map_err(|e| Error::Config(format!("cannot build HTTP client: {}", chain(&e))))?;
         Ok(Self {
-            inner: Arc::new(Inner {
-                http,
-                base,
-                address: config.address,
-                token: config.token,
-                wait: config.wait,
-            }),
+            inner: Arc::new(Inner { http, base, address: config.address, token: config.token, wait: config.wait }),
         })
     }
 
@@ -91,9 +82,7 @@ impl Client {
         let blocking = (index >= 1).then_some(self.inner.wait);
         let url = kv_url(&self.inner.base, query, index, self.inner.wait);
         let token = query.token.as_ref().or(self.inner.token.as_ref());
-        let response = self
-            .send(Method::GET, url, token, request_timeout(blocking), None)
-            .await?;
+        let response = self.send(Method::GET, url, token, request_timeout(blocking), None).await?;
         let status = response.status();
         tracing::trace!(key = %query.key, index, status = status.as_u16(), "consul kv get");
         match status {
@@ -112,17 +101,11 @@ impl Client {
     /// Writes a value (a plain, non-CAS PUT). Mostly for tests and demos.
     pub async fn put(&self, key: &str, value: &[u8], token: Option<&Token>) -> Result<(), Error> {
         let url = key_url(&self.inner.base, key);
-        self.write(Method::PUT, url, key, Some(value.to_vec()), token)
-            .await
+        self.write(Method::PUT, url, key, Some(value.to_vec()), token).await
     }
 
     /// Deletes a key, or every key under a prefix when `recurse` is set.
-    pub async fn delete(
-        &self,
-        key: &str,
-        recurse: bool,
-        token: Option<&Token>,
-    ) -> Result<(), Error> {
+    pub async fn delete(&self, key: &str, recurse: bool, token: Option<&Token>) -> Result<(), Error> {
         let mut url = key_url(&self.inner.base, key);
         if recurse {
             url.query_pairs_mut().append_key_only("recurse");
@@ -139,9 +122,7 @@ impl Client {
         token: Option<&Token>,
     ) -> Result<(), Error> {
         let token = token.or(self.inner.token.as_ref());
-        let response = self
-            .send(method, url, token, request_timeout(None), body)
-            .await?;
+        let response = self.send(method, url, token, request_timeout(None), body).await?;
         if response.status() != StatusCode::OK {
             return Err(self.status_error(key, "write", response, token).await);
         }
@@ -164,9 +145,8 @@ impl Client {
     ) -> Result<Response, Error> {
         let mut request = self.inner.http.request(method, url).timeout(timeout);
         if let Some(token) = token {
-            let mut value = HeaderValue::from_str(token.expose()).map_err(|_| {
-                Error::Config("the ACL token has characters not allowed in an HTTP header".into())
-            })?;
+            let mut value = HeaderValue::from_str(token.expose())
+                .map_err(|_| Error::Config("the ACL token has characters not allowed in an HTTP header".into()))?;
             // Keeps the value out of hyper's and reqwest's debug output.
             value.set_sensitive(true);
             request = request.header(TOKEN_HEADER, value);
@@ -183,13 +163,7 @@ impl Client {
     }
 
     /// The error for a status other than the expected ones.
-    async fn status_error(
-        &self,
-        key: &str,
-        policy: &'static str,
-        response: Response,
-        token: Option<&Token>,
-    ) -> Error {
+    async fn status_error(&self, key: &str, policy: &'static str, response: Response, token: Option<&Token>) -> Error {
         let status = response.status().as_u16();
         let body = response.bytes().await.unwrap_or_default();
         let mut body = excerpt(&String::from_utf8_lossy(&body));
@@ -198,18 +172,8 @@ impl Client {
             body = body.replace(token.expose(), "<redacted>");
         }
         match status {
-            401 | 403 => Error::AccessDenied {
-                key: key.to_owned(),
-                status,
-                message: body,
-                policy,
-            },
-            _ => Error::Server {
-                address: self.inner.address.clone(),
-                key: key.to_owned(),
-                status,
-                body,
-            },
+            401 | 403 => Error::AccessDenied { key: key.to_owned(), status, message: body, policy },
+            _ => Error::Server { address: self.inner.address.clone(), key: key.to_owned(), status, body },
         }
     }
 
@@ -218,26 +182,18 @@ impl Client {
             true => format!("request timed out ({})", chain(err)),
             false => chain(err),
         };
-        Error::Unreachable {
-            address: self.inner.address.clone(),
-            detail,
-        }
+        Error::Unreachable { address: self.inner.address.clone(), detail }
     }
 }
 
 /// Adds the CA, the client certificate and the verification setting.
-fn with_tls(
-    mut builder: reqwest::ClientBuilder,
-    config: &ClientConfig,
-) -> Result<reqwest::ClientBuilder, Error> {
+fn with_tls(mut builder: reqwest::ClientBuilder, config: &ClientConfig) -> Result<reqwest::ClientBuilder, Error> {
     if let Some(path) = &config.ca_cert {
         let pem = read_pem("CA certificate", path)?;
         let certs = reqwest::Certificate::from_pem_bundle(&pem)
             .map_err(|e| Error::Config(format!("bad CA certificate {path:?}: {e}")))?;
         if certs.is_empty() {
-            return Err(Error::Config(format!(
-                "no PEM certificate in CA file {path:?}"
-            )));
+            return Err(Error::Config(format!("no PEM certificate in CA file {path:?}")));
         }
         // Like Consul's own client: a configured CA replaces the public roots.
         builder = builder.tls_built_in_root_certs(false);
@@ -256,9 +212,7 @@ fn with_tls(
         }
         (None, None) => {}
         _ => {
-            return Err(Error::Config(
-                "client certificate and client key must be set together".into(),
-            ));
+            return Err(Error::Config("client certificate and client key must be set together".into()));
         }
     }
     Ok(builder.danger_accept_invalid_certs(!config.ssl_verify))
@@ -270,17 +224,12 @@ fn parse_address(address: &str) -> Result<Url, Error> {
         true => address.to_owned(),
         false => format!("http://{address}"),
     };
-    let url = Url::parse(&with_scheme)
-        .map_err(|e| Error::Config(format!("bad Consul address {address:?}: {e}")))?;
+    let url = Url::parse(&with_scheme).map_err(|e| Error::Config(format!("bad Consul address {address:?}: {e}")))?;
     if !matches!(url.scheme(), "http" | "https") {
-        return Err(Error::Config(format!(
-            "bad Consul address {address:?}: only http:// and https:// are supported"
-        )));
+        return Err(Error::Config(format!("bad Consul address {address:?}: only http:// and https:// are supported")));
     }
     if url.query().is_some() || url.fragment().is_some() || !url.username().is_empty() {
-        return Err(Error::Config(format!(
-            "bad Consul address {address:?}: expected scheme://host:port"
-        )));
+        return Err(Error::Config(format!("bad Consul address {address:?}: expected scheme://host:port")));
     }
     Ok(url)
 }
@@ -289,10 +238,7 @@ fn parse_address(address: &str) -> Result<Url, Error> {
 /// the TLS server name and still reach the real host.
 async fn resolve(base: &Url, address: &str) -> Result<Vec<SocketAddr>, Error> {
     let port = base.port_or_known_default().unwrap_or(443);
-    let unreachable = |detail: String| Error::Unreachable {
-        address: address.to_owned(),
-        detail,
-    };
+    let unreachable = |detail: String| Error::Unreachable { address: address.to_owned(), detail };
     // IPv6 hosts come bracketed in URLs; lookup_host parses IP literals itself.
     let host = base.host_str().unwrap_or_default();
     let host = host.trim_start_matches('[').trim_end_matches(']');
@@ -328,12 +274,7 @@ mod tests {
         assert_eq!(url.as_str(), "http://127.0.0.1:8500/");
         let url = parse_address("https://consul.example:8501").unwrap();
         assert_eq!(url.scheme(), "https");
-        for bad in [
-            "unix:///var/run/consul.sock",
-            "http://a:1/?x=1",
-            "http://u@host:1",
-            "::",
-        ] {
+        for bad in ["unix:///var/run/consul.sock", "http://a:1/?x=1", "http://u@host:1", "::"] {
             let err = parse_address(bad).unwrap_err();
             assert_eq!(err.kind(), crate::ErrorKind::Config, "{bad}");
         }
@@ -342,10 +283,7 @@ mod tests {
     #[test]
     fn index_header_is_required() {
         let mut headers = HeaderMap::new();
-        assert_eq!(
-            parse_index(&headers).unwrap_err().kind(),
-            crate::ErrorKind::Protocol
-        );
+        assert_eq!(parse_index(&headers).unwrap_err().kind(), crate::ErrorKind::Protocol);
         headers.insert(INDEX_HEADER, "abc".parse().unwrap());
         assert!(parse_index(&headers).is_err());
         headers.insert(INDEX_HEADER, "1234".parse().unwrap());
@@ -354,10 +292,7 @@ mod tests {
 
     #[tokio::test]
     async fn certificate_without_key_is_refused() {
-        let config = ClientConfig {
-            client_cert: Some("/nonexistent/cert.pem".into()),
-            ..Default::default()
-        };
+        let config = ClientConfig { client_cert: Some("/nonexistent/cert.pem".into()), ..Default::default() };
         let err = Client::new(config).await.unwrap_err();
         assert!(err.to_string().contains("together"), "{err}");
     }
@@ -366,10 +301,7 @@ mod tests {
     async fn ca_file_without_certificates_is_refused() {
         let path = std::env::temp_dir().join(format!("consul-kv-ca-{}", std::process::id()));
         std::fs::write(&path, "not a certificate\n").unwrap();
-        let config = ClientConfig {
-            ca_cert: Some(path.clone()),
-            ..Default::default()
-        };
+        let config = ClientConfig { ca_cert: Some(path.clone()), ..Default::default() };
         let err = Client::new(config).await.unwrap_err();
         std::fs::remove_file(&path).unwrap();
         assert_eq!(err.kind(), crate::ErrorKind::Config, "{err}");
@@ -378,10 +310,7 @@ mod tests {
     #[tokio::test]
     async fn token_unfit_for_a_header_is_a_config_error() {
         let client = Client::new(ClientConfig::default()).await.unwrap();
-        let query = KvQuery {
-            token: Some(Token::new("s3cr3t\n")),
-            ..KvQuery::exact("k")
-        };
+        let query = KvQuery { token: Some(Token::new("s3cr3t\n")), ..KvQuery::exact("k") };
         let err = client.get(&query, 0).await.unwrap_err();
         assert_eq!(err.kind(), crate::ErrorKind::Config);
         assert!(!format!("{err} {err:?}").contains("s3cr3t"));
@@ -390,19 +319,13 @@ mod tests {
     #[tokio::test]
     async fn connection_refused_is_unreachable() {
         // Port 9 (discard) is closed on test machines.
-        let config = ClientConfig {
-            address: "127.0.0.1:9".into(),
-            token: Some(Token::new("s3cr3t")),
-            ..Default::default()
-        };
+        let config =
+            ClientConfig { address: "127.0.0.1:9".into(), token: Some(Token::new("s3cr3t")), ..Default::default() };
         let client = Client::new(config).await.unwrap();
         let err = client.get(&KvQuery::exact("k"), 0).await.unwrap_err();
         assert_eq!(err.kind(), crate::ErrorKind::Unreachable);
         let text = format!("{err} {err:?}");
-        assert!(
-            text.contains("cannot reach Consul at 127.0.0.1:9"),
-            "{text}"
-        );
+        assert!(text.contains("cannot reach Consul at 127.0.0.1:9"), "{text}");
         assert!(!text.contains("s3cr3t"), "{text}");
     }
 }

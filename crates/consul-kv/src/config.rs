@@ -84,10 +84,7 @@ impl ClientConfig {
         let var = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
         let mut config = Self::default();
 
-        let ssl = var("CONSUL_HTTP_SSL")
-            .map(|v| parse_bool("CONSUL_HTTP_SSL", &v))
-            .transpose()?
-            .unwrap_or(false);
+        let ssl = var("CONSUL_HTTP_SSL").map(|v| parse_bool("CONSUL_HTTP_SSL", &v)).transpose()?.unwrap_or(false);
         if let Some(addr) = var("CONSUL_HTTP_ADDR") {
             // An explicit scheme wins over CONSUL_HTTP_SSL, as in Consul's Go client.
             config.address = match addr.contains("://") {
@@ -119,9 +116,7 @@ fn read_token_file(path: &str) -> Result<Token, Error> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| Error::Config(format!("cannot read CONSUL_HTTP_TOKEN_FILE {path:?}: {e}")))?;
     match text.trim() {
-        "" => Err(Error::Config(format!(
-            "CONSUL_HTTP_TOKEN_FILE {path:?} is empty"
-        ))),
+        "" => Err(Error::Config(format!("CONSUL_HTTP_TOKEN_FILE {path:?} is empty"))),
         token => Ok(Token::new(token)),
     }
 }
@@ -131,9 +126,7 @@ fn parse_bool(name: &str, value: &str) -> Result<bool, Error> {
     match value.trim() {
         "1" | "t" | "T" | "true" | "TRUE" | "True" => Ok(true),
         "0" | "f" | "F" | "false" | "FALSE" | "False" => Ok(false),
-        other => Err(Error::Config(format!(
-            "{name} must be true or false, not {other:?}"
-        ))),
+        other => Err(Error::Config(format!("{name} must be true or false, not {other:?}"))),
     }
 }
 
@@ -143,10 +136,7 @@ mod tests {
     use std::collections::HashMap;
 
     fn from_vars(vars: &[(&str, &str)]) -> Result<ClientConfig, Error> {
-        let vars: HashMap<String, String> = vars
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
+        let vars: HashMap<String, String> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         ClientConfig::from_lookup(|name| vars.get(name).cloned())
     }
 
@@ -172,41 +162,27 @@ mod tests {
         .unwrap();
         assert_eq!(config.address, "https://consul.example:8501");
         assert_eq!(config.ca_cert, Some(PathBuf::from("/etc/consul/ca.pem")));
-        assert_eq!(
-            config.client_cert,
-            Some(PathBuf::from("/etc/consul/cert.pem"))
-        );
-        assert_eq!(
-            config.client_key,
-            Some(PathBuf::from("/etc/consul/key.pem"))
-        );
+        assert_eq!(config.client_cert, Some(PathBuf::from("/etc/consul/cert.pem")));
+        assert_eq!(config.client_key, Some(PathBuf::from("/etc/consul/key.pem")));
         assert!(!config.ssl_verify);
         assert_eq!(config.tls_server_name.as_deref(), Some("server.dc1.consul"));
     }
 
     #[test]
     fn ssl_flag_applies_only_to_a_bare_address() {
-        let bare = from_vars(&[
-            ("CONSUL_HTTP_ADDR", "consul:8501"),
-            ("CONSUL_HTTP_SSL", "true"),
-        ]);
+        let bare = from_vars(&[("CONSUL_HTTP_ADDR", "consul:8501"), ("CONSUL_HTTP_SSL", "true")]);
         assert_eq!(bare.unwrap().address, "https://consul:8501");
         let plain = from_vars(&[("CONSUL_HTTP_ADDR", "consul:8500")]);
         assert_eq!(plain.unwrap().address, "http://consul:8500");
-        let explicit = from_vars(&[
-            ("CONSUL_HTTP_ADDR", "http://c:8500"),
-            ("CONSUL_HTTP_SSL", "1"),
-        ]);
+        let explicit = from_vars(&[("CONSUL_HTTP_ADDR", "http://c:8500"), ("CONSUL_HTTP_SSL", "1")]);
         assert_eq!(explicit.unwrap().address, "http://c:8500");
     }
 
     #[test]
     fn token_wins_over_token_file() {
-        let config = from_vars(&[
-            ("CONSUL_HTTP_TOKEN", "from-env"),
-            ("CONSUL_HTTP_TOKEN_FILE", "/nonexistent/ignored"),
-        ])
-        .unwrap();
+        let config =
+            from_vars(&[("CONSUL_HTTP_TOKEN", "from-env"), ("CONSUL_HTTP_TOKEN_FILE", "/nonexistent/ignored")])
+                .unwrap();
         assert_eq!(config.token.unwrap().expose(), "from-env");
     }
 
@@ -237,10 +213,7 @@ mod tests {
         let token = Token::new("s3cr3t");
         assert_eq!(format!("{token:?}"), "<redacted>");
         assert_eq!(token.to_string(), "<redacted>");
-        let config = ClientConfig {
-            token: Some(token),
-            ..Default::default()
-        };
+        let config = ClientConfig { token: Some(token), ..Default::default() };
         assert!(!format!("{config:?}").contains("s3cr3t"));
     }
 }

@@ -26,19 +26,12 @@ pub struct KvQuery {
 impl KvQuery {
     /// One exact key.
     pub fn exact(key: impl Into<String>) -> Self {
-        Self {
-            key: key.into(),
-            ..Self::default()
-        }
+        Self { key: key.into(), ..Self::default() }
     }
 
     /// Every key under a prefix.
     pub fn prefix(prefix: impl Into<String>) -> Self {
-        Self {
-            key: prefix.into(),
-            recurse: true,
-            ..Self::default()
-        }
+        Self { key: prefix.into(), recurse: true, ..Self::default() }
     }
 }
 
@@ -63,11 +56,7 @@ impl KvResponse {
     /// purpose: rewriting the same bytes bumps them without changing anything.
     pub fn same_contents(&self, other: &KvResponse) -> bool {
         self.entries.len() == other.entries.len()
-            && self
-                .entries
-                .iter()
-                .zip(&other.entries)
-                .all(|(a, b)| a.key == b.key && a.value == b.value)
+            && self.entries.iter().zip(&other.entries).all(|(a, b)| a.key == b.key && a.value == b.value)
     }
 }
 
@@ -77,11 +66,7 @@ pub(crate) fn kv_url(base: &Url, query: &KvQuery, index: u64, wait: Duration) ->
     let mut url = key_url(base, &query.key);
     {
         let mut params = url.query_pairs_mut();
-        let optional = [
-            ("dc", &query.datacenter),
-            ("ns", &query.namespace),
-            ("partition", &query.partition),
-        ];
+        let optional = [("dc", &query.datacenter), ("ns", &query.namespace), ("partition", &query.partition)];
         for (name, value) in optional {
             if let Some(value) = value {
                 params.append_pair(name, value);
@@ -142,15 +127,10 @@ pub(crate) fn parse_entries(body: &[u8]) -> Result<Vec<KvEntry>, Error> {
         .map(|entry| {
             let value = match entry.value.as_deref() {
                 None => Vec::new(),
-                Some(encoded) => crate::base64::decode(encoded).ok_or_else(|| {
-                    Error::Protocol(format!("value of key {:?} is not valid base64", entry.key))
-                })?,
+                Some(encoded) => crate::base64::decode(encoded)
+                    .ok_or_else(|| Error::Protocol(format!("value of key {:?} is not valid base64", entry.key)))?,
             };
-            Ok(KvEntry {
-                key: entry.key,
-                value,
-                modify_index: entry.modify_index,
-            })
+            Ok(KvEntry { key: entry.key, value, modify_index: entry.modify_index })
         })
         .collect::<Result<Vec<_>, Error>>()?;
     entries.sort_by(|a, b| a.key.cmp(&b.key));
@@ -176,28 +156,19 @@ mod tests {
     #[test]
     fn blocking_read_sends_index_and_wait() {
         let url = kv_url(&base(), &KvQuery::exact("app/db"), 42, WAIT);
-        assert_eq!(
-            url.as_str(),
-            "http://127.0.0.1:8500/v1/kv/app/db?index=42&wait=300000ms"
-        );
+        assert_eq!(url.as_str(), "http://127.0.0.1:8500/v1/kv/app/db?index=42&wait=300000ms");
     }
 
     #[test]
     fn optional_params_only_when_set() {
-        let query = KvQuery {
-            datacenter: Some("dc2".into()),
-            partition: Some("team-a".into()),
-            ..KvQuery::prefix("app/")
-        };
+        let query =
+            KvQuery { datacenter: Some("dc2".into()), partition: Some("team-a".into()), ..KvQuery::prefix("app/") };
         let url = kv_url(&base(), &query, 1, Duration::from_secs(10));
         assert_eq!(
             url.as_str(),
             "http://127.0.0.1:8500/v1/kv/app/?dc=dc2&partition=team-a&recurse&index=1&wait=10000ms"
         );
-        let query = KvQuery {
-            namespace: Some("ns1".into()),
-            ..KvQuery::exact("k")
-        };
+        let query = KvQuery { namespace: Some("ns1".into()), ..KvQuery::exact("k") };
         let url = kv_url(&base(), &query, 0, WAIT);
         assert_eq!(url.as_str(), "http://127.0.0.1:8500/v1/kv/k?ns=ns1");
     }
@@ -218,23 +189,14 @@ mod tests {
     #[test]
     fn base_path_is_kept() {
         let base = Url::parse("https://proxy.example/consul/").unwrap();
-        assert_eq!(
-            key_url(&base, "k").as_str(),
-            "https://proxy.example/consul/v1/kv/k"
-        );
+        assert_eq!(key_url(&base, "k").as_str(), "https://proxy.example/consul/v1/kv/k");
     }
 
     #[test]
     fn timeout_outlasts_a_blocking_wait() {
         let five_min = Duration::from_secs(300);
-        assert_eq!(
-            request_timeout(Some(five_min)),
-            five_min + Duration::from_millis(18_750) + Duration::from_secs(5)
-        );
-        assert_eq!(
-            request_timeout(Some(Duration::from_secs(16))),
-            Duration::from_secs(22)
-        );
+        assert_eq!(request_timeout(Some(five_min)), five_min + Duration::from_millis(18_750) + Duration::from_secs(5));
+        assert_eq!(request_timeout(Some(Duration::from_secs(16))), Duration::from_secs(22));
         assert_eq!(request_timeout(None), Duration::from_secs(30));
     }
 
@@ -256,27 +218,12 @@ mod tests {
 
     #[test]
     fn same_contents_ignores_indexes() {
-        let entry = |key: &str, value: &[u8], modify_index| KvEntry {
-            key: key.into(),
-            value: value.into(),
-            modify_index,
-        };
-        let a = KvResponse {
-            index: 5,
-            entries: vec![entry("k", b"v", 5)],
-        };
-        let rewritten = KvResponse {
-            index: 9,
-            entries: vec![entry("k", b"v", 9)],
-        };
-        let changed = KvResponse {
-            index: 9,
-            entries: vec![entry("k", b"w", 9)],
-        };
-        let missing = KvResponse {
-            index: 9,
-            entries: vec![],
-        };
+        let entry =
+            |key: &str, value: &[u8], modify_index| KvEntry { key: key.into(), value: value.into(), modify_index };
+        let a = KvResponse { index: 5, entries: vec![entry("k", b"v", 5)] };
+        let rewritten = KvResponse { index: 9, entries: vec![entry("k", b"v", 9)] };
+        let changed = KvResponse { index: 9, entries: vec![entry("k", b"w", 9)] };
+        let missing = KvResponse { index: 9, entries: vec![] };
         assert!(a.same_contents(&rewritten));
         assert!(!a.same_contents(&changed));
         assert!(!a.same_contents(&missing));

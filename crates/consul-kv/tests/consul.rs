@@ -15,10 +15,7 @@ const WAIT: Duration = Duration::from_secs(10);
 
 async fn plain_client() -> Option<Client> {
     if std::env::var("CONSUL_HTTP_ADDR").is_ok_and(|a| !a.is_empty()) {
-        let config = ClientConfig {
-            wait: WAIT,
-            ..ClientConfig::from_env().expect("the CONSUL_* variables are valid")
-        };
+        let config = ClientConfig { wait: WAIT, ..ClientConfig::from_env().expect("the CONSUL_* variables are valid") };
         return Some(Client::new(config).await.unwrap());
     }
     let var = |name| std::env::var(name).unwrap_or_default();
@@ -98,10 +95,7 @@ async fn blocking_get_wakes_on_write() {
     assert!(started.elapsed() < WAIT, "woke by the write, not the wait");
     assert!(second.index > first.index);
     assert_eq!(values(&second), [(key.as_str(), &b"v2"[..])]);
-    client
-        .delete(&prefix("blocking"), true, None)
-        .await
-        .unwrap();
+    client.delete(&prefix("blocking"), true, None).await.unwrap();
 }
 
 #[tokio::test]
@@ -109,11 +103,7 @@ async fn blocking_get_returns_unchanged_after_wait() {
     let Some(address) = plain_client().await.map(|c| c.address().to_owned()) else {
         return;
     };
-    let config = ClientConfig {
-        address,
-        wait: Duration::from_secs(1),
-        ..ClientConfig::from_env().unwrap()
-    };
+    let config = ClientConfig { address, wait: Duration::from_secs(1), ..ClientConfig::from_env().unwrap() };
     let client = Client::new(config).await.unwrap();
     // Nobody writes this key, but other tests do write elsewhere.
     let key = format!("{}quiet", prefix("wait"));
@@ -121,10 +111,7 @@ async fn blocking_get_returns_unchanged_after_wait() {
     let first = client.get(&KvQuery::exact(&key), 0).await.unwrap();
 
     let started = Instant::now();
-    let second = client
-        .get(&KvQuery::exact(&key), first.index)
-        .await
-        .unwrap();
+    let second = client.get(&KvQuery::exact(&key), first.index).await.unwrap();
     assert!(started.elapsed() < Duration::from_secs(5));
     assert_eq!(second.index, first.index);
     assert_eq!(second, first);
@@ -138,10 +125,7 @@ async fn recurse_returns_sorted_entries_under_the_prefix() {
     };
     let prefix = prefix("recurse");
     for key in ["c", "a", "b/x"] {
-        client
-            .put(&format!("{prefix}{key}"), key.as_bytes(), None)
-            .await
-            .unwrap();
+        client.put(&format!("{prefix}{key}"), key.as_bytes(), None).await.unwrap();
     }
     // A sibling that shares the prefix text but not the trailing slash.
     let sibling = format!("{}-sibling", prefix.trim_end_matches('/'));
@@ -149,14 +133,7 @@ async fn recurse_returns_sorted_entries_under_the_prefix() {
 
     let response = client.get(&KvQuery::prefix(&prefix), 0).await.unwrap();
     let keys: Vec<_> = response.entries.iter().map(|e| e.key.clone()).collect();
-    assert_eq!(
-        keys,
-        [
-            format!("{prefix}a"),
-            format!("{prefix}b/x"),
-            format!("{prefix}c")
-        ]
-    );
+    assert_eq!(keys, [format!("{prefix}a"), format!("{prefix}b/x"), format!("{prefix}c")]);
     assert_eq!(response.entries[1].value, b"b/x");
 
     client.delete(&prefix, true, None).await.unwrap();
@@ -222,10 +199,7 @@ async fn missing_key_watch_wakes_on_unrelated_write() {
         })
     };
     let started = Instant::now();
-    let second = client
-        .get(&query, index::next(0, first.index))
-        .await
-        .unwrap();
+    let second = client.get(&query, index::next(0, first.index)).await.unwrap();
     writer.await.unwrap();
 
     assert!(started.elapsed() < WAIT);
@@ -237,21 +211,12 @@ async fn missing_key_watch_wakes_on_unrelated_write() {
 /// The ACL agent and its management token, or `None` to skip.
 async fn acl_agent() -> Option<(Client, Token)> {
     let var = |name| std::env::var(name).ok().filter(|v: &String| !v.is_empty());
-    let (Some(address), Some(token)) = (
-        var("CONSULBIND_E2E_ACL_ADDR"),
-        var("CONSULBIND_E2E_ACL_TOKEN"),
-    ) else {
-        eprintln!(
-            "skipping: set CONSULBIND_E2E_ACL_ADDR and CONSULBIND_E2E_ACL_TOKEN for ACL tests"
-        );
+    let (Some(address), Some(token)) = (var("CONSULBIND_E2E_ACL_ADDR"), var("CONSULBIND_E2E_ACL_TOKEN")) else {
+        eprintln!("skipping: set CONSULBIND_E2E_ACL_ADDR and CONSULBIND_E2E_ACL_TOKEN for ACL tests");
         return None;
     };
     // No default token: each request chooses its own.
-    let config = ClientConfig {
-        address,
-        wait: WAIT,
-        ..Default::default()
-    };
+    let config = ClientConfig { address, wait: WAIT, ..Default::default() };
     Some((Client::new(config).await.unwrap(), Token::new(token)))
 }
 
@@ -265,14 +230,8 @@ async fn acl_denied_errors_never_show_the_token() {
     client.put(&key, b"v", Some(&management)).await.unwrap();
 
     let unknown = Token::new("00000000-0000-4000-8000-00000000dead");
-    for (token, expected) in [
-        (None, "Permission denied"),
-        (Some(&unknown), "ACL not found"),
-    ] {
-        let query = KvQuery {
-            token: token.cloned(),
-            ..KvQuery::exact(&key)
-        };
+    for (token, expected) in [(None, "Permission denied"), (Some(&unknown), "ACL not found")] {
+        let query = KvQuery { token: token.cloned(), ..KvQuery::exact(&key) };
         let err = client.get(&query, 0).await.unwrap_err();
         assert_eq!(err.kind(), ErrorKind::AccessDenied, "{err}");
         let text = format!("{err} {err:?}");
@@ -284,10 +243,7 @@ async fn acl_denied_errors_never_show_the_token() {
     let err = client.put(&key, b"w", None).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::AccessDenied);
     assert!(err.to_string().contains("write policy"), "{err}");
-    client
-        .delete(&prefix, true, Some(&management))
-        .await
-        .unwrap();
+    client.delete(&prefix, true, Some(&management)).await.unwrap();
 }
 
 #[tokio::test]
@@ -298,24 +254,15 @@ async fn acl_token_grants_access() {
     let key = format!("{}key", prefix("acl-granted"));
     client.put(&key, b"v", Some(&management)).await.unwrap();
 
-    let query = KvQuery {
-        token: Some(management.clone()),
-        ..KvQuery::exact(&key)
-    };
+    let query = KvQuery { token: Some(management.clone()), ..KvQuery::exact(&key) };
     let response = client.get(&query, 0).await.unwrap();
     assert_eq!(values(&response), [(key.as_str(), &b"v"[..])]);
 
     // The same token as the client's default works too.
-    let config = ClientConfig {
-        address: client.address().to_owned(),
-        token: Some(management.clone()),
-        ..Default::default()
-    };
+    let config =
+        ClientConfig { address: client.address().to_owned(), token: Some(management.clone()), ..Default::default() };
     let default_token_client = Client::new(config).await.unwrap();
-    let response = default_token_client
-        .get(&KvQuery::exact(&key), 0)
-        .await
-        .unwrap();
+    let response = default_token_client.get(&KvQuery::exact(&key), 0).await.unwrap();
     assert_eq!(response.entries.len(), 1);
     client.delete(&key, false, Some(&management)).await.unwrap();
 }
@@ -327,26 +274,14 @@ async fn acl_recurse_without_permission_is_silently_empty() {
         return;
     };
     let prefix = prefix("acl-recurse");
-    client
-        .put(&format!("{prefix}k"), b"v", Some(&management))
-        .await
-        .unwrap();
+    client.put(&format!("{prefix}k"), b"v", Some(&management)).await.unwrap();
 
     let response = client.get(&KvQuery::prefix(&prefix), 0).await.unwrap();
     assert!(response.entries.is_empty());
 
-    let unknown = KvQuery {
-        token: Some(Token::new("00000000-0000-4000-8000-00000000beef")),
-        ..KvQuery::prefix(&prefix)
-    };
+    let unknown =
+        KvQuery { token: Some(Token::new("00000000-0000-4000-8000-00000000beef")), ..KvQuery::prefix(&prefix) };
     let err = client.get(&unknown, 0).await.unwrap_err();
-    assert_eq!(
-        err.kind(),
-        ErrorKind::AccessDenied,
-        "an unknown token is still refused"
-    );
-    client
-        .delete(&prefix, true, Some(&management))
-        .await
-        .unwrap();
+    assert_eq!(err.kind(), ErrorKind::AccessDenied, "an unknown token is still refused");
+    client.delete(&prefix, true, Some(&management)).await.unwrap();
 }

@@ -85,20 +85,7 @@ pub struct TargetRef {
 }
 
 /// The kinds of workload that can be rolled.
-#[derive(
-    Deserialize,
-    Serialize,
-    Clone,
-    Copy,
-    Debug,
-    Default,
-    PartialEq,
-    Eq,
-    Hash,
-    PartialOrd,
-    Ord,
-    JsonSchema,
-)]
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, JsonSchema)]
 pub enum WorkloadKind {
     #[default]
     Deployment,

@@ -5,18 +5,14 @@ pub const DURATION_PATTERN: &str = r"^([0-9]+(ms|s|m|h))+$";
 
 /// Parses a duration matching [`DURATION_PATTERN`].
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let invalid = || {
-        format!("invalid duration {text:?}: use units ms, s, m or h, such as 500ms, 5s or 1m30s")
-    };
+    let invalid = || format!("invalid duration {text:?}: use units ms, s, m or h, such as 500ms, 5s or 1m30s");
     if text.is_empty() {
         return Err(invalid());
     }
     let mut total = Duration::ZERO;
     let mut rest = text;
     while !rest.is_empty() {
-        let digits = rest
-            .find(|c: char| !c.is_ascii_digit())
-            .ok_or_else(invalid)?;
+        let digits = rest.find(|c: char| !c.is_ascii_digit()).ok_or_else(invalid)?;
         let value: u64 = rest[..digits].parse().map_err(|_| invalid())?;
         rest = &rest[digits..];
         let (unit, len) = match rest.as_bytes() {
@@ -26,9 +22,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
             [b'h', ..] => (Duration::from_secs(3600), 1),
             _ => return Err(invalid()),
         };
-        let part = unit
-            .checked_mul(u32::try_from(value).map_err(|_| invalid())?)
-            .ok_or_else(invalid)?;
+        let part = unit.checked_mul(u32::try_from(value).map_err(|_| invalid())?).ok_or_else(invalid)?;
         total = total.checked_add(part).ok_or_else(invalid)?;
         rest = &rest[len..];
     }

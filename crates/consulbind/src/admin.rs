@@ -45,19 +45,10 @@ async fn readyz(State(admin): State<Arc<Admin>>) -> impl IntoResponse {
 async fn metrics(State(admin): State<Arc<Admin>>) -> impl IntoResponse {
     let mut body = String::new();
     match encode(&mut body, &admin.registry) {
-        Ok(()) => (
-            StatusCode::OK,
-            [(
-                "content-type",
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            )],
-            body,
-        ),
-        Err(_) => (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            [("content-type", "text/plain")],
-            String::new(),
-        ),
+        Ok(()) => {
+            (StatusCode::OK, [("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")], body)
+        }
+        Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, [("content-type", "text/plain")], String::new()),
     }
 }
 

@@ -20,14 +20,8 @@ const HEADER: &[u8] = b"consulbind-checksum-v1\0";
 /// The content behind one entry of `spec.keys`.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Source<'a> {
-    Key {
-        key: &'a str,
-        value: Option<&'a [u8]>,
-    },
-    Prefix {
-        prefix: &'a str,
-        entries: Vec<(&'a str, &'a [u8])>,
-    },
+    Key { key: &'a str, value: Option<&'a [u8]> },
+    Prefix { prefix: &'a str, entries: Vec<(&'a str, &'a [u8])> },
 }
 
 impl Source<'_> {
@@ -98,14 +92,8 @@ mod tests {
 
     fn vector() -> Vec<Source<'static>> {
         vec![
-            Source::Key {
-                key: "app/config.json",
-                value: Some(br#"{"pool":10}"#),
-            },
-            Source::Key {
-                key: "app/optional",
-                value: None,
-            },
+            Source::Key { key: "app/config.json", value: Some(br#"{"pool":10}"#) },
+            Source::Key { key: "app/optional", value: None },
             Source::Prefix {
                 prefix: "app/features/",
                 entries: vec![("app/features/b", b"off"), ("app/features/a", b"on")],
@@ -116,24 +104,12 @@ mod tests {
     #[test]
     fn pinned_test_vector() {
         // Computed independently from the documented format. Changing it rolls every bound workload.
-        assert_eq!(
-            checksum(&vector()),
-            "b14a888965cdb9657b5b5370cd112364a9b33a0f4e36dd7023c686add0556d26"
-        );
+        assert_eq!(checksum(&vector()), "b14a888965cdb9657b5b5370cd112364a9b33a0f4e36dd7023c686add0556d26");
     }
 
     #[test]
     fn canonical_encoding_layout() {
-        let enc = encode(&[
-            Source::Key {
-                key: "a",
-                value: Some(b"xy"),
-            },
-            Source::Key {
-                key: "b",
-                value: None,
-            },
-        ]);
+        let enc = encode(&[Source::Key { key: "a", value: Some(b"xy") }, Source::Key { key: "b", value: None }]);
         let mut want = b"consulbind-checksum-v1\0".to_vec();
         want.extend_from_slice(b"K\0\0\0\0\0\0\0\x01a\x01\0\0\0\0\0\0\0\x02xy");
         want.extend_from_slice(b"K\0\0\0\0\0\0\0\x01b\x00");
@@ -159,34 +135,16 @@ mod tests {
 
     #[test]
     fn distinguishes_missing_empty_and_boundaries() {
-        let missing = checksum(&[Source::Key {
-            key: "k",
-            value: None,
-        }]);
-        let empty = checksum(&[Source::Key {
-            key: "k",
-            value: Some(b""),
-        }]);
+        let missing = checksum(&[Source::Key { key: "k", value: None }]);
+        let empty = checksum(&[Source::Key { key: "k", value: Some(b"") }]);
         assert_ne!(missing, empty);
         // Moving bytes between a key and its value must change the checksum.
-        let a = checksum(&[Source::Prefix {
-            prefix: "p/",
-            entries: vec![("p/ab", b"c")],
-        }]);
-        let b = checksum(&[Source::Prefix {
-            prefix: "p/",
-            entries: vec![("p/a", b"bc")],
-        }]);
+        let a = checksum(&[Source::Prefix { prefix: "p/", entries: vec![("p/ab", b"c")] }]);
+        let b = checksum(&[Source::Prefix { prefix: "p/", entries: vec![("p/a", b"bc")] }]);
         assert_ne!(a, b);
         // An exact key and a prefix with the same name are different sources.
-        let key = checksum(&[Source::Key {
-            key: "p",
-            value: Some(b""),
-        }]);
-        let prefix = checksum(&[Source::Prefix {
-            prefix: "p",
-            entries: vec![],
-        }]);
+        let key = checksum(&[Source::Key { key: "p", value: Some(b"") }]);
+        let prefix = checksum(&[Source::Prefix { prefix: "p", entries: vec![] }]);
         assert_ne!(key, prefix);
     }
 }

@@ -13,11 +13,7 @@ use consul_kv::{ClientConfig, Token};
 )]
 pub struct Config {
     /// Consul HTTP address, with scheme.
-    #[arg(
-        long,
-        env = "CONSUL_HTTP_ADDR",
-        default_value = "http://127.0.0.1:8500"
-    )]
+    #[arg(long, env = "CONSUL_HTTP_ADDR", default_value = "http://127.0.0.1:8500")]
     pub consul_http_addr: String,
 
     /// Default Consul ACL token, for bindings without a tokenSecretRef.
@@ -69,11 +65,7 @@ pub struct Config {
     pub leader_elect: bool,
 
     /// Name of the leader Lease.
-    #[arg(
-        long,
-        env = "CONSULBIND_LEASE_NAME",
-        default_value = "consulbind-leader"
-    )]
+    #[arg(long, env = "CONSULBIND_LEASE_NAME", default_value = "consulbind-leader")]
     pub lease_name: String,
 
     /// Namespace of the leader Lease. Defaults to the namespace the pod runs in.

@@ -42,11 +42,8 @@ pub async fn run(config: Config, shutdown: signal::Receiver<bool>) -> Result<(),
     let metrics = Arc::new(Metrics::new(&mut registry));
 
     // Scope `None` serves every namespace; otherwise one controller per listed namespace.
-    let scopes: Vec<Option<String>> = if config.namespaces.is_empty() {
-        vec![None]
-    } else {
-        config.namespaces.iter().cloned().map(Some).collect()
-    };
+    let scopes: Vec<Option<String>> =
+        if config.namespaces.is_empty() { vec![None] } else { config.namespaces.iter().cloned().map(Some).collect() };
     let mut senders = HashMap::new();
     let mut receivers = Vec::new();
     for scope in &scopes {
@@ -56,22 +53,14 @@ pub async fn run(config: Config, shutdown: signal::Receiver<bool>) -> Result<(),
     }
     let serves_all = config.namespaces.is_empty();
     let wake: Wake = Arc::new(move |binding: BindingRef| {
-        let scope = if serves_all {
-            None
-        } else {
-            binding.namespace.clone()
-        };
+        let scope = if serves_all { None } else { binding.namespace.clone() };
         if let Some(tx) = senders.get(&scope) {
             let _ = tx.unbounded_send(binding);
         }
     });
     let watches = Watches::new(consul, wake, metrics.clone());
 
-    let admin = Arc::new(Admin {
-        registry,
-        ready: false.into(),
-        watches: watches.clone(),
-    });
+    let admin = Arc::new(Admin { registry, ready: false.into(), watches: watches.clone() });
     let listener = admin::bind(config.admin_addr).await?;
     info!(addr = %listener.local_addr()?, "admin server listening");
     tokio::spawn(admin::serve(listener, admin.clone()));
@@ -87,10 +76,7 @@ pub async fn run(config: Config, shutdown: signal::Receiver<bool>) -> Result<(),
         None
     };
 
-    let reporter = Reporter {
-        controller: "consulbind".into(),
-        instance: config.identity.clone(),
-    };
+    let reporter = Reporter { controller: "consulbind".into(), instance: config.identity.clone() };
     let recorder = Recorder::new(client.clone(), reporter);
     let mut scopes_started = Vec::new();
     for (scope, wakes) in scopes.into_iter().zip(receivers) {
@@ -104,14 +90,7 @@ pub async fn run(config: Config, shutdown: signal::Receiver<bool>) -> Result<(),
             pending: Default::default(),
             ready: Default::default(),
         });
-        scopes_started.push(tokio::spawn(run_scope(
-            client.clone(),
-            scope,
-            ctx,
-            touched,
-            wakes,
-            shutdown.clone(),
-        )));
+        scopes_started.push(tokio::spawn(run_scope(client.clone(), scope, ctx, touched, wakes, shutdown.clone())));
     }
     admin.ready.store(true, Ordering::Relaxed);
     for task in scopes_started {
@@ -153,26 +132,20 @@ async fn run_scope(
         futures::future::ready(())
     }));
     ctx.workloads.wait_until_ready().await?;
-    debug!(
-        scope = scope.as_deref().unwrap_or("*"),
-        "workload caches ready"
-    );
+    debug!(scope = scope.as_deref().unwrap_or("*"), "workload caches ready");
 
     let forget = ctx.clone();
     let store = reader.clone();
     let in_scope = move |b: &BindingRef| scope.is_none() || b.namespace == scope;
-    let bindings = reflector::reflector(
-        writer,
-        watcher(api, watcher::Config::default()).default_backoff(),
-    )
-    .inspect_ok(move |event| match event {
-        watcher::Event::Delete(binding) => forget.forget(&ObjectRef::from_obj(binding)),
-        // A relist can hide deletions; drop whatever the fresh list no longer has.
-        watcher::Event::InitDone => forget.retain(|b| !in_scope(b) || store.get(b).is_some()),
-        _ => {}
-    })
-    .applied_objects()
-    .predicate_filter(predicates::generation, Default::default());
+    let bindings = reflector::reflector(writer, watcher(api, watcher::Config::default()).default_backoff())
+        .inspect_ok(move |event| match event {
+            watcher::Event::Delete(binding) => forget.forget(&ObjectRef::from_obj(binding)),
+            // A relist can hide deletions; drop whatever the fresh list no longer has.
+            watcher::Event::InitDone => forget.retain(|b| !in_scope(b) || store.get(b).is_some()),
+            _ => {}
+        })
+        .applied_objects()
+        .predicate_filter(predicates::generation, Default::default());
 
     let stop = async move {
         let _ = shutdown.wait_for(|stop| *stop).await;

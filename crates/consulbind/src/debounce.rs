@@ -29,27 +29,15 @@ pub enum Decision {
 impl Pending {
     /// Records `checksum` as seen at `now`, and decides whether the content has settled.
     /// A new checksum restarts the quiet period; the maximum counts from the first change.
-    pub fn observe(
-        pending: &mut Option<Pending>,
-        checksum: &str,
-        now: Instant,
-        window: Window,
-    ) -> Decision {
-        let state = pending.get_or_insert_with(|| Pending {
-            checksum: checksum.to_owned(),
-            first_seen: now,
-            last_change: now,
-        });
+    pub fn observe(pending: &mut Option<Pending>, checksum: &str, now: Instant, window: Window) -> Decision {
+        let state =
+            pending.get_or_insert_with(|| Pending { checksum: checksum.to_owned(), first_seen: now, last_change: now });
         if state.checksum != checksum {
             state.checksum = checksum.to_owned();
             state.last_change = now;
         }
         let deadline = (state.last_change + window.quiet).min(state.first_seen + window.max);
-        if now >= deadline {
-            Decision::RollNow
-        } else {
-            Decision::WaitUntil(deadline)
-        }
+        if now >= deadline { Decision::RollNow } else { Decision::WaitUntil(deadline) }
     }
 }
 
@@ -58,22 +46,13 @@ mod tests {
     use super::*;
     use tokio::time::advance;
 
-    const WINDOW: Window = Window {
-        quiet: Duration::from_secs(5),
-        max: Duration::from_secs(12),
-    };
+    const WINDOW: Window = Window { quiet: Duration::from_secs(5), max: Duration::from_secs(12) };
 
     #[tokio::test(start_paused = true)]
     async fn zero_quiet_rolls_at_once() {
         let mut pending = None;
-        let window = Window {
-            quiet: Duration::ZERO,
-            max: Duration::from_secs(30),
-        };
-        assert_eq!(
-            Pending::observe(&mut pending, "a", Instant::now(), window),
-            Decision::RollNow
-        );
+        let window = Window { quiet: Duration::ZERO, max: Duration::from_secs(30) };
+        assert_eq!(Pending::observe(&mut pending, "a", Instant::now(), window), Decision::RollNow);
     }
 
     #[tokio::test(start_paused = true)]
@@ -85,15 +64,9 @@ mod tests {
             Decision::WaitUntil(start + Duration::from_secs(5))
         );
         advance(Duration::from_secs(4)).await;
-        assert!(matches!(
-            Pending::observe(&mut pending, "a", Instant::now(), WINDOW),
-            Decision::WaitUntil(_)
-        ));
+        assert!(matches!(Pending::observe(&mut pending, "a", Instant::now(), WINDOW), Decision::WaitUntil(_)));
         advance(Duration::from_secs(1)).await;
-        assert_eq!(
-            Pending::observe(&mut pending, "a", Instant::now(), WINDOW),
-            Decision::RollNow
-        );
+        assert_eq!(Pending::observe(&mut pending, "a", Instant::now(), WINDOW), Decision::RollNow);
     }
 
     #[tokio::test(start_paused = true)]
@@ -102,10 +75,7 @@ mod tests {
         Pending::observe(&mut pending, "a", Instant::now(), WINDOW);
         advance(Duration::from_secs(3)).await;
         let now = Instant::now();
-        assert_eq!(
-            Pending::observe(&mut pending, "b", now, WINDOW),
-            Decision::WaitUntil(now + Duration::from_secs(5))
-        );
+        assert_eq!(Pending::observe(&mut pending, "b", now, WINDOW), Decision::WaitUntil(now + Duration::from_secs(5)));
     }
 
     #[tokio::test(start_paused = true)]
@@ -121,9 +91,6 @@ mod tests {
             advance(Duration::from_secs(3)).await;
         }
         assert_eq!(Instant::now(), start + Duration::from_secs(12));
-        assert_eq!(
-            Pending::observe(&mut pending, "e", Instant::now(), WINDOW),
-            Decision::RollNow
-        );
+        assert_eq!(Pending::observe(&mut pending, "e", Instant::now(), WINDOW), Decision::RollNow);
     }
 }

@@ -50,15 +50,7 @@ pub async fn acquire(
     metrics.leader.set(0);
     info!(lease = %format!("{namespace}/{}", config.lease_name), %identity, "waiting for leadership");
     loop {
-        match try_acquire(
-            &api,
-            &config.lease_name,
-            &identity,
-            lease_secs,
-            &mut observed,
-        )
-        .await
-        {
+        match try_acquire(&api, &config.lease_name, &identity, lease_secs, &mut observed).await {
             Ok(true) => break,
             Ok(false) => {}
             Err(error) => warn!(%error, "leader election attempt failed"),
@@ -70,18 +62,8 @@ pub async fn acquire(
     }
     info!(%identity, "became leader");
     metrics.leader.set(1);
-    let leadership = Leadership {
-        api: api.clone(),
-        name: config.lease_name.clone(),
-        identity: identity.clone(),
-    };
-    tokio::spawn(renew(
-        api,
-        config.lease_name.clone(),
-        identity,
-        config.lease_duration,
-        config.lease_renew,
-    ));
+    let leadership = Leadership { api: api.clone(), name: config.lease_name.clone(), identity: identity.clone() };
+    tokio::spawn(renew(api, config.lease_name.clone(), identity, config.lease_duration, config.lease_renew));
     Ok(Some(leadership))
 }
 
@@ -94,9 +76,7 @@ impl Leadership {
             if spec.holder_identity.as_deref() == Some(&self.identity) {
                 spec.holder_identity = None;
                 spec.lease_duration_seconds = Some(1);
-                self.api
-                    .replace(&self.name, &PostParams::default(), &lease)
-                    .await?;
+                self.api.replace(&self.name, &PostParams::default(), &lease).await?;
             }
             Ok::<_, kube::Error>(())
         }
@@ -118,10 +98,7 @@ async fn try_acquire(
     let now = MicroTime(Timestamp::now());
     let Some(mut lease) = api.get_opt(name).await? else {
         let lease = Lease {
-            metadata: ObjectMeta {
-                name: Some(name.into()),
-                ..Default::default()
-            },
+            metadata: ObjectMeta { name: Some(name.into()), ..Default::default() },
             spec: Some(claim(identity, lease_secs, &now, 0)),
         };
         return match api.create(&PostParams::default(), &lease).await {
@@ -139,16 +116,16 @@ async fn try_acquire(
             Instant::now()
         }
     };
-    let held_for = Duration::from_secs(spec.lease_duration_seconds.unwrap_or(0).max(0) as u64)
-        .max(Duration::from_secs(1));
+    let held_for =
+        Duration::from_secs(spec.lease_duration_seconds.unwrap_or(0).max(0) as u64).max(Duration::from_secs(1));
     let free = spec.holder_identity.as_deref().is_none_or(str::is_empty)
         || spec.holder_identity.as_deref() == Some(identity)
         || unchanged_since.elapsed() >= held_for;
     if !free {
         return Ok(false);
     }
-    let transitions = spec.lease_transitions.unwrap_or(0)
-        + i32::from(spec.holder_identity.as_deref() != Some(identity));
+    let transitions =
+        spec.lease_transitions.unwrap_or(0) + i32::from(spec.holder_identity.as_deref() != Some(identity));
     lease.spec = Some(claim(identity, lease_secs, &now, transitions));
     // Replace carries the resourceVersion we read, so two standbys cannot both win.
     match api.replace(name, &PostParams::default(), &lease).await {
@@ -169,13 +146,7 @@ fn claim(identity: &str, lease_secs: i32, now: &MicroTime, transitions: i32) -> 
     }
 }
 
-async fn renew(
-    api: Api<Lease>,
-    name: String,
-    identity: String,
-    lease_duration: Duration,
-    every: Duration,
-) {
+async fn renew(api: Api<Lease>, name: String, identity: String, lease_duration: Duration, every: Duration) {
     let deadline = lease_duration * 2 / 3;
     let mut last_renewed = Instant::now();
     loop {
@@ -187,9 +158,7 @@ async fn renew(
                 return Ok(false);
             }
             spec.renew_time = Some(MicroTime(Timestamp::now()));
-            api.replace(&name, &PostParams::default(), &lease)
-                .await
-                .map(|_| true)
+            api.replace(&name, &PostParams::default(), &lease).await.map(|_| true)
         }
         .await;
         match result {

@@ -70,67 +70,35 @@ impl Metrics {
             leader: Gauge::default(),
         };
         let r = registry.sub_registry_with_prefix("consulbind");
-        r.register(
-            "reconciles",
-            "Reconciles by result",
-            metrics.reconciles.clone(),
-        );
-        r.register(
-            "reconcile_duration_seconds",
-            "Reconcile duration by result",
-            metrics.reconcile_duration.clone(),
-        );
-        r.register(
-            "rollouts",
-            "Workload rollouts triggered",
-            metrics.rollouts.clone(),
-        );
-        r.register(
-            "consul_requests",
-            "Consul KV requests by result",
-            metrics.consul_requests.clone(),
-        );
+        r.register("reconciles", "Reconciles by result", metrics.reconciles.clone());
+        r.register("reconcile_duration_seconds", "Reconcile duration by result", metrics.reconcile_duration.clone());
+        r.register("rollouts", "Workload rollouts triggered", metrics.rollouts.clone());
+        r.register("consul_requests", "Consul KV requests by result", metrics.consul_requests.clone());
         r.register(
             "consul_request_duration_seconds",
             "Consul KV request latency, blocking time included",
             metrics.consul_request_duration.clone(),
         );
-        r.register(
-            "consul_watches",
-            "Active shared Consul watches",
-            metrics.consul_watches.clone(),
-        );
-        r.register(
-            "bindings",
-            "Bindings by Ready condition status",
-            metrics.bindings.clone(),
-        );
+        r.register("consul_watches", "Active shared Consul watches", metrics.consul_watches.clone());
+        r.register("bindings", "Bindings by Ready condition status", metrics.bindings.clone());
         r.register(
             "change_to_rollout_seconds",
             "Time from seeing a Consul change to rolling the targets",
             metrics.change_to_rollout.clone(),
         );
-        r.register(
-            "leader",
-            "1 when this replica holds the leader lease",
-            metrics.leader.clone(),
-        );
+        r.register("leader", "1 when this replica holds the leader lease", metrics.leader.clone());
         metrics
     }
 
     pub fn reconciled(&self, result: &'static str, took: Duration) {
         let labels = ResultLabels { result };
         self.reconciles.get_or_create(&labels).inc();
-        self.reconcile_duration
-            .get_or_create(&labels)
-            .observe(took.as_secs_f64());
+        self.reconcile_duration.get_or_create(&labels).observe(took.as_secs_f64());
     }
 
     pub fn consul_request(&self, error: Option<ErrorKind>, took: Duration) {
         let result = error.map_or("ok", |e| e.as_str());
-        self.consul_requests
-            .get_or_create(&ResultLabels { result })
-            .inc();
+        self.consul_requests.get_or_create(&ResultLabels { result }).inc();
         self.consul_request_duration.observe(took.as_secs_f64());
     }
 }

@@ -41,17 +41,12 @@ mod tests {
             && s.len() <= NAME_MAX
             && bytes[0].is_ascii_alphanumeric()
             && bytes[bytes.len() - 1].is_ascii_alphanumeric()
-            && bytes
-                .iter()
-                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(b))
+            && bytes.iter().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(b))
     }
 
     #[test]
     fn short_names_are_kept() {
-        assert_eq!(
-            annotation_key("web-config"),
-            "checksum.consulbind.dev/web-config"
-        );
+        assert_eq!(annotation_key("web-config"), "checksum.consulbind.dev/web-config");
         assert_eq!(field_manager("web-config"), "consulbind-web-config");
     }
 

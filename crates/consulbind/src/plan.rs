@@ -71,10 +71,7 @@ pub fn plan(input: &Input<'_>, pending: &mut Option<Pending>, now: Instant) -> P
         Consul::Waiting => {
             return Plan {
                 keys: input.previous.keys.clone(),
-                hold: Some((
-                    reason::WAITING_FOR_CONSUL,
-                    "waiting for the first answer from Consul".into(),
-                )),
+                hold: Some((reason::WAITING_FOR_CONSUL, "waiting for the first answer from Consul".into())),
                 ..Plan::default()
             };
         }
@@ -88,17 +85,10 @@ pub fn plan(input: &Input<'_>, pending: &mut Option<Pending>, now: Instant) -> P
     };
     let keys: Vec<KeyStatus> = contents.iter().map(key_status).collect();
     let desired = checksum::checksum(&contents.iter().map(source).collect::<Vec<_>>());
-    let mut plan = Plan {
-        desired: Some(desired.clone()),
-        keys,
-        ..Plan::default()
-    };
+    let mut plan = Plan { desired: Some(desired.clone()), keys, ..Plan::default() };
 
-    let missing: Vec<&str> = contents
-        .iter()
-        .filter(|c| !c.source.optional && c.entries.is_empty())
-        .map(|c| c.source.key.as_str())
-        .collect();
+    let missing: Vec<&str> =
+        contents.iter().filter(|c| !c.source.optional && c.entries.is_empty()).map(|c| c.source.key.as_str()).collect();
     if !missing.is_empty() {
         *pending = None;
         plan.hold = Some((
@@ -107,11 +97,7 @@ pub fn plan(input: &Input<'_>, pending: &mut Option<Pending>, now: Instant) -> P
                 "required Consul {} {} missing; rollouts are held until {} again (or mark it optional)",
                 if missing.len() == 1 { "key" } else { "keys" },
                 quoted(&missing),
-                if missing.len() == 1 {
-                    "it exists"
-                } else {
-                    "they exist"
-                },
+                if missing.len() == 1 { "it exists" } else { "they exist" },
             ),
         ));
         return plan;
@@ -128,21 +114,14 @@ pub fn plan(input: &Input<'_>, pending: &mut Option<Pending>, now: Instant) -> P
     let carried = carried_checksums(input.previous);
     let on_bind = input.spec.rollout.as_ref().is_some_and(|r| r.on_bind);
     // New workloads start with the current content, so they are only rolled when asked to.
-    let behind: Vec<Workload> = input
-        .found
-        .iter()
-        .filter(|w| carried.get(*w).map_or(on_bind, |c| *c != desired))
-        .cloned()
-        .collect();
+    let behind: Vec<Workload> =
+        input.found.iter().filter(|w| carried.get(*w).map_or(on_bind, |c| *c != desired)).cloned().collect();
     if applied == desired && behind.is_empty() {
         *pending = None;
         return plan;
     }
     if input.spec.suspend {
-        plan.hold = Some((
-            reason::SUSPENDED,
-            "rollouts are suspended; the change is rolled out on resume".into(),
-        ));
+        plan.hold = Some((reason::SUSPENDED, "rollouts are suspended; the change is rolled out on resume".into()));
         return plan;
     }
     match Pending::observe(pending, &desired, now, input.window) {
@@ -152,10 +131,8 @@ pub fn plan(input: &Input<'_>, pending: &mut Option<Pending>, now: Instant) -> P
         }
         Decision::WaitUntil(at) => {
             let secs = at.saturating_duration_since(now).as_secs_f64();
-            plan.hold = Some((
-                reason::PENDING,
-                format!("content changed; rolling out in {secs:.1}s unless it changes again"),
-            ));
+            plan.hold =
+                Some((reason::PENDING, format!("content changed; rolling out in {secs:.1}s unless it changes again")));
             plan.wake_at = Some(at);
         }
     }
@@ -171,12 +148,7 @@ pub struct Outcome {
 }
 
 /// The status to write after carrying out `plan`.
-pub fn status(
-    input: &Input<'_>,
-    plan: &Plan,
-    outcome: &Outcome,
-    now: &Time,
-) -> ConsulBindingStatus {
+pub fn status(input: &Input<'_>, plan: &Plan, outcome: &Outcome, now: &Time) -> ConsulBindingStatus {
     let previous = input.previous;
     let desired = plan.desired.as_deref();
 
@@ -184,25 +156,14 @@ pub fn status(
         .found
         .iter()
         .filter_map(|w| {
-            let old = previous
-                .targets
-                .iter()
-                .find(|t| t.kind == w.0 && t.name == w.1);
+            let old = previous.targets.iter().find(|t| t.kind == w.0 && t.name == w.1);
             let (checksum, last_rolled_time) = match old {
                 _ if outcome.rolled.contains(w) => (desired?.to_owned(), Some(now.clone())),
                 Some(old) => (old.checksum.clone(), old.last_rolled_time.clone()),
                 // Found now and not rolled: it started with the content of today.
-                None => (
-                    desired.or(previous.applied_checksum.as_deref())?.to_owned(),
-                    None,
-                ),
+                None => (desired.or(previous.applied_checksum.as_deref())?.to_owned(), None),
             };
-            Some(TargetStatus {
-                kind: w.0,
-                name: w.1.clone(),
-                checksum,
-                last_rolled_time,
-            })
+            Some(TargetStatus { kind: w.0, name: w.1.clone(), checksum, last_rolled_time })
         })
         .collect();
 
@@ -211,27 +172,15 @@ pub fn status(
         Some(d) if plan.hold.is_none() && outcome.failed.is_empty() => Some(d.to_owned()),
         _ => previous.applied_checksum.clone(),
     };
-    let changed = !outcome.rolled.is_empty()
-        || (previous.applied_checksum.is_some() && applied != previous.applied_checksum);
-    let carrying = targets
-        .iter()
-        .filter(|t| Some(&t.checksum) == applied.as_ref())
-        .count();
-    let up_to_date = applied.is_some()
-        && desired.is_none_or(|d| applied.as_deref() == Some(d))
-        && carrying == targets.len();
+    let changed =
+        !outcome.rolled.is_empty() || (previous.applied_checksum.is_some() && applied != previous.applied_checksum);
+    let carrying = targets.iter().filter(|t| Some(&t.checksum) == applied.as_ref()).count();
+    let up_to_date =
+        applied.is_some() && desired.is_none_or(|d| applied.as_deref() == Some(d)) && carrying == targets.len();
 
     let mut conditions = Vec::new();
     let mut set = |type_: &str, ok: Option<bool>, reason: &str, message: String| {
-        conditions.push(condition(
-            &previous.conditions,
-            type_,
-            ok,
-            reason,
-            message,
-            input.generation,
-            now,
-        ));
+        conditions.push(condition(&previous.conditions, type_, ok, reason, message, input.generation, now));
     };
 
     match &input.consul {
@@ -247,19 +196,11 @@ pub fn status(
             reason::WAITING_FOR_CONSUL,
             "waiting for the first answer from Consul".into(),
         ),
-        Consul::Failed { reason, message } => set(
-            conditions::CONSUL_SYNCED,
-            Some(false),
-            reason,
-            message.clone(),
-        ),
+        Consul::Failed { reason, message } => set(conditions::CONSUL_SYNCED, Some(false), reason, message.clone()),
     }
 
     let target_problem = if let Some(((kind, name), error)) = outcome.failed.first() {
-        Some((
-            reason::PATCH_FAILED,
-            format!("could not update {kind} {name}: {error}"),
-        ))
+        Some((reason::PATCH_FAILED, format!("could not update {kind} {name}: {error}")))
     } else if !input.missing.is_empty() {
         Some((reason::TARGET_MISSING, input.missing.join("; ")))
     } else {
@@ -268,40 +209,18 @@ pub fn status(
     let (targets_ok, targets_reason, targets_message) = match (&target_problem, &plan.hold) {
         (Some((r, m)), _) => (false, *r, m.clone()),
         (None, Some((r, m))) if !up_to_date => (false, *r, m.clone()),
-        _ => (
-            true,
-            reason::UP_TO_DATE,
-            format!(
-                "{} carry the applied content",
-                count(targets.len(), "target")
-            ),
-        ),
+        _ => (true, reason::UP_TO_DATE, format!("{} carry the applied content", count(targets.len(), "target"))),
     };
-    set(
-        conditions::TARGETS_UPDATED,
-        Some(targets_ok),
-        targets_reason,
-        targets_message,
-    );
+    set(conditions::TARGETS_UPDATED, Some(targets_ok), targets_reason, targets_message);
 
     let (ready, ready_reason, ready_message) = match (&plan.hold, &target_problem) {
         (Some((r, m)), _) | (None, Some((r, m))) => (false, *r, m.clone()),
-        _ if plan.baseline => (
-            true,
-            reason::BASELINED,
-            "recorded the current content as the baseline; nothing was restarted".into(),
-        ),
+        _ if plan.baseline => {
+            (true, reason::BASELINED, "recorded the current content as the baseline; nothing was restarted".into())
+        }
         _ => {
-            let suffix = if input.spec.suspend {
-                " (rollouts suspended)"
-            } else {
-                ""
-            };
-            (
-                true,
-                reason::UP_TO_DATE,
-                format!("targets carry the current Consul content{suffix}"),
-            )
+            let suffix = if input.spec.suspend { " (rollouts suspended)" } else { "" };
+            (true, reason::UP_TO_DATE, format!("targets carry the current Consul content{suffix}"))
         }
     };
     set(conditions::READY, Some(ready), ready_reason, ready_message);
@@ -315,56 +234,32 @@ pub fn status(
         target_summary: Some(format!("{carrying}/{}", targets.len())),
         keys: plan.keys.clone(),
         targets,
-        last_sync_time: if desired.is_some() {
-            Some(now.clone())
-        } else {
-            previous.last_sync_time.clone()
-        },
-        last_change_time: if changed {
-            Some(now.clone())
-        } else {
-            previous.last_change_time.clone()
-        },
+        last_sync_time: if desired.is_some() { Some(now.clone()) } else { previous.last_sync_time.clone() },
+        last_change_time: if changed { Some(now.clone()) } else { previous.last_change_time.clone() },
         conditions,
     }
 }
 
 fn carried_checksums(status: &ConsulBindingStatus) -> BTreeMap<Workload, String> {
-    status
-        .targets
-        .iter()
-        .map(|t| ((t.kind, t.name.clone()), t.checksum.clone()))
-        .collect()
+    status.targets.iter().map(|t| ((t.kind, t.name.clone()), t.checksum.clone())).collect()
 }
 
 fn source<'a>(content: &KeyContent<'a>) -> Source<'a> {
     if content.source.recurse {
         Source::Prefix {
             prefix: &content.source.key,
-            entries: content
-                .entries
-                .iter()
-                .map(|e| (e.key.as_str(), e.value.as_slice()))
-                .collect(),
+            entries: content.entries.iter().map(|e| (e.key.as_str(), e.value.as_slice())).collect(),
         }
     } else {
         Source::Key {
             key: &content.source.key,
-            value: content
-                .entries
-                .iter()
-                .find(|e| e.key == content.source.key)
-                .map(|e| e.value.as_slice()),
+            value: content.entries.iter().find(|e| e.key == content.source.key).map(|e| e.value.as_slice()),
         }
     }
 }
 
 fn key_status(content: &KeyContent<'_>) -> KeyStatus {
-    let entries = match content
-        .entries
-        .iter()
-        .position(|e| e.key == content.source.key)
-    {
+    let entries = match content.entries.iter().position(|e| e.key == content.source.key) {
         _ if content.source.recurse => content.entries,
         Some(i) => &content.entries[i..=i],
         None => &[],
@@ -373,10 +268,7 @@ fn key_status(content: &KeyContent<'_>) -> KeyStatus {
         key: content.source.key.clone(),
         recurse: content.source.recurse,
         present: !entries.is_empty(),
-        entries: content
-            .source
-            .recurse
-            .then(|| u32::try_from(entries.len()).unwrap_or(u32::MAX)),
+        entries: content.source.recurse.then(|| u32::try_from(entries.len()).unwrap_or(u32::MAX)),
         checksum: checksum::checksum(&[source(content)]),
         modify_index: entries.iter().map(|e| e.modify_index).max(),
     }
@@ -412,18 +304,11 @@ fn condition(
 }
 
 fn count(n: usize, noun: &str) -> String {
-    if n == 1 {
-        format!("1 {noun}")
-    } else {
-        format!("{n} {noun}s")
-    }
+    if n == 1 { format!("1 {noun}") } else { format!("{n} {noun}s") }
 }
 
 fn quoted(keys: &[&str]) -> String {
-    keys.iter()
-        .map(|k| format!("{k:?}"))
-        .collect::<Vec<_>>()
-        .join(", ")
+    keys.iter().map(|k| format!("{k:?}")).collect::<Vec<_>>().join(", ")
 }
 
 #[cfg(test)]
@@ -434,33 +319,18 @@ mod tests {
 
     use super::*;
 
-    const WINDOW: Window = Window {
-        quiet: Duration::ZERO,
-        max: Duration::from_secs(30),
-    };
+    const WINDOW: Window = Window { quiet: Duration::ZERO, max: Duration::from_secs(30) };
 
     fn spec(optional: bool) -> ConsulBindingSpec {
         ConsulBindingSpec {
-            keys: vec![KeySource {
-                key: "app/config".into(),
-                recurse: false,
-                optional,
-            }],
-            targets: vec![TargetRef {
-                kind: WorkloadKind::Deployment,
-                name: Some("web".into()),
-                selector: None,
-            }],
+            keys: vec![KeySource { key: "app/config".into(), recurse: false, optional }],
+            targets: vec![TargetRef { kind: WorkloadKind::Deployment, name: Some("web".into()), selector: None }],
             ..Default::default()
         }
     }
 
     fn entry(value: &str) -> Vec<KvEntry> {
-        vec![KvEntry {
-            key: "app/config".into(),
-            value: value.as_bytes().to_vec(),
-            modify_index: 7,
-        }]
+        vec![KvEntry { key: "app/config".into(), value: value.as_bytes().to_vec(), modify_index: 7 }]
     }
 
     fn web() -> Vec<Workload> {
@@ -483,18 +353,12 @@ mod tests {
             window: WINDOW,
             generation: Some(3),
             previous,
-            consul: Consul::Ready(vec![KeyContent {
-                source: &spec.keys[0],
-                entries,
-            }]),
+            consul: Consul::Ready(vec![KeyContent { source: &spec.keys[0], entries }]),
             found,
             missing: &[],
         };
         let plan = plan(&input, &mut None, Instant::now());
-        let outcome = Outcome {
-            rolled: plan.roll.clone(),
-            failed: vec![],
-        };
+        let outcome = Outcome { rolled: plan.roll.clone(), failed: vec![] };
         let status = status(&input, &plan, &outcome, &now());
         (plan, status)
     }
@@ -510,10 +374,7 @@ mod tests {
         assert_eq!(status.applied_checksum, plan.desired);
         assert_eq!(status.targets[0].checksum, plan.desired.clone().unwrap());
         assert_eq!(status.targets[0].last_rolled_time, None);
-        assert_eq!(
-            condition(&status, conditions::READY).reason,
-            reason::BASELINED
-        );
+        assert_eq!(condition(&status, conditions::READY).reason, reason::BASELINED);
         assert_eq!(status.key_summary.as_deref(), Some("1/1"));
         assert_eq!(status.keys[0].modify_index, Some(7));
         assert_eq!(status.observed_generation, Some(3));
@@ -523,10 +384,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn on_bind_rolls_at_first_sight() {
         let mut spec = spec(false);
-        spec.rollout = Some(RolloutPolicy {
-            on_bind: true,
-            ..Default::default()
-        });
+        spec.rollout = Some(RolloutPolicy { on_bind: true, ..Default::default() });
         let (plan, _) = step(&spec, &Default::default(), &entry("v1"), &web());
         assert_eq!(plan.roll, web());
     }
@@ -544,21 +402,12 @@ mod tests {
         assert_eq!(changed.last_change_time, Some(now()));
         assert_eq!(changed.targets[0].last_rolled_time, Some(now()));
         let ready = condition(&changed, conditions::READY);
-        assert_eq!(
-            (ready.status.as_str(), ready.reason.as_str()),
-            ("True", reason::UP_TO_DATE)
-        );
+        assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("True", reason::UP_TO_DATE));
         // The transition time of a condition whose status did not change is kept.
-        assert_eq!(
-            ready.last_transition_time,
-            condition(&baseline, conditions::READY).last_transition_time
-        );
+        assert_eq!(ready.last_transition_time, condition(&baseline, conditions::READY).last_transition_time);
 
         let (plan, _) = step(&spec(false), &changed, &entry("v2"), &web());
-        assert!(
-            plan.roll.is_empty(),
-            "a second reconcile of the same content rolled again"
-        );
+        assert!(plan.roll.is_empty(), "a second reconcile of the same content rolled again");
     }
 
     #[tokio::test(start_paused = true)]
@@ -567,10 +416,7 @@ mod tests {
         let (plan, held) = step(&spec(false), &baseline, &[], &web());
         assert!(plan.roll.is_empty());
         let ready = condition(&held, conditions::READY);
-        assert_eq!(
-            (ready.status.as_str(), ready.reason.as_str()),
-            ("False", reason::KEY_MISSING)
-        );
+        assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", reason::KEY_MISSING));
         assert!(ready.message.contains("\"app/config\""));
         assert_eq!(held.applied_checksum, baseline.applied_checksum);
         assert_eq!(held.key_summary.as_deref(), Some("0/1"));
@@ -587,10 +433,7 @@ mod tests {
         suspended.suspend = true;
         let (plan, held) = step(&suspended, &baseline, &entry("v2"), &web());
         assert!(plan.roll.is_empty());
-        assert_eq!(
-            condition(&held, conditions::READY).reason,
-            reason::SUSPENDED
-        );
+        assert_eq!(condition(&held, conditions::READY).reason, reason::SUSPENDED);
         let (plan, _) = step(&spec(false), &held, &entry("v2"), &web());
         assert_eq!(plan.roll, web());
     }
@@ -613,10 +456,7 @@ mod tests {
             window: WINDOW,
             generation: Some(3),
             previous: &baseline,
-            consul: Consul::Failed {
-                reason: reason::ACCESS_DENIED,
-                message: "Consul denied access".into(),
-            },
+            consul: Consul::Failed { reason: reason::ACCESS_DENIED, message: "Consul denied access".into() },
             found: &web(),
             missing: &[],
         };
@@ -624,10 +464,7 @@ mod tests {
         assert!(plan.roll.is_empty() && plan.desired.is_none());
         let status = status(&input, &plan, &Outcome::default(), &now());
         let synced = condition(&status, conditions::CONSUL_SYNCED);
-        assert_eq!(
-            (synced.status.as_str(), synced.reason.as_str()),
-            ("False", reason::ACCESS_DENIED)
-        );
+        assert_eq!((synced.status.as_str(), synced.reason.as_str()), ("False", reason::ACCESS_DENIED));
         assert_eq!(status.applied_checksum, baseline.applied_checksum);
         assert_eq!(status.keys, baseline.keys);
         assert_eq!(status.last_sync_time, baseline.last_sync_time);
@@ -643,24 +480,15 @@ mod tests {
             window: WINDOW,
             generation: Some(3),
             previous: &baseline,
-            consul: Consul::Ready(vec![KeyContent {
-                source: &spec.keys[0],
-                entries: &entries,
-            }]),
+            consul: Consul::Ready(vec![KeyContent { source: &spec.keys[0], entries: &entries }]),
             found: &web(),
             missing: &[],
         };
         let plan = plan(&input, &mut None, Instant::now());
-        let outcome = Outcome {
-            rolled: vec![],
-            failed: vec![(web()[0].clone(), "forbidden".into())],
-        };
+        let outcome = Outcome { rolled: vec![], failed: vec![(web()[0].clone(), "forbidden".into())] };
         let status = status(&input, &plan, &outcome, &now());
         assert_eq!(status.applied_checksum, baseline.applied_checksum);
-        assert_eq!(
-            condition(&status, conditions::READY).reason,
-            reason::PATCH_FAILED
-        );
+        assert_eq!(condition(&status, conditions::READY).reason, reason::PATCH_FAILED);
         let (plan, _) = step(&spec, &status, &entries, &web());
         assert_eq!(plan.roll, web());
     }

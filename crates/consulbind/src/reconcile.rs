@@ -7,9 +7,7 @@ use std::{
 };
 
 use consul_kv::{KvQuery, Token};
-use consulbind_api::{
-    ConsulBinding, ConsulBindingSpec, ConsulBindingStatus, conditions, parse_duration,
-};
+use consulbind_api::{ConsulBinding, ConsulBindingSpec, ConsulBindingStatus, conditions, parse_duration};
 use k8s_openapi::{
     api::core::v1::{ObjectReference, Secret},
     apimachinery::pkg::apis::meta::v1::Time,
@@ -84,14 +82,7 @@ impl Context {
     pub fn retain(&self, keep: impl Fn(&BindingRef) -> bool) {
         self.watches.retain(&keep);
         self.pending.lock().unwrap().retain(|b, _| keep(b));
-        let gone: Vec<BindingRef> = self
-            .ready
-            .lock()
-            .unwrap()
-            .keys()
-            .filter(|b| !keep(b))
-            .cloned()
-            .collect();
+        let gone: Vec<BindingRef> = self.ready.lock().unwrap().keys().filter(|b| !keep(b)).cloned().collect();
         for binding in gone {
             self.set_ready(&binding, None);
         }
@@ -105,10 +96,7 @@ impl Context {
         };
         for label in ["True", "False", "Unknown"] {
             let n = ready.values().filter(|s| **s == label).count();
-            self.metrics
-                .bindings
-                .get_or_create(&ReadyLabels { ready: label })
-                .set(n as i64);
+            self.metrics.bindings.get_or_create(&ReadyLabels { ready: label }).set(n as i64);
         }
     }
 }
@@ -145,10 +133,7 @@ async fn reconcile_inner(binding: &ConsulBinding, ctx: &Context) -> Result<Actio
     let consul = match token(ctx, &namespace, spec).await? {
         Err(message) => {
             ctx.watches.release(&oref);
-            Consul::Failed {
-                reason: conditions::reason::TOKEN_SECRET_INVALID,
-                message,
-            }
+            Consul::Failed { reason: conditions::reason::TOKEN_SECRET_INVALID, message }
         }
         Ok(token) => {
             contents = ctx.watches.subscribe(&oref, &queries(spec, token));
@@ -181,16 +166,7 @@ async fn reconcile_inner(binding: &ConsulBinding, ctx: &Context) -> Result<Actio
         let annotation = names::annotation_key(&name);
         let manager = names::field_manager(&name);
         for workload in &plan.roll {
-            match workloads::stamp(
-                &ctx.client,
-                &namespace,
-                workload,
-                &annotation,
-                desired,
-                &manager,
-            )
-            .await
-            {
+            match workloads::stamp(&ctx.client, &namespace, workload, &annotation, desired, &manager).await {
                 Ok(()) => outcome.rolled.push(workload.clone()),
                 Err(e) => outcome.failed.push((workload.clone(), e.to_string())),
             }
@@ -202,18 +178,8 @@ async fn reconcile_inner(binding: &ConsulBinding, ctx: &Context) -> Result<Actio
     if !outcome.rolled.is_empty() {
         rolled_out(ctx, binding, &status, &outcome, &contents).await;
     } else if plan.baseline && previous.applied_checksum.is_none() {
-        let note = format!(
-            "recorded checksum {} as the baseline; nothing was restarted",
-            short(&status)
-        );
-        publish(
-            ctx,
-            &binding.object_ref(&()),
-            EventType::Normal,
-            conditions::reason::BASELINED,
-            note,
-        )
-        .await;
+        let note = format!("recorded checksum {} as the baseline; nothing was restarted", short(&status));
+        publish(ctx, &binding.object_ref(&()), EventType::Normal, conditions::reason::BASELINED, note).await;
     }
     report(ctx, binding, &previous, &status).await?;
 
@@ -223,10 +189,7 @@ async fn reconcile_inner(binding: &ConsulBinding, ctx: &Context) -> Result<Actio
         Duration::from_secs(10)
     };
     Ok(match plan.wake_at {
-        Some(at) => Action::requeue(
-            at.saturating_duration_since(Instant::now())
-                .max(Duration::from_millis(50)),
-        ),
+        Some(at) => Action::requeue(at.saturating_duration_since(Instant::now()).max(Duration::from_millis(50))),
         None => Action::requeue(retry),
     })
 }
@@ -240,10 +203,7 @@ pub fn error_policy(binding: Arc<ConsulBinding>, error: &Error, _ctx: Arc<Contex
 pub fn validate(spec: &ConsulBindingSpec) -> Result<Window, String> {
     for target in &spec.targets {
         if target.name.is_some() == target.selector.is_some() {
-            return Err(format!(
-                "each {} target needs exactly one of name and selector",
-                target.kind
-            ));
+            return Err(format!("each {} target needs exactly one of name and selector", target.kind));
         }
         if let Some(error) = workloads::selector_error(target) {
             return Err(error);
@@ -263,44 +223,24 @@ async fn token(
     namespace: &str,
     spec: &ConsulBindingSpec,
 ) -> Result<Result<Option<Token>, String>, Error> {
-    let Some(secret_ref) = spec
-        .consul
-        .as_ref()
-        .and_then(|c| c.token_secret_ref.as_ref())
-    else {
+    let Some(secret_ref) = spec.consul.as_ref().and_then(|c| c.token_secret_ref.as_ref()) else {
         return Ok(Ok(None));
     };
     let key = secret_ref.key.as_deref().unwrap_or("token");
-    let secret = match Api::<Secret>::namespaced(ctx.client.clone(), namespace)
-        .get_opt(&secret_ref.name)
-        .await
-    {
+    let secret = match Api::<Secret>::namespaced(ctx.client.clone(), namespace).get_opt(&secret_ref.name).await {
         Ok(Some(secret)) => secret,
         Ok(None) => {
-            return Ok(Err(format!(
-                "token Secret {:?} not found in namespace {namespace}",
-                secret_ref.name
-            )));
+            return Ok(Err(format!("token Secret {:?} not found in namespace {namespace}", secret_ref.name)));
         }
         Err(kube::Error::Api(status)) if status.code == 403 => {
-            return Ok(Err(format!(
-                "the controller may not read Secret {:?}: {}",
-                secret_ref.name, status.message
-            )));
+            return Ok(Err(format!("the controller may not read Secret {:?}: {}", secret_ref.name, status.message)));
         }
         Err(e) => return Err(Error::Secret(e)),
     };
-    let value = secret
-        .data
-        .as_ref()
-        .and_then(|d| d.get(key))
-        .map(|v| String::from_utf8_lossy(&v.0).trim().to_owned());
+    let value = secret.data.as_ref().and_then(|d| d.get(key)).map(|v| String::from_utf8_lossy(&v.0).trim().to_owned());
     Ok(match value {
         Some(token) if !token.is_empty() => Ok(Some(Token::new(token))),
-        _ => Err(format!(
-            "token Secret {:?} has no non-empty key {key:?}",
-            secret_ref.name
-        )),
+        _ => Err(format!("token Secret {:?} has no non-empty key {key:?}", secret_ref.name)),
     })
 }
 
@@ -325,10 +265,7 @@ fn consul_view<'a>(spec: &'a ConsulBindingSpec, states: &'a [KeyState]) -> Consu
         match state {
             KeyState::Pending => return Consul::Waiting,
             KeyState::Failed { reason, message } => {
-                return Consul::Failed {
-                    reason,
-                    message: format!("reading {:?}: {message}", source.key),
-                };
+                return Consul::Failed { reason, message: format!("reading {:?}: {message}", source.key) };
             }
             KeyState::Ready { entries, .. } => contents.push(KeyContent { source, entries }),
         }
@@ -336,32 +273,26 @@ fn consul_view<'a>(spec: &'a ConsulBindingSpec, states: &'a [KeyState]) -> Consu
     Consul::Ready(contents)
 }
 
-fn invalid_status(
-    binding: &ConsulBinding,
-    previous: &ConsulBindingStatus,
-    message: &str,
-) -> ConsulBindingStatus {
+fn invalid_status(binding: &ConsulBinding, previous: &ConsulBindingStatus, message: &str) -> ConsulBindingStatus {
     let now = Time(Timestamp::now());
     let mut status = previous.clone();
     status.observed_generation = binding.metadata.generation;
     let keep = |type_: &str| {
-        previous.conditions.iter().find(|c| {
-            c.type_ == type_ && c.status == "False" && c.reason == conditions::reason::INVALID_SPEC
-        })
+        previous
+            .conditions
+            .iter()
+            .find(|c| c.type_ == type_ && c.status == "False" && c.reason == conditions::reason::INVALID_SPEC)
     };
     status.conditions = [conditions::READY, conditions::TARGETS_UPDATED]
         .into_iter()
-        .map(
-            |type_| k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
-                type_: type_.into(),
-                status: "False".into(),
-                reason: conditions::reason::INVALID_SPEC.into(),
-                message: message.into(),
-                observed_generation: binding.metadata.generation,
-                last_transition_time: keep(type_)
-                    .map_or_else(|| now.clone(), |c| c.last_transition_time.clone()),
-            },
-        )
+        .map(|type_| k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+            type_: type_.into(),
+            status: "False".into(),
+            reason: conditions::reason::INVALID_SPEC.into(),
+            message: message.into(),
+            observed_generation: binding.metadata.generation,
+            last_transition_time: keep(type_).map_or_else(|| now.clone(), |c| c.last_transition_time.clone()),
+        })
         .collect();
     status
 }
@@ -379,46 +310,22 @@ async fn rolled_out(
 ) {
     let namespace = binding.namespace().unwrap_or_default();
     let name = binding.name_any();
-    let list: Vec<String> = outcome
-        .rolled
-        .iter()
-        .map(|(k, n)| format!("{k}/{n}"))
-        .collect();
-    let checksum = status
-        .applied_checksum
-        .as_deref()
-        .map_or("-", checksum::short)
-        .to_owned();
+    let list: Vec<String> = outcome.rolled.iter().map(|(k, n)| format!("{k}/{n}")).collect();
+    let checksum = status.applied_checksum.as_deref().map_or("-", checksum::short).to_owned();
     info!(binding = %format!("{namespace}/{name}"), %checksum, targets = %list.join(", "), "rolled out Consul change");
     let changed_at = contents.iter().filter_map(|s| match s {
         KeyState::Ready { changed_at, .. } => Some(*changed_at),
         _ => None,
     });
     if let Some(latest) = changed_at.max() {
-        ctx.metrics
-            .change_to_rollout
-            .observe(latest.elapsed().as_secs_f64());
+        ctx.metrics.change_to_rollout.observe(latest.elapsed().as_secs_f64());
     }
-    let note = format!(
-        "rolled out Consul content {checksum} to {}",
-        list.join(", ")
-    );
-    publish(
-        ctx,
-        &binding.object_ref(&()),
-        EventType::Normal,
-        conditions::reason::ROLLED_OUT,
-        note,
-    )
-    .await;
+    let note = format!("rolled out Consul content {checksum} to {}", list.join(", "));
+    publish(ctx, &binding.object_ref(&()), EventType::Normal, conditions::reason::ROLLED_OUT, note).await;
     for (kind, workload) in &outcome.rolled {
         ctx.metrics
             .rollouts
-            .get_or_create(&RolloutLabels {
-                namespace: namespace.clone(),
-                binding: name.clone(),
-                kind: kind.as_str(),
-            })
+            .get_or_create(&RolloutLabels { namespace: namespace.clone(), binding: name.clone(), kind: kind.as_str() })
             .inc();
         let reference = ObjectReference {
             api_version: Some("apps/v1".into()),
@@ -427,17 +334,9 @@ async fn rolled_out(
             name: Some(workload.clone()),
             ..ObjectReference::default()
         };
-        let note = format!(
-            "ConsulBinding {name} changed the pod template annotation to {checksum} after a Consul change"
-        );
-        publish(
-            ctx,
-            &reference,
-            EventType::Normal,
-            conditions::reason::ROLLED_OUT,
-            note,
-        )
-        .await;
+        let note =
+            format!("ConsulBinding {name} changed the pod template annotation to {checksum} after a Consul change");
+        publish(ctx, &reference, EventType::Normal, conditions::reason::ROLLED_OUT, note).await;
     }
 }
 
@@ -449,12 +348,7 @@ async fn report(
     status: &ConsulBindingStatus,
 ) -> Result<(), Error> {
     let oref = BindingRef::from_obj(binding);
-    let ready = |s: &ConsulBindingStatus| {
-        s.conditions
-            .iter()
-            .find(|c| c.type_ == conditions::READY)
-            .cloned()
-    };
+    let ready = |s: &ConsulBindingStatus| s.conditions.iter().find(|c| c.type_ == conditions::READY).cloned();
     let (old, new) = (ready(previous), ready(status));
     if let Some(new) = &new {
         ctx.set_ready(
@@ -465,73 +359,41 @@ async fn report(
                 _ => "Unknown",
             }),
         );
-        let is_new_problem =
-            new.status == "False" && old.as_ref().is_none_or(|o| o.reason != new.reason);
-        let quiet = [
-            conditions::reason::PENDING,
-            conditions::reason::SUSPENDED,
-            conditions::reason::WAITING_FOR_CONSUL,
-        ];
+        let is_new_problem = new.status == "False" && old.as_ref().is_none_or(|o| o.reason != new.reason);
+        let quiet =
+            [conditions::reason::PENDING, conditions::reason::SUSPENDED, conditions::reason::WAITING_FOR_CONSUL];
         if is_new_problem && !quiet.contains(&new.reason.as_str()) {
             warn!(binding = %oref, reason = %new.reason, message = %new.message, "binding not ready");
-            publish(
-                ctx,
-                &binding.object_ref(&()),
-                EventType::Warning,
-                &new.reason,
-                new.message.clone(),
-            )
-            .await;
+            publish(ctx, &binding.object_ref(&()), EventType::Warning, &new.reason, new.message.clone()).await;
         }
     }
     if !needs_write(previous, status) {
         return Ok(());
     }
-    let api: Api<ConsulBinding> =
-        Api::namespaced(ctx.client.clone(), &binding.namespace().unwrap_or_default());
-    let patch = json!({ "apiVersion": ConsulBinding::api_version(&()), "kind": ConsulBinding::kind(&()), "status": status });
-    api.patch_status(
-        &binding.name_any(),
-        &PatchParams::apply(STATUS_MANAGER).force(),
-        &Patch::Apply(&patch),
-    )
-    .await
-    .map_err(Error::Status)?;
+    let api: Api<ConsulBinding> = Api::namespaced(ctx.client.clone(), &binding.namespace().unwrap_or_default());
+    let patch =
+        json!({ "apiVersion": ConsulBinding::api_version(&()), "kind": ConsulBinding::kind(&()), "status": status });
+    api.patch_status(&binding.name_any(), &PatchParams::apply(STATUS_MANAGER).force(), &Patch::Apply(&patch))
+        .await
+        .map_err(Error::Status)?;
     Ok(())
 }
 
 /// Skips writes that would only move the sync time forward by less than a resync period, so
 /// that reconciles caused by workload churn cost no API writes.
 fn needs_write(previous: &ConsulBindingStatus, status: &ConsulBindingStatus) -> bool {
-    let strip = |s: &ConsulBindingStatus| ConsulBindingStatus {
-        last_sync_time: None,
-        ..s.clone()
-    };
+    let strip = |s: &ConsulBindingStatus| ConsulBindingStatus { last_sync_time: None, ..s.clone() };
     if strip(previous) != strip(status) {
         return true;
     }
     match (&previous.last_sync_time, &status.last_sync_time) {
-        (Some(old), Some(new)) => {
-            new.0.duration_since(old.0).as_secs() >= (RESYNC.as_secs() as i64) / 2
-        }
+        (Some(old), Some(new)) => new.0.duration_since(old.0).as_secs() >= (RESYNC.as_secs() as i64) / 2,
         (old, new) => old != new,
     }
 }
 
-async fn publish(
-    ctx: &Context,
-    reference: &ObjectReference,
-    type_: EventType,
-    reason: &str,
-    note: String,
-) {
-    let event = Event {
-        type_,
-        reason: reason.into(),
-        note: Some(note),
-        action: "Reconcile".into(),
-        secondary: None,
-    };
+async fn publish(ctx: &Context, reference: &ObjectReference, type_: EventType, reason: &str, note: String) {
+    let event = Event { type_, reason: reason.into(), note: Some(note), action: "Reconcile".into(), secondary: None };
     if let Err(error) = ctx.recorder.publish(&event, reference).await {
         warn!(%error, reason, "could not record event");
     }
@@ -544,60 +406,29 @@ mod tests {
     use super::*;
 
     fn spec(target: TargetRef, rollout: Option<RolloutPolicy>) -> ConsulBindingSpec {
-        ConsulBindingSpec {
-            targets: vec![target],
-            rollout,
-            ..Default::default()
-        }
+        ConsulBindingSpec { targets: vec![target], rollout, ..Default::default() }
     }
 
     fn named() -> TargetRef {
-        TargetRef {
-            kind: WorkloadKind::Deployment,
-            name: Some("web".into()),
-            selector: None,
-        }
+        TargetRef { kind: WorkloadKind::Deployment, name: Some("web".into()), selector: None }
     }
 
     #[test]
     fn defaults_apply_and_durations_parse() {
-        assert_eq!(
-            validate(&spec(named(), None)),
-            Ok(Window {
-                quiet: DEFAULT_QUIET,
-                max: DEFAULT_MAX
-            })
-        );
-        let rollout = RolloutPolicy {
-            quiet_period: Some("1m".into()),
-            max_delay: Some("5m".into()),
-            on_bind: false,
-        };
+        assert_eq!(validate(&spec(named(), None)), Ok(Window { quiet: DEFAULT_QUIET, max: DEFAULT_MAX }));
+        let rollout = RolloutPolicy { quiet_period: Some("1m".into()), max_delay: Some("5m".into()), on_bind: false };
         assert_eq!(
             validate(&spec(named(), Some(rollout))),
-            Ok(Window {
-                quiet: Duration::from_secs(60),
-                max: Duration::from_secs(300)
-            })
+            Ok(Window { quiet: Duration::from_secs(60), max: Duration::from_secs(300) })
         );
     }
 
     #[test]
     fn a_target_needs_exactly_one_of_name_and_selector() {
-        let both = TargetRef {
-            selector: Some(Default::default()),
-            ..named()
-        };
-        let neither = TargetRef {
-            name: None,
-            ..named()
-        };
+        let both = TargetRef { selector: Some(Default::default()), ..named() };
+        let neither = TargetRef { name: None, ..named() };
         for target in [both, neither] {
-            assert!(
-                validate(&spec(target, None))
-                    .unwrap_err()
-                    .contains("exactly one of name and selector")
-            );
+            assert!(validate(&spec(target, None)).unwrap_err().contains("exactly one of name and selector"));
         }
     }
 
@@ -607,22 +438,12 @@ mod tests {
             last_sync_time: Some(Time("2026-01-01T00:00:00Z".parse().unwrap())),
             ..Default::default()
         };
-        let soon = ConsulBindingStatus {
-            last_sync_time: Some(Time("2026-01-01T00:00:10Z".parse().unwrap())),
-            ..old.clone()
-        };
-        let later = ConsulBindingStatus {
-            last_sync_time: Some(Time("2026-01-01T00:10:00Z".parse().unwrap())),
-            ..old.clone()
-        };
+        let soon =
+            ConsulBindingStatus { last_sync_time: Some(Time("2026-01-01T00:00:10Z".parse().unwrap())), ..old.clone() };
+        let later =
+            ConsulBindingStatus { last_sync_time: Some(Time("2026-01-01T00:10:00Z".parse().unwrap())), ..old.clone() };
         assert!(!needs_write(&old, &soon));
         assert!(needs_write(&old, &later));
-        assert!(needs_write(
-            &old,
-            &ConsulBindingStatus {
-                applied_checksum: Some("x".into()),
-                ..soon
-            }
-        ));
+        assert!(needs_write(&old, &ConsulBindingStatus { applied_checksum: Some("x".into()), ..soon }));
     }
 }

@@ -26,15 +26,9 @@ pub enum KeyState {
     Pending,
     /// Entries sorted by key; empty when the key or prefix is missing. `changed_at` is when
     /// this content was first seen.
-    Ready {
-        entries: Arc<[KvEntry]>,
-        changed_at: std::time::Instant,
-    },
+    Ready { entries: Arc<[KvEntry]>, changed_at: std::time::Instant },
     /// The last request failed; retried with backoff.
-    Failed {
-        reason: &'static str,
-        message: String,
-    },
+    Failed { reason: &'static str, message: String },
 }
 
 /// Called with each binding a watch wants reconciled.
@@ -80,12 +74,7 @@ pub struct WatchInfo {
 
 impl Watches {
     pub fn new(client: Client, wake: Wake, metrics: Arc<Metrics>) -> Self {
-        Self {
-            client,
-            wake,
-            metrics,
-            inner: Arc::default(),
-        }
+        Self { client, wake, metrics, inner: Arc::default() }
     }
 
     /// Makes `binding` subscribe to exactly `queries`, starting watches as needed and releasing
@@ -98,18 +87,12 @@ impl Watches {
             inner.unsubscribe(binding, query);
         }
         for query in &wanted {
-            let watch = inner
-                .watches
-                .entry(query.clone())
-                .or_insert_with(|| self.start(query.clone()));
+            let watch = inner.watches.entry(query.clone()).or_insert_with(|| self.start(query.clone()));
             watch.subscribers.lock().unwrap().insert(binding.clone());
         }
         inner.by_binding.insert(binding.clone(), wanted);
         self.metrics.consul_watches.set(inner.watches.len() as i64);
-        queries
-            .iter()
-            .map(|q| inner.watches[q].state.borrow().clone())
-            .collect()
+        queries.iter().map(|q| inner.watches[q].state.borrow().clone()).collect()
     }
 
     /// Releases every watch of a binding that is gone.
@@ -124,15 +107,8 @@ impl Watches {
     /// Releases the watches of every binding for which `keep` is false, for bindings whose
     /// deletion was missed while the binding watch was down.
     pub fn retain(&self, keep: impl Fn(&BindingRef) -> bool) {
-        let gone: Vec<BindingRef> = self
-            .inner
-            .lock()
-            .unwrap()
-            .by_binding
-            .keys()
-            .filter(|b| !keep(b))
-            .cloned()
-            .collect();
+        let gone: Vec<BindingRef> =
+            self.inner.lock().unwrap().by_binding.keys().filter(|b| !keep(b)).cloned().collect();
         for binding in gone {
             self.release(&binding);
         }
@@ -144,13 +120,8 @@ impl Watches {
             .watches
             .iter()
             .map(|(q, w)| {
-                let mut subscribers: Vec<String> = w
-                    .subscribers
-                    .lock()
-                    .unwrap()
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect();
+                let mut subscribers: Vec<String> =
+                    w.subscribers.lock().unwrap().iter().map(ToString::to_string).collect();
                 subscribers.sort();
                 WatchInfo {
                     key: q.key.clone(),
@@ -172,27 +143,10 @@ impl Watches {
         let subscribers: Arc<Mutex<HashSet<BindingRef>>> = Arc::default();
         let notify = {
             let (subscribers, wake) = (subscribers.clone(), self.wake.clone());
-            move || {
-                subscribers
-                    .lock()
-                    .unwrap()
-                    .iter()
-                    .cloned()
-                    .for_each(|b| wake(b))
-            }
+            move || subscribers.lock().unwrap().iter().cloned().for_each(|b| wake(b))
         };
-        let task = tokio::spawn(run(
-            self.client.clone(),
-            query,
-            tx,
-            notify,
-            self.metrics.clone(),
-        ));
-        Watch {
-            state: rx,
-            subscribers,
-            task,
-        }
+        let task = tokio::spawn(run(self.client.clone(), query, tx, notify, self.metrics.clone()));
+        Watch { state: rx, subscribers, task }
     }
 }
 
@@ -212,13 +166,7 @@ impl Inner {
 }
 
 /// Follows one query with blocking requests until aborted.
-async fn run(
-    client: Client,
-    query: KvQuery,
-    state: watch::Sender<KeyState>,
-    notify: impl Fn(),
-    metrics: Arc<Metrics>,
-) {
+async fn run(client: Client, query: KvQuery, state: watch::Sender<KeyState>, notify: impl Fn(), metrics: Arc<Metrics>) {
     let mut last_index = 0;
     let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
     loop {
@@ -232,10 +180,8 @@ async fn run(
                 let changed = state.send_if_modified(|current| match current {
                     KeyState::Ready { entries, .. } if **entries == *response.entries => false,
                     _ => {
-                        *current = KeyState::Ready {
-                            entries: response.entries.into(),
-                            changed_at: std::time::Instant::now(),
-                        };
+                        *current =
+                            KeyState::Ready { entries: response.entries.into(), changed_at: std::time::Instant::now() };
                         true
                     }
                 });
@@ -254,10 +200,7 @@ async fn run(
                 let delay = backoff.next_delay();
                 warn!(key = %query.key, %error, retry_in = ?delay, "Consul read failed");
                 let changed = state.send_if_modified(|current| match current {
-                    KeyState::Failed {
-                        reason: r,
-                        message: m,
-                    } if *r == reason && *m == message => false,
+                    KeyState::Failed { reason: r, message: m } if *r == reason && *m == message => false,
                     _ => {
                         *current = KeyState::Failed { reason, message };
                         true

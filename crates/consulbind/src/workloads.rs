@@ -45,21 +45,11 @@ pub struct Resolved {
 impl Workloads {
     /// Starts the caches. The returned stream must be polled to keep them current; it yields
     /// when a workload appears, disappears or changes labels, never for mere status updates.
-    pub fn start(
-        client: &Client,
-        namespace: Option<&str>,
-    ) -> (Self, impl Stream<Item = Touched> + Send + 'static) {
+    pub fn start(client: &Client, namespace: Option<&str>) -> (Self, impl Stream<Item = Touched> + Send + 'static) {
         let (deployments, d) = cache::<Deployment>(client, namespace, WorkloadKind::Deployment);
         let (statefulsets, s) = cache::<StatefulSet>(client, namespace, WorkloadKind::StatefulSet);
         let (daemonsets, ds) = cache::<DaemonSet>(client, namespace, WorkloadKind::DaemonSet);
-        (
-            Self {
-                deployments,
-                statefulsets,
-                daemonsets,
-            },
-            futures::stream::select_all([d, s, ds]),
-        )
+        (Self { deployments, statefulsets, daemonsets }, futures::stream::select_all([d, s, ds]))
     }
 
     pub async fn wait_until_ready(&self) -> Result<(), reflector::store::WriterDropped> {
@@ -86,10 +76,7 @@ impl Workloads {
             }
             found.extend(names.into_iter().map(|n| (target.kind, n)));
         }
-        Resolved {
-            found: found.into_iter().collect(),
-            missing,
-        }
+        Resolved { found: found.into_iter().collect(), missing }
     }
 }
 
@@ -97,10 +84,7 @@ fn cache<K>(
     client: &Client,
     namespace: Option<&str>,
     kind: WorkloadKind,
-) -> (
-    Store<PartialObjectMeta<K>>,
-    futures::stream::BoxStream<'static, Touched>,
-)
+) -> (Store<PartialObjectMeta<K>>, futures::stream::BoxStream<'static, Touched>)
 where
     K: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
         + Clone
@@ -116,60 +100,40 @@ where
     };
     let (reader, writer) = reflector::store();
     let mut seen = std::collections::HashMap::new();
-    let stream = reflector::reflector(
-        writer,
-        watcher(api, watcher::Config::default()).default_backoff(),
-    )
-    .filter_map(move |event| {
-        let touched = match event {
-            Ok(watcher::Event::Apply(obj) | watcher::Event::InitApply(obj)) => {
-                let signature = (obj.uid(), obj.labels().clone());
-                (seen.insert(ObjectRef::from_obj(&obj), signature.clone()) != Some(signature))
-                    .then_some(obj)
-            }
-            Ok(watcher::Event::Delete(obj)) => {
-                seen.remove(&ObjectRef::from_obj(&obj));
-                Some(obj)
-            }
-            _ => None,
-        };
-        futures::future::ready(touched.map(|obj| Touched {
-            kind,
-            namespace: obj.namespace().unwrap_or_default(),
-        }))
-    })
-    .boxed();
+    let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()).default_backoff())
+        .filter_map(move |event| {
+            let touched = match event {
+                Ok(watcher::Event::Apply(obj) | watcher::Event::InitApply(obj)) => {
+                    let signature = (obj.uid(), obj.labels().clone());
+                    (seen.insert(ObjectRef::from_obj(&obj), signature.clone()) != Some(signature)).then_some(obj)
+                }
+                Ok(watcher::Event::Delete(obj)) => {
+                    seen.remove(&ObjectRef::from_obj(&obj));
+                    Some(obj)
+                }
+                _ => None,
+            };
+            futures::future::ready(touched.map(|obj| Touched { kind, namespace: obj.namespace().unwrap_or_default() }))
+        })
+        .boxed();
     (reader, stream)
 }
 
-fn select<K>(
-    store: &Store<PartialObjectMeta<K>>,
-    namespace: &str,
-    target: &TargetRef,
-) -> Vec<String>
+fn select<K>(store: &Store<PartialObjectMeta<K>>, namespace: &str, target: &TargetRef) -> Vec<String>
 where
     K: Resource<DynamicType = ()> + Clone,
 {
     if let Some(name) = &target.name {
         let key = ObjectRef::<PartialObjectMeta<K>>::new(name).within(namespace);
-        return store
-            .get(&key)
-            .map(|_| vec![name.clone()])
-            .unwrap_or_default();
+        return store.get(&key).map(|_| vec![name.clone()]).unwrap_or_default();
     }
-    let Some(selector) = target
-        .selector
-        .clone()
-        .and_then(|s| Selector::try_from(s).ok())
-    else {
+    let Some(selector) = target.selector.clone().and_then(|s| Selector::try_from(s).ok()) else {
         return Vec::new();
     };
     let mut names: Vec<String> = store
         .state()
         .iter()
-        .filter(|obj| {
-            obj.namespace().as_deref() == Some(namespace) && selector.matches(obj.labels())
-        })
+        .filter(|obj| obj.namespace().as_deref() == Some(namespace) && selector.matches(obj.labels()))
         .map(|obj| obj.name_any())
         .collect();
     names.sort();
@@ -195,25 +159,20 @@ pub async fn stamp(
     let params = PatchParams::apply(field_manager).force();
     let patch = Patch::Apply(&body);
     match kind {
-        WorkloadKind::Deployment => Api::<Deployment>::namespaced(client.clone(), namespace)
-            .patch(name, &params, &patch)
-            .await
-            .map(drop),
-        WorkloadKind::StatefulSet => Api::<StatefulSet>::namespaced(client.clone(), namespace)
-            .patch(name, &params, &patch)
-            .await
-            .map(drop),
-        WorkloadKind::DaemonSet => Api::<DaemonSet>::namespaced(client.clone(), namespace)
-            .patch(name, &params, &patch)
-            .await
-            .map(drop),
+        WorkloadKind::Deployment => {
+            Api::<Deployment>::namespaced(client.clone(), namespace).patch(name, &params, &patch).await.map(drop)
+        }
+        WorkloadKind::StatefulSet => {
+            Api::<StatefulSet>::namespaced(client.clone(), namespace).patch(name, &params, &patch).await.map(drop)
+        }
+        WorkloadKind::DaemonSet => {
+            Api::<DaemonSet>::namespaced(client.clone(), namespace).patch(name, &params, &patch).await.map(drop)
+        }
     }
 }
 
 /// Whether `selector` is usable, for spec validation.
 pub fn selector_error(target: &TargetRef) -> Option<String> {
     let selector = target.selector.clone()?;
-    Selector::try_from(selector)
-        .err()
-        .map(|e| format!("invalid selector on {} target: {e}", target.kind))
+    Selector::try_from(selector).err().map(|e| format!("invalid selector on {} target: {e}", target.kind))
 }

@@ -1,6 +1,8 @@
 //! End-to-end scenarios against a real kube-apiserver, kube-controller-manager and Consul,
 //! with the real controller binary. Each test has its own namespace and controller.
 
+mod operations;
+mod rbac;
 mod support;
 
 use consulbind_api::conditions::{self, reason};
@@ -22,10 +24,8 @@ async fn bound_deployment(s: &Scene, key: &str, quiet: &str) {
     s.put(key, "v1").await;
     s.workload(DEPLOY, "web", json!({})).await;
     s.wait_revisions(DEPLOY, "web", 1).await;
-    s.binding("cfg", spec(json!([{"key": key}]), deploy("web"), quiet))
-        .await;
-    s.wait_condition("cfg", conditions::READY, "True", reason::BASELINED)
-        .await;
+    s.binding("cfg", spec(json!([{"key": key}]), deploy("web"), quiet)).await;
+    s.wait_condition("cfg", conditions::READY, "True", reason::BASELINED).await;
     s.wait_revisions(DEPLOY, "web", 1).await;
 }
 
@@ -42,9 +42,7 @@ async fn value_change_rolls_out_once_and_updates_status() {
 
     s.put(&key, "v2").await;
     s.wait_revisions(DEPLOY, "web", 2).await;
-    let binding = s
-        .wait_condition("cfg", conditions::READY, "True", reason::UP_TO_DATE)
-        .await;
+    let binding = s.wait_condition("cfg", conditions::READY, "True", reason::UP_TO_DATE).await;
     let status = binding.status.unwrap();
     assert_ne!(status.applied_checksum, before.applied_checksum);
     assert!(status.last_change_time.is_some());
@@ -53,28 +51,14 @@ async fn value_change_rolls_out_once_and_updates_status() {
     assert_eq!(Some(&target.checksum), status.applied_checksum.as_ref());
     assert!(target.last_rolled_time.is_some());
     let annotations = s.template_annotations(DEPLOY, "web").await;
-    assert_eq!(
-        annotations.get("checksum.consulbind.dev/cfg"),
-        status.applied_checksum.as_ref()
-    );
+    assert_eq!(annotations.get("checksum.consulbind.dev/cfg"), status.applied_checksum.as_ref());
 
     let table = s.kubectl(&["get", "consulbindings", "cfg"]);
     let short = status.short_checksum.unwrap();
-    assert!(
-        table.contains(&short) && table.contains("True") && table.contains("1/1"),
-        "{table}"
-    );
+    assert!(table.contains(&short) && table.contains("True") && table.contains("1/1"), "{table}");
     let events = s.events_for("cfg").await;
-    assert!(
-        events.iter().any(|(r, _)| r == reason::ROLLED_OUT),
-        "{events:?}"
-    );
-    assert!(
-        s.events_for("web")
-            .await
-            .iter()
-            .any(|(r, n)| r == reason::ROLLED_OUT && n.contains("cfg"))
-    );
+    assert!(events.iter().any(|(r, _)| r == reason::ROLLED_OUT), "{events:?}");
+    assert!(s.events_for("web").await.iter().any(|(r, n)| r == reason::ROLLED_OUT && n.contains("cfg")));
     s.finish().await;
 }
 
@@ -108,21 +92,14 @@ async fn changes_inside_the_quiet_period_roll_once() {
     }
     s.workload(DEPLOY, "web", json!({})).await;
     let key_list: Vec<_> = keys.iter().map(|k| json!({"key": k})).collect();
-    s.binding("cfg", spec(json!(key_list), deploy("web"), "3s"))
-        .await;
-    s.wait_condition("cfg", conditions::READY, "True", reason::BASELINED)
-        .await;
+    s.binding("cfg", spec(json!(key_list), deploy("web"), "3s")).await;
+    s.wait_condition("cfg", conditions::READY, "True", reason::BASELINED).await;
     for key in &keys {
         s.put(key, "v2").await;
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     }
-    s.wait_condition("cfg", conditions::READY, "False", reason::PENDING)
-        .await;
-    assert_eq!(
-        s.revisions(DEPLOY, "web").await,
-        1,
-        "rolled before the quiet period ended"
-    );
+    s.wait_condition("cfg", conditions::READY, "False", reason::PENDING).await;
+    assert_eq!(s.revisions(DEPLOY, "web").await, 1, "rolled before the quiet period ended");
     s.wait_revisions(DEPLOY, "web", 2).await;
     s.finish().await;
 }
@@ -144,8 +121,7 @@ async fn restart_without_change_does_not_roll_and_change_while_down_rolls_once()
     s.put(&key, "changed while down").await;
     s.start_controller(&[]).await;
     s.wait_revisions(DEPLOY, "web", 2).await;
-    s.wait_condition("cfg", conditions::READY, "True", reason::UP_TO_DATE)
-        .await;
+    s.wait_condition("cfg", conditions::READY, "True", reason::UP_TO_DATE).await;
     s.finish().await;
 }
 
@@ -157,17 +133,8 @@ async fn adding_or_removing_a_key_under_a_prefix_rolls_once() {
     let prefix = s.key("features/");
     s.put(&format!("{prefix}a"), "on").await;
     s.workload(DEPLOY, "web", json!({})).await;
-    s.binding(
-        "cfg",
-        spec(
-            json!([{"key": prefix, "recurse": true}]),
-            deploy("web"),
-            "0s",
-        ),
-    )
-    .await;
-    s.wait_condition("cfg", conditions::READY, "True", reason::BASELINED)
-        .await;
+    s.binding("cfg", spec(json!([{"key": prefix, "recurse": true}]), deploy("web"), "0s")).await;
+    s.wait_condition("cfg", conditions::READY, "True", reason::BASELINED).await;
 
     s.put(&format!("{prefix}b"), "on").await;
     s.wait_revisions(DEPLOY, "web", 2).await;
@@ -189,31 +156,18 @@ async fn statefulset_daemonset_and_selected_targets_roll() {
     s.workload("StatefulSet", "db", json!({})).await;
     s.workload("DaemonSet", "agent", json!({})).await;
     s.workload(DEPLOY, "api", json!({"tier": "backend"})).await;
-    s.workload(DEPLOY, "worker", json!({"tier": "backend"}))
-        .await;
-    s.workload(DEPLOY, "frontend", json!({"tier": "frontend"}))
-        .await;
+    s.workload(DEPLOY, "worker", json!({"tier": "backend"})).await;
+    s.workload(DEPLOY, "frontend", json!({"tier": "frontend"})).await;
     let targets = json!([
         {"kind": "StatefulSet", "name": "db"},
         {"kind": "DaemonSet", "name": "agent"},
         {"kind": "Deployment", "selector": {"matchLabels": {"tier": "backend"}}},
     ]);
-    s.binding("cfg", spec(json!([{"key": key}]), targets, "0s"))
-        .await;
-    let binding = s
-        .wait_condition("cfg", conditions::READY, "True", reason::BASELINED)
-        .await;
+    s.binding("cfg", spec(json!([{"key": key}]), targets, "0s")).await;
+    let binding = s.wait_condition("cfg", conditions::READY, "True", reason::BASELINED).await;
     let mut found = support::status_targets(&binding);
     found.sort();
-    assert_eq!(
-        found,
-        [
-            "DaemonSet/agent",
-            "Deployment/api",
-            "Deployment/worker",
-            "StatefulSet/db"
-        ]
-    );
+    assert_eq!(found, ["DaemonSet/agent", "Deployment/api", "Deployment/worker", "StatefulSet/db"]);
     let before = [
         s.revisions("StatefulSet", "db").await,
         s.revisions("DaemonSet", "agent").await,
@@ -225,11 +179,7 @@ async fn statefulset_daemonset_and_selected_targets_roll() {
     s.wait_revisions("DaemonSet", "agent", before[1] + 1).await;
     s.wait_revisions(DEPLOY, "api", before[2] + 1).await;
     s.wait_revisions(DEPLOY, "worker", 2).await;
-    assert_eq!(
-        s.revisions(DEPLOY, "frontend").await,
-        1,
-        "an unselected Deployment rolled"
-    );
+    assert_eq!(s.revisions(DEPLOY, "frontend").await, 1, "an unselected Deployment rolled");
     s.finish().await;
 }
 
@@ -242,30 +192,15 @@ async fn deleted_required_key_holds_until_it_returns_with_new_content() {
     bound_deployment(&s, &key, "0s").await;
 
     s.delete_key(&key).await;
-    let binding = s
-        .wait_condition("cfg", conditions::READY, "False", reason::KEY_MISSING)
-        .await;
-    assert!(
-        binding
-            .status
-            .unwrap()
-            .conditions
-            .iter()
-            .any(|c| c.message.contains(&key))
-    );
+    let binding = s.wait_condition("cfg", conditions::READY, "False", reason::KEY_MISSING).await;
+    assert!(binding.status.unwrap().conditions.iter().any(|c| c.message.contains(&key)));
     tokio::time::sleep(SETTLE).await;
     assert_eq!(s.revisions(DEPLOY, "web").await, 1);
-    assert!(
-        s.events_for("cfg")
-            .await
-            .iter()
-            .any(|(r, _)| r == reason::KEY_MISSING)
-    );
+    assert!(s.events_for("cfg").await.iter().any(|(r, _)| r == reason::KEY_MISSING));
 
     s.put(&key, "v2").await;
     s.wait_revisions(DEPLOY, "web", 2).await;
-    s.wait_condition("cfg", conditions::READY, "True", reason::UP_TO_DATE)
-        .await;
+    s.wait_condition("cfg", conditions::READY, "True", reason::UP_TO_DATE).await;
     s.finish().await;
 }
 
@@ -277,21 +212,18 @@ async fn suspended_binding_rolls_once_on_resume() {
     let key = s.key("config");
     bound_deployment(&s, &key, "0s").await;
 
-    s.binding("cfg", json!({"keys": [{"key": key}], "targets": deploy("web"), "rollout": {"quietPeriod": "0s"}, "suspend": true}))
-        .await;
+    s.binding(
+        "cfg",
+        json!({"keys": [{"key": key}], "targets": deploy("web"), "rollout": {"quietPeriod": "0s"}, "suspend": true}),
+    )
+    .await;
     s.put(&key, "v2").await;
-    s.wait_condition("cfg", conditions::READY, "False", reason::SUSPENDED)
-        .await;
+    s.wait_condition("cfg", conditions::READY, "False", reason::SUSPENDED).await;
     s.put(&key, "v3").await;
     tokio::time::sleep(SETTLE).await;
-    assert_eq!(
-        s.revisions(DEPLOY, "web").await,
-        1,
-        "rolled while suspended"
-    );
+    assert_eq!(s.revisions(DEPLOY, "web").await, 1, "rolled while suspended");
 
-    s.binding("cfg", spec(json!([{"key": key}]), deploy("web"), "0s"))
-        .await;
+    s.binding("cfg", spec(json!([{"key": key}]), deploy("web"), "0s")).await;
     s.wait_revisions(DEPLOY, "web", 2).await;
     s.finish().await;
 }
@@ -305,48 +237,24 @@ async fn two_bindings_on_one_deployment_keep_their_own_annotations() {
     s.put(&a, "1").await;
     s.put(&b, "1").await;
     s.workload(DEPLOY, "web", json!({})).await;
-    s.binding("first", spec(json!([{"key": a}]), deploy("web"), "0s"))
-        .await;
-    s.binding("second", spec(json!([{"key": b}]), deploy("web"), "0s"))
-        .await;
-    s.wait_condition("first", conditions::READY, "True", reason::BASELINED)
-        .await;
-    s.wait_condition("second", conditions::READY, "True", reason::BASELINED)
-        .await;
+    s.binding("first", spec(json!([{"key": a}]), deploy("web"), "0s")).await;
+    s.binding("second", spec(json!([{"key": b}]), deploy("web"), "0s")).await;
+    s.wait_condition("first", conditions::READY, "True", reason::BASELINED).await;
+    s.wait_condition("second", conditions::READY, "True", reason::BASELINED).await;
 
     s.put(&a, "2").await;
     s.wait_revisions(DEPLOY, "web", 2).await;
     s.put(&b, "2").await;
     s.wait_revisions(DEPLOY, "web", 3).await;
     let annotations = s.template_annotations(DEPLOY, "web").await;
-    let first = s
-        .get_binding("first")
-        .await
-        .status
-        .unwrap()
-        .applied_checksum;
-    let second = s
-        .get_binding("second")
-        .await
-        .status
-        .unwrap()
-        .applied_checksum;
-    assert_eq!(
-        annotations.get("checksum.consulbind.dev/first"),
-        first.as_ref()
-    );
-    assert_eq!(
-        annotations.get("checksum.consulbind.dev/second"),
-        second.as_ref()
-    );
+    let first = s.get_binding("first").await.status.unwrap().applied_checksum;
+    let second = s.get_binding("second").await.status.unwrap().applied_checksum;
+    assert_eq!(annotations.get("checksum.consulbind.dev/first"), first.as_ref());
+    assert_eq!(annotations.get("checksum.consulbind.dev/second"), second.as_ref());
 
     s.put(&a, "3").await;
     s.wait_revisions(DEPLOY, "web", 4).await;
-    assert!(
-        s.template_annotations(DEPLOY, "web")
-            .await
-            .contains_key("checksum.consulbind.dev/second")
-    );
+    assert!(s.template_annotations(DEPLOY, "web").await.contains_key("checksum.consulbind.dev/second"));
     s.finish().await;
 }
 
@@ -357,16 +265,8 @@ async fn api_server_refuses_invalid_bindings() {
     };
     let ok_keys = json!([{"key": "k"}]);
     let cases = [
-        (
-            "no keys",
-            json!({"keys": [], "targets": deploy("web")}),
-            "spec.keys",
-        ),
-        (
-            "no targets",
-            json!({"keys": ok_keys, "targets": []}),
-            "spec.targets",
-        ),
+        ("no keys", json!({"keys": [], "targets": deploy("web")}), "spec.keys"),
+        ("no targets", json!({"keys": ok_keys, "targets": []}), "spec.targets"),
         (
             "unknown kind",
             json!({"keys": ok_keys, "targets": [{"kind": "CronJob", "name": "x"}]}),
@@ -382,11 +282,7 @@ async fn api_server_refuses_invalid_bindings() {
             json!({"keys": ok_keys, "targets": [{"kind": "Deployment", "name": "a", "selector": {}}]}),
             "oneOf",
         ),
-        (
-            "neither name nor selector",
-            json!({"keys": ok_keys, "targets": [{"kind": "Deployment"}]}),
-            "spec.targets",
-        ),
+        ("neither name nor selector", json!({"keys": ok_keys, "targets": [{"kind": "Deployment"}]}), "spec.targets"),
     ];
     for (case, spec, expected) in cases {
         let manifest = json!({"apiVersion": "consulbind.dev/v1alpha1", "kind": "ConsulBinding", "metadata": {"name": "bad"}, "spec": spec});
@@ -407,23 +303,12 @@ async fn deleting_a_binding_stops_its_watch_and_leaves_the_workload() {
     s.wait_revisions(DEPLOY, "web", 2).await;
     let watches = s.controller().get("/debug/watches").await;
     assert!(watches.contains(&key), "{watches}");
-    assert!(
-        s.controller()
-            .get("/metrics")
-            .await
-            .contains("consulbind_consul_watches 1")
-    );
+    assert!(s.controller().get("/metrics").await.contains("consulbind_consul_watches 1"));
 
     let annotations = s.template_annotations(DEPLOY, "web").await;
-    s.bindings()
-        .delete("cfg", &Default::default())
-        .await
-        .unwrap();
+    s.bindings().delete("cfg", &Default::default()).await.unwrap();
     support::wait("the watch to stop", || async {
-        Ok(s.controller()
-            .get("/metrics")
-            .await
-            .contains("consulbind_consul_watches 0"))
+        Ok(s.controller().get("/metrics").await.contains("consulbind_consul_watches 0"))
     })
     .await
     .unwrap();
@@ -442,32 +327,15 @@ async fn missing_target_is_reported_and_picked_up_without_rollout() {
     };
     let key = s.key("config");
     s.put(&key, "v1").await;
-    s.binding("cfg", spec(json!([{"key": key}]), deploy("web"), "0s"))
-        .await;
-    let binding = s
-        .wait_condition(
-            "cfg",
-            conditions::TARGETS_UPDATED,
-            "False",
-            reason::TARGET_MISSING,
-        )
-        .await;
+    s.binding("cfg", spec(json!([{"key": key}]), deploy("web"), "0s")).await;
+    let binding = s.wait_condition("cfg", conditions::TARGETS_UPDATED, "False", reason::TARGET_MISSING).await;
     assert_eq!(
-        binding
-            .status
-            .unwrap()
-            .conditions
-            .iter()
-            .find(|c| c.type_ == conditions::READY)
-            .unwrap()
-            .reason,
+        binding.status.unwrap().conditions.iter().find(|c| c.type_ == conditions::READY).unwrap().reason,
         reason::TARGET_MISSING
     );
 
     s.workload(DEPLOY, "web", json!({})).await;
-    let binding = s
-        .wait_condition("cfg", conditions::READY, "True", reason::UP_TO_DATE)
-        .await;
+    let binding = s.wait_condition("cfg", conditions::READY, "True", reason::UP_TO_DATE).await;
     assert_eq!(support::status_targets(&binding), ["Deployment/web"]);
     s.wait_revisions(DEPLOY, "web", 1).await;
     s.finish().await;
@@ -480,29 +348,15 @@ async fn a_broken_binding_does_not_block_the_others() {
     };
     let key = s.key("config");
     bound_deployment(&s, &key, "0s").await;
-    let broken = json!({"keys": [{"key": key}], "targets": deploy("web"), "consul": {"tokenSecretRef": {"name": "absent"}}});
+    let broken =
+        json!({"keys": [{"key": key}], "targets": deploy("web"), "consul": {"tokenSecretRef": {"name": "absent"}}});
     s.binding("broken", broken).await;
-    let binding = s
-        .wait_condition(
-            "broken",
-            conditions::CONSUL_SYNCED,
-            "False",
-            reason::TOKEN_SECRET_INVALID,
-        )
-        .await;
-    assert!(
-        binding
-            .status
-            .unwrap()
-            .conditions
-            .iter()
-            .any(|c| c.message.contains("\"absent\" not found"))
-    );
+    let binding = s.wait_condition("broken", conditions::CONSUL_SYNCED, "False", reason::TOKEN_SECRET_INVALID).await;
+    assert!(binding.status.unwrap().conditions.iter().any(|c| c.message.contains("\"absent\" not found")));
 
     s.put(&key, "v2").await;
     s.wait_revisions(DEPLOY, "web", 2).await;
-    s.wait_condition("cfg", conditions::READY, "True", reason::UP_TO_DATE)
-        .await;
+    s.wait_condition("cfg", conditions::READY, "True", reason::UP_TO_DATE).await;
     s.finish().await;
 }
 
@@ -513,37 +367,11 @@ async fn unreachable_consul_is_a_condition_not_a_rollout() {
         return;
     };
     s.workload(DEPLOY, "web", json!({})).await;
-    s.binding(
-        "cfg",
-        spec(json!([{"key": s.key("config")}]), deploy("web"), "0s"),
-    )
-    .await;
-    let binding = s
-        .wait_condition(
-            "cfg",
-            conditions::CONSUL_SYNCED,
-            "False",
-            reason::CONSUL_UNREACHABLE,
-        )
-        .await;
-    let synced = binding
-        .status
-        .unwrap()
-        .conditions
-        .into_iter()
-        .find(|c| c.type_ == conditions::CONSUL_SYNCED)
-        .unwrap();
-    assert!(
-        synced.message.contains("cannot reach Consul") || synced.message.contains("connect"),
-        "{}",
-        synced.message
-    );
-    assert!(
-        s.events_for("cfg")
-            .await
-            .iter()
-            .any(|(r, _)| r == reason::CONSUL_UNREACHABLE)
-    );
+    s.binding("cfg", spec(json!([{"key": s.key("config")}]), deploy("web"), "0s")).await;
+    let binding = s.wait_condition("cfg", conditions::CONSUL_SYNCED, "False", reason::CONSUL_UNREACHABLE).await;
+    let synced = binding.status.unwrap().conditions.into_iter().find(|c| c.type_ == conditions::CONSUL_SYNCED).unwrap();
+    assert!(synced.message.contains("cannot reach Consul") || synced.message.contains("connect"), "{}", synced.message);
+    assert!(s.events_for("cfg").await.iter().any(|(r, _)| r == reason::CONSUL_UNREACHABLE));
     assert_eq!(s.revisions(DEPLOY, "web").await, 1);
     s.finish().await;
 }
@@ -551,10 +379,7 @@ async fn unreachable_consul_is_a_condition_not_a_rollout() {
 #[tokio::test]
 async fn acl_token_from_secret_syncs_and_a_bad_one_is_denied_without_leaking() {
     let Some((acl_addr, master)) = support::acl_consul() else {
-        assert!(
-            std::env::var("CI").is_err(),
-            "CONSULBIND_E2E_ACL_ADDR and CONSULBIND_E2E_ACL_TOKEN must be set in CI"
-        );
+        assert!(std::env::var("CI").is_err(), "CONSULBIND_E2E_ACL_ADDR and CONSULBIND_E2E_ACL_TOKEN must be set in CI");
         return;
     };
     let addr_flag = format!("--consul-http-addr={acl_addr}");
@@ -569,7 +394,11 @@ async fn acl_token_from_secret_syncs_and_a_bad_one_is_denied_without_leaking() {
 
     s.workload(DEPLOY, "web", json!({})).await;
     for (name, token) in [("good-token", &good), ("bad-token", &bad)] {
-        s.apply(json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "stringData": {"token": token}})).await.unwrap();
+        s.apply(
+            json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "stringData": {"token": token}}),
+        )
+        .await
+        .unwrap();
     }
     let with_secret = |secret: &str| {
         json!({"keys": [{"key": key}], "targets": deploy("web"), "rollout": {"quietPeriod": "0s"},
@@ -577,38 +406,21 @@ async fn acl_token_from_secret_syncs_and_a_bad_one_is_denied_without_leaking() {
     };
     s.binding("good", with_secret("good-token")).await;
     s.binding("bad", with_secret("bad-token")).await;
-    s.wait_condition("good", conditions::CONSUL_SYNCED, "True", reason::SYNCED)
-        .await;
-    let denied = s
-        .wait_condition(
-            "bad",
-            conditions::CONSUL_SYNCED,
-            "False",
-            reason::ACCESS_DENIED,
-        )
-        .await;
+    s.wait_condition("good", conditions::CONSUL_SYNCED, "True", reason::SYNCED).await;
+    let denied = s.wait_condition("bad", conditions::CONSUL_SYNCED, "False", reason::ACCESS_DENIED).await;
 
     acl.put(&key, "v2").await;
     s.wait_revisions(DEPLOY, "web", 2).await;
     let status = serde_json::to_string(&denied.status).unwrap()
         + &serde_json::to_string(&s.get_binding("good").await.status).unwrap();
-    let events =
-        format!("{:?}", s.events_for("bad").await) + &format!("{:?}", s.events_for("good").await);
+    let events = format!("{:?}", s.events_for("bad").await) + &format!("{:?}", s.events_for("good").await);
     let log = s.log();
     for secret in [&good, &bad, &master.expose().to_owned()] {
         assert!(!status.contains(secret.as_str()), "token in status");
         assert!(!events.contains(secret.as_str()), "token in events");
-        assert!(
-            !log.contains(secret.as_str()),
-            "token in the controller log"
-        );
+        assert!(!log.contains(secret.as_str()), "token in the controller log");
     }
-    assert!(
-        s.events_for("bad")
-            .await
-            .iter()
-            .any(|(r, _)| r == reason::ACCESS_DENIED)
-    );
+    assert!(s.events_for("bad").await.iter().any(|(r, _)| r == reason::ACCESS_DENIED));
     s.finish().await;
 }
 
@@ -625,11 +437,7 @@ mod acl {
 
     impl Acl {
         pub fn new(addr: &str, master: Token) -> Self {
-            Self {
-                addr: addr.to_owned(),
-                master,
-                http: reqwest::Client::new(),
-            }
+            Self { addr: addr.to_owned(), master, http: reqwest::Client::new() }
         }
 
         pub async fn put(&self, key: &str, value: &str) {
@@ -652,11 +460,7 @@ mod acl {
                 .send()
                 .await
                 .unwrap();
-            assert!(
-                response.status().is_success(),
-                "{path}: {}",
-                response.text().await.unwrap()
-            );
+            assert!(response.status().is_success(), "{path}: {}", response.text().await.unwrap());
             response.json().await.unwrap()
         }
 
@@ -664,11 +468,8 @@ mod acl {
         pub async fn read_token(&self, prefix: &str) -> String {
             let policy = format!("e2e-{}", prefix.trim_end_matches('/'));
             let rules = format!("key_prefix \"{prefix}\" {{ policy = \"read\" }}");
-            self.call("/v1/acl/policy", json!({"Name": policy, "Rules": rules}))
-                .await;
-            let token = self
-                .call("/v1/acl/token", json!({"Policies": [{"Name": policy}]}))
-                .await;
+            self.call("/v1/acl/policy", json!({"Name": policy, "Rules": rules})).await;
+            let token = self.call("/v1/acl/token", json!({"Policies": [{"Name": policy}]})).await;
             token["SecretID"].as_str().unwrap().to_owned()
         }
     }

@@ -29,22 +29,16 @@ const TIMEOUT: Duration = Duration::from_secs(45);
 /// The servers, or `None` to skip when they are not configured outside CI.
 pub async fn servers() -> Option<(Client, Consul)> {
     if std::env::var_os("KUBECONFIG").is_none() || std::env::var_os("CONSUL_HTTP_ADDR").is_none() {
-        let required = std::env::var("CI").is_ok_and(|v| v == "true")
-            || std::env::var_os("CONSULBIND_E2E").is_some();
-        assert!(
-            !required,
-            "KUBECONFIG and CONSUL_HTTP_ADDR must point at the test servers; run `cargo xtask test`"
-        );
+        let required = std::env::var("CI").is_ok_and(|v| v == "true") || std::env::var_os("CONSULBIND_E2E").is_some();
+        assert!(!required, "KUBECONFIG and CONSUL_HTTP_ADDR must point at the test servers; run `cargo xtask test`");
         eprintln!("skipped: no test servers (run `cargo xtask env up` and source its env file)");
         return None;
     }
     let client = Client::try_default().await.expect("Kubernetes client");
-    let consul = Consul::new(ClientConfig {
-        address: std::env::var("CONSUL_HTTP_ADDR").unwrap(),
-        ..ClientConfig::default()
-    })
-    .await
-    .expect("Consul client");
+    let consul =
+        Consul::new(ClientConfig { address: std::env::var("CONSUL_HTTP_ADDR").unwrap(), ..ClientConfig::default() })
+            .await
+            .expect("Consul client");
     Some((client, consul))
 }
 
@@ -63,28 +57,22 @@ impl Scene {
 
     /// `args` are extra controller flags.
     pub async fn with_args(name: &str, args: &[&str]) -> Option<Self> {
+        let mut scene = Self::without_controller(name).await?;
+        scene.start_controller(args).await;
+        Some(scene)
+    }
+
+    /// A namespace with no controller yet.
+    pub async fn without_controller(name: &str) -> Option<Self> {
         let (client, consul) = servers().await?;
         let ns = format!("{name}-{}", std::process::id() % 100_000);
         let api: Api<Namespace> = Api::all(client.clone());
         let _ = api.delete(&ns, &DeleteParams::default()).await;
-        wait("old namespace to go", || async {
-            Ok(api.get_opt(&ns).await?.is_none())
-        })
-        .await
-        .unwrap();
-        api.create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap(),
-        )
-        .await
-        .unwrap();
-        let controller = Controller::start(&ns, args).await.unwrap();
-        Some(Self {
-            client,
-            consul,
-            ns,
-            controller: Some(controller),
-        })
+        wait("old namespace to go", || async { Ok(api.get_opt(&ns).await?.is_none()) }).await.unwrap();
+        api.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap())
+            .await
+            .unwrap();
+        Some(Self { client, consul, ns, controller: None })
     }
 
     /// A Consul key unique to this scene.
@@ -106,29 +94,20 @@ impl Scene {
         let pp = PatchParams::apply("e2e-test").force();
         let patch = Patch::Apply(&manifest);
         match kind.as_str() {
-            "Deployment" => drop(
-                Api::<Deployment>::namespaced(self.client.clone(), &self.ns)
-                    .patch(&name, &pp, &patch)
-                    .await?,
-            ),
-            "StatefulSet" => drop(
-                Api::<StatefulSet>::namespaced(self.client.clone(), &self.ns)
-                    .patch(&name, &pp, &patch)
-                    .await?,
-            ),
-            "DaemonSet" => drop(
-                Api::<DaemonSet>::namespaced(self.client.clone(), &self.ns)
-                    .patch(&name, &pp, &patch)
-                    .await?,
-            ),
+            "Deployment" => {
+                drop(Api::<Deployment>::namespaced(self.client.clone(), &self.ns).patch(&name, &pp, &patch).await?)
+            }
+            "StatefulSet" => {
+                drop(Api::<StatefulSet>::namespaced(self.client.clone(), &self.ns).patch(&name, &pp, &patch).await?)
+            }
+            "DaemonSet" => {
+                drop(Api::<DaemonSet>::namespaced(self.client.clone(), &self.ns).patch(&name, &pp, &patch).await?)
+            }
             "ConsulBinding" => drop(self.bindings().patch(&name, &pp, &patch).await?),
             "Secret" => drop(
-                Api::<k8s_openapi::api::core::v1::Secret>::namespaced(
-                    self.client.clone(),
-                    &self.ns,
-                )
-                .patch(&name, &pp, &patch)
-                .await?,
+                Api::<k8s_openapi::api::core::v1::Secret>::namespaced(self.client.clone(), &self.ns)
+                    .patch(&name, &pp, &patch)
+                    .await?,
             ),
             other => bail!("cannot apply {other}"),
         }
@@ -159,30 +138,17 @@ impl Scene {
     }
 
     /// Waits until the binding's condition `type_` has `status` and `reason`.
-    pub async fn wait_condition(
-        &self,
-        name: &str,
-        type_: &str,
-        status: &str,
-        reason: &str,
-    ) -> ConsulBinding {
+    pub async fn wait_condition(&self, name: &str, type_: &str, status: &str, reason: &str) -> ConsulBinding {
         let what = format!("{}/{name} {type_}={status} {reason}", self.ns);
         let result = wait(&what, || async {
             let binding = self.bindings().get(name).await?;
-            let found = binding
-                .status
-                .as_ref()
-                .and_then(|s| s.conditions.iter().find(|c| c.type_ == type_));
+            let found = binding.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == type_));
             Ok(found.is_some_and(|c| c.status == status && c.reason == reason))
         })
         .await;
         if let Err(error) = result {
             let binding = self.bindings().get(name).await.ok();
-            panic!(
-                "{error}\nstatus: {:#?}\ncontroller log:\n{}",
-                binding.and_then(|b| b.status),
-                self.log()
-            );
+            panic!("{error}\nstatus: {:#?}\ncontroller log:\n{}", binding.and_then(|b| b.status), self.log());
         }
         self.get_binding(name).await
     }
@@ -190,10 +156,9 @@ impl Scene {
     /// Number of rollouts a workload has had: ReplicaSets of a Deployment, ControllerRevisions
     /// of a StatefulSet or DaemonSet. The first template counts as one.
     pub async fn revisions(&self, kind: &str, name: &str) -> usize {
-        let owned =
-            |refs: Option<&Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>>| {
-                refs.is_some_and(|r| r.iter().any(|o| o.kind == kind && o.name == name))
-            };
+        let owned = |refs: Option<&Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>>| {
+            refs.is_some_and(|r| r.iter().any(|o| o.kind == kind && o.name == name))
+        };
         let lp = ListParams::default();
         match kind {
             "Deployment" => Api::<ReplicaSet>::namespaced(self.client.clone(), &self.ns)
@@ -217,33 +182,16 @@ impl Scene {
 
     pub async fn wait_revisions(&self, kind: &str, name: &str, want: usize) {
         let what = format!("{kind} {name} to have {want} revisions");
-        if let Err(error) = wait(&what, || async {
-            Ok(self.revisions(kind, name).await >= want)
-        })
-        .await
-        {
-            panic!(
-                "{error} (has {})\ncontroller log:\n{}",
-                self.revisions(kind, name).await,
-                self.log()
-            );
+        if let Err(error) = wait(&what, || async { Ok(self.revisions(kind, name).await >= want) }).await {
+            panic!("{error} (has {})\ncontroller log:\n{}", self.revisions(kind, name).await, self.log());
         }
         // Exactly: give a duplicate rollout time to show up.
         tokio::time::sleep(SETTLE).await;
-        assert_eq!(
-            self.revisions(kind, name).await,
-            want,
-            "{kind} {name} rolled more than once\n{}",
-            self.log()
-        );
+        assert_eq!(self.revisions(kind, name).await, want, "{kind} {name} rolled more than once\n{}", self.log());
     }
 
     /// The pod-template annotations of a workload.
-    pub async fn template_annotations(
-        &self,
-        kind: &str,
-        name: &str,
-    ) -> std::collections::BTreeMap<String, String> {
+    pub async fn template_annotations(&self, kind: &str, name: &str) -> std::collections::BTreeMap<String, String> {
         let template = match kind {
             "Deployment" => {
                 Api::<Deployment>::namespaced(self.client.clone(), &self.ns)
@@ -273,16 +221,12 @@ impl Scene {
                     .template
             }
         };
-        template
-            .metadata
-            .and_then(|m| m.annotations)
-            .unwrap_or_default()
+        template.metadata.and_then(|m| m.annotations).unwrap_or_default()
     }
 
     /// Reasons and notes of the events in this namespace about `name`.
     pub async fn events_for(&self, name: &str) -> Vec<(String, String)> {
-        let api: Api<k8s_openapi::api::events::v1::Event> =
-            Api::namespaced(self.client.clone(), &self.ns);
+        let api: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(self.client.clone(), &self.ns);
         api.list(&ListParams::default())
             .await
             .unwrap()
@@ -294,10 +238,7 @@ impl Scene {
     }
 
     pub fn log(&self) -> String {
-        self.controller
-            .as_ref()
-            .map(|c| c.log())
-            .unwrap_or_default()
+        self.controller.as_ref().map(|c| c.log()).unwrap_or_default()
     }
 
     pub fn controller(&self) -> &Controller {
@@ -317,25 +258,14 @@ impl Scene {
 
     /// `kubectl get` output for the bindings, as a user would see it.
     pub fn kubectl(&self, args: &[&str]) -> String {
-        let out = std::process::Command::new("kubectl")
-            .arg("-n")
-            .arg(&self.ns)
-            .args(args)
-            .output()
-            .expect("kubectl");
-        assert!(
-            out.status.success(),
-            "kubectl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let out = std::process::Command::new("kubectl").arg("-n").arg(&self.ns).args(args).output().expect("kubectl");
+        assert!(out.status.success(), "kubectl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
         String::from_utf8(out.stdout).unwrap()
     }
 
     pub async fn finish(mut self) {
         self.stop_controller().await;
-        let _ = Api::<Namespace>::all(self.client.clone())
-            .delete(&self.ns, &DeleteParams::default())
-            .await;
+        let _ = Api::<Namespace>::all(self.client.clone()).delete(&self.ns, &DeleteParams::default()).await;
     }
 }
 
@@ -349,8 +279,7 @@ pub fn workload(kind: &str, name: &str, labels: Value) -> Value {
         "metadata": {"labels": all_labels.clone()},
         "spec": {"containers": [{"name": "app", "image": "example.invalid/app:1"}]},
     });
-    let mut spec =
-        json!({"selector": {"matchLabels": selector_labels.take()}, "template": template});
+    let mut spec = json!({"selector": {"matchLabels": selector_labels.take()}, "template": template});
     if kind != "DaemonSet" {
         spec["replicas"] = json!(1);
     }
@@ -369,34 +298,30 @@ pub struct Controller {
 
 impl Controller {
     pub async fn start(ns: &str, args: &[&str]) -> Result<Self> {
+        Self::start_with_env(ns, args, &[]).await
+    }
+
+    pub async fn start_with_env(ns: &str, args: &[&str], envs: &[(&str, &str)]) -> Result<Self> {
         let admin = free_port();
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("e2e-logs");
         std::fs::create_dir_all(&dir)?;
         let log_path = dir.join(format!("{ns}.log"));
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log_path)?;
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&log_path)?;
         let child = Command::new(env!("CARGO_BIN_EXE_consulbind"))
             .arg(format!("--namespaces={ns}"))
             .arg(format!("--admin-addr={admin}"))
             .args(args)
             .env("RUST_LOG", "info,consulbind=debug")
+            .envs(envs.iter().copied())
             .stdout(Stdio::from(log.try_clone()?))
             .stderr(Stdio::from(log))
             .kill_on_drop(true)
             .spawn()
             .context("starting consulbind")?;
-        let controller = Self {
-            child,
-            admin,
-            log_path,
-        };
+        let controller = Self { child, admin, log_path };
         let url = format!("http://{admin}/readyz");
-        if let Err(error) = wait("controller to be ready", || async {
-            Ok(get(&url).await.is_ok_and(|(code, _)| code == 200))
-        })
-        .await
+        if let Err(error) =
+            wait("controller to be ready", || async { Ok(get(&url).await.is_ok_and(|(code, _)| code == 200)) }).await
         {
             bail!("{error}\n{}", controller.log());
         }
@@ -408,34 +333,32 @@ impl Controller {
     }
 
     pub async fn get(&self, path: &str) -> String {
-        get(&format!("http://{}{path}", self.admin))
-            .await
-            .unwrap()
-            .1
+        get(&format!("http://{}{path}", self.admin)).await.unwrap().1
+    }
+
+    /// SIGKILL, as a crash.
+    pub async fn kill(mut self) {
+        self.child.kill().await.unwrap();
+    }
+
+    /// The value of an unlabelled metric.
+    pub async fn metric(&self, name: &str) -> Option<f64> {
+        let body = self.get("/metrics").await;
+        body.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
     }
 
     /// SIGTERM, and wait for a prompt exit.
     pub async fn stop(mut self) {
         if let Some(pid) = self.child.id() {
-            let _ = std::process::Command::new("kill")
-                .arg("-TERM")
-                .arg(pid.to_string())
-                .status();
+            let _ = std::process::Command::new("kill").arg("-TERM").arg(pid.to_string()).status();
         }
         let exited = tokio::time::timeout(Duration::from_secs(15), self.child.wait()).await;
-        assert!(
-            exited.is_ok(),
-            "controller did not exit within 15 s of SIGTERM\n{}",
-            self.log()
-        );
+        assert!(exited.is_ok(), "controller did not exit within 15 s of SIGTERM\n{}", self.log());
     }
 }
 
 pub fn free_port() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
 }
 
 /// A plain HTTP GET, returning status and body.
@@ -450,7 +373,15 @@ where
     F: Fn() -> Fut,
     Fut: Future<Output = Result<bool>>,
 {
-    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    wait_for(what, TIMEOUT, check).await
+}
+
+pub async fn wait_for<F, Fut>(what: &str, timeout: Duration, check: F) -> Result<()>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<bool>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
     loop {
         match check().await {
             Ok(true) => return Ok(()),
@@ -461,7 +392,7 @@ where
             Err(_) => {}
         }
         if tokio::time::Instant::now() >= deadline {
-            bail!("timed out after {TIMEOUT:?} waiting for {what}");
+            bail!("timed out after {timeout:?} waiting for {what}");
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
@@ -476,10 +407,5 @@ pub fn acl_consul() -> Option<(String, Token)> {
 
 /// The names of every object of `kind` the binding's status lists as targets.
 pub fn status_targets(binding: &ConsulBinding) -> Vec<String> {
-    binding
-        .status
-        .iter()
-        .flat_map(|s| &s.targets)
-        .map(|t| format!("{}/{}", t.kind, t.name))
-        .collect()
+    binding.status.iter().flat_map(|s| &s.targets).map(|t| format!("{}/{}", t.kind, t.name)).collect()
 }
