@@ -22,7 +22,8 @@ const ADMIN_ADDR: &str = "127.0.0.1:18080";
 pub fn run(env: &Env) -> Result<()> {
     env.up()?;
     let vars = env.vars()?;
-    let consul_addr = vars.iter().find(|(k, _)| *k == "CONSUL_HTTP_ADDR").map(|(_, v)| v.clone()).context("CONSUL_HTTP_ADDR")?;
+    let consul_addr =
+        vars.iter().find(|(k, _)| *k == "CONSUL_HTTP_ADDR").map(|(_, v)| v.clone()).context("CONSUL_HTTP_ADDR")?;
     let tools = provision::tools()?;
     let kubectl = |args: &[&str]| {
         let mut cmd = Command::new(&tools.kubectl);
@@ -30,7 +31,13 @@ pub fn run(env: &Env) -> Result<()> {
         cmd
     };
     let consul_put = |value: &str| {
-        process::run(Command::new(&tools.consul).args(["kv", "put", &format!("-http-addr={consul_addr}"), CONFIG_KEY, value]))
+        process::run(Command::new(&tools.consul).args([
+            "kv",
+            "put",
+            &format!("-http-addr={consul_addr}"),
+            CONFIG_KEY,
+            value,
+        ]))
     };
 
     step("building the controller");
@@ -53,8 +60,14 @@ pub fn run(env: &Env) -> Result<()> {
             .envs(vars.iter().map(|(k, v)| (*k, v))),
     )?;
     wait("the binding to record its baseline", Duration::from_secs(60), &controller, || {
-        process::capture(&mut kubectl(&["get", "consulbinding", "web-config", "-o", "jsonpath={.status.appliedChecksum}"]))
-            .is_ok_and(|c| !c.trim().is_empty())
+        process::capture(&mut kubectl(&[
+            "get",
+            "consulbinding",
+            "web-config",
+            "-o",
+            "jsonpath={.status.appliedChecksum}",
+        ]))
+        .is_ok_and(|c| !c.trim().is_empty())
     })?;
     show(kubectl(&["get", "consulbindings"]))?;
     show(kubectl(&["get", "replicasets", "-l", "app=web"]))?;
@@ -66,8 +79,14 @@ pub fn run(env: &Env) -> Result<()> {
         replica_sets(&mut kubectl(&["get", "replicasets", "-l", "app=web", "-o", "name"])).is_ok_and(|n| n > before)
     })?;
     wait("the binding to report it", Duration::from_secs(30), &controller, || {
-        process::capture(&mut kubectl(&["get", "consulbinding", "web-config", "-o", "jsonpath={.status.lastChangeTime}"]))
-            .is_ok_and(|c| !c.trim().is_empty())
+        process::capture(&mut kubectl(&[
+            "get",
+            "consulbinding",
+            "web-config",
+            "-o",
+            "jsonpath={.status.lastChangeTime}",
+        ]))
+        .is_ok_and(|c| !c.trim().is_empty())
     })?;
 
     step("the rollout");
@@ -115,7 +134,11 @@ fn wait(what: &str, timeout: Duration, controller: &Daemon, done: impl Fn() -> b
         }
         sleep(Duration::from_millis(500));
     }
-    bail!("timed out waiting for {what}; the controller log ({}) ends with:\n{}", controller.log().display(), process::tail(&controller.log(), 20))
+    bail!(
+        "timed out waiting for {what}; the controller log ({}) ends with:\n{}",
+        controller.log().display(),
+        process::tail(&controller.log(), 20)
+    )
 }
 
 fn shown(path: &Path) -> String {

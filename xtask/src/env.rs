@@ -343,19 +343,17 @@ ports {{
             .is_ok_and(|body| body.trim() == "ok")
     }
 
-    /// Applies `crds/` and waits until the API serves them. It may still be empty early on.
+    /// Applies the CRDs listed by `crds/kustomization.yaml` and waits until the API serves them.
     fn apply_crds(&self, kubectl: &Path) -> Result<()> {
         let crds = repo_root().join("crds");
-        let is_manifest =
-            |path: &Path| matches!(path.extension().and_then(|e| e.to_str()), Some("yaml" | "yml" | "json"));
-        let found = fs::read_dir(&crds).into_iter().flatten().flatten().any(|entry| is_manifest(&entry.path()));
-        if !found {
-            println!("no CRD manifests in crds/ yet; nothing to install");
-            return Ok(());
-        }
         println!("==> installing the CRDs from crds/");
-        run(self.kubectl(kubectl).args(["apply", "--server-side", "--force-conflicts", "-f"]).arg(&crds))?;
-        run(self.kubectl(kubectl).args(["wait", "--for=condition=Established", "--timeout=60s", "-f"]).arg(&crds))
+        run(self.kubectl(kubectl).args(["apply", "--server-side", "--force-conflicts", "-k"]).arg(&crds))?;
+        run(self.kubectl(kubectl).args([
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/consulbindings.consulbind.dev",
+        ]))
     }
 }
 

@@ -20,7 +20,8 @@ pub struct Config {
     #[arg(long, env = "CONSUL_HTTP_TOKEN", hide_env_values = true)]
     pub consul_http_token: Option<String>,
 
-    /// File holding the default Consul ACL token. `--consul-http-token` wins if both are set.
+    /// File holding the default Consul ACL token. `--consul-http-token` wins if both are set. A
+    /// file that does not exist means no default token (an optional Secret that is not there).
     #[arg(long, env = "CONSUL_HTTP_TOKEN_FILE")]
     pub consul_http_token_file: Option<PathBuf>,
 
@@ -99,12 +100,15 @@ impl Config {
     pub fn consul(&self) -> Result<ClientConfig, String> {
         let token = match (&self.consul_http_token, &self.consul_http_token_file) {
             (Some(token), _) => Some(token.trim().to_owned()),
-            (None, Some(path)) => Some(
-                std::fs::read_to_string(path)
-                    .map_err(|e| format!("reading CONSUL_HTTP_TOKEN_FILE {}: {e}", path.display()))?
-                    .trim()
-                    .to_owned(),
-            ),
+            (None, Some(path)) => match std::fs::read_to_string(path) {
+                Ok(token) => Some(token.trim().to_owned()),
+                // An optional Secret that is not there mounts no file: run without a default token.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    tracing::warn!(path = %path.display(), "CONSUL_HTTP_TOKEN_FILE does not exist; using no default token");
+                    None
+                }
+                Err(e) => return Err(format!("reading CONSUL_HTTP_TOKEN_FILE {}: {e}", path.display())),
+            },
             (None, None) => None,
         };
         Ok(ClientConfig {

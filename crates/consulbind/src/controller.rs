@@ -34,6 +34,8 @@ use crate::{
 
 pub type Error = Box<dyn std::error::Error + Send + Sync>;
 
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Runs until `shutdown` turns true.
 pub async fn run(config: Config, shutdown: signal::Receiver<bool>) -> Result<(), Error> {
     let client = Client::try_default().await?;
@@ -131,7 +133,10 @@ async fn run_scope(
         }
         futures::future::ready(())
     }));
-    ctx.workloads.wait_until_ready().await?;
+    tokio::select! {
+        ready = ctx.workloads.wait_until_ready() => ready?,
+        _ = shutdown.wait_for(|stop| *stop) => return Ok(()),
+    }
     debug!(scope = scope.as_deref().unwrap_or("*"), "workload caches ready");
 
     let forget = ctx.clone();
@@ -147,10 +152,13 @@ async fn run_scope(
         .applied_objects()
         .predicate_filter(predicates::generation, Default::default());
 
-    let stop = async move {
-        let _ = shutdown.wait_for(|stop| *stop).await;
+    let stop = {
+        let mut shutdown = shutdown.clone();
+        async move {
+            let _ = shutdown.wait_for(|stop| *stop).await;
+        }
     };
-    Controller::for_stream(bindings, reader)
+    let controller = Controller::for_stream(bindings, reader)
         .with_config(ControllerConfig::default().concurrency(8))
         .reconcile_on(wakes)
         .reconcile_on(touched_rx)
@@ -165,7 +173,15 @@ async fn run_scope(
                 }
             }
             futures::future::ready(())
-        })
-        .await;
+        });
+    // kube-runtime holds shutdown until the binding cache has listed once, which never happens
+    // while the API refuses the list; don't let that keep the process alive.
+    tokio::select! {
+        _ = controller => {}
+        _ = async {
+            let _ = shutdown.wait_for(|stop| *stop).await;
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        } => warn!("in-flight reconciles did not finish within {SHUTDOWN_GRACE:?} of shutdown; abandoning them"),
+    }
     Ok(())
 }
