@@ -17,6 +17,7 @@ use crate::{
 
 const NAMESPACE: &str = "default";
 const CONFIG_KEY: &str = "demo/web/config.json";
+const FEATURE_KEY: &str = "demo/web/features/dark-mode";
 const ADMIN_ADDR: &str = "127.0.0.1:18080";
 
 pub fn run(env: &Env) -> Result<()> {
@@ -45,7 +46,8 @@ pub fn run(env: &Env) -> Result<()> {
     let binary = repo_root().join("target/debug/consulbind");
 
     step("writing the first configuration to Consul and applying examples/");
-    consul_put(r#"{"pool": 10, "color": "blue"}"#)?;
+    consul_put(CONFIG_KEY, r#"{"pool": 10, "color": "blue"}"#)?;
+    consul_put(FEATURE_KEY, "on")?;
     let examples = repo_root().join("examples");
     for file in ["deployment.yaml", "consulbinding.yaml"] {
         process::run(&mut kubectl(&["apply", "--server-side", "-f", &examples.join(file).display().to_string()]))?;
@@ -74,7 +76,7 @@ pub fn run(env: &Env) -> Result<()> {
     let before = replica_sets(&mut kubectl(&["get", "replicasets", "-l", "app=web", "-o", "name"]))?;
 
     step(&format!("changing {CONFIG_KEY} in Consul"));
-    consul_put(r#"{"pool": 20, "color": "green"}"#)?;
+    consul_put(CONFIG_KEY, r#"{"pool": 20, "color": "green"}"#)?;
     wait("the rollout (a new ReplicaSet)", Duration::from_secs(60), &controller, || {
         replica_sets(&mut kubectl(&["get", "replicasets", "-l", "app=web", "-o", "name"])).is_ok_and(|n| n > before)
     })?;
