@@ -31,14 +31,8 @@ pub fn run(env: &Env) -> Result<()> {
         cmd.args(["-n", NAMESPACE]).args(args).envs(vars.iter().map(|(k, v)| (*k, v)));
         cmd
     };
-    let consul_put = |value: &str| {
-        process::run(Command::new(&tools.consul).args([
-            "kv",
-            "put",
-            &format!("-http-addr={consul_addr}"),
-            CONFIG_KEY,
-            value,
-        ]))
+    let consul_put = |key: &str, value: &str| {
+        process::run(Command::new(&tools.consul).args(["kv", "put", &format!("-http-addr={consul_addr}"), key, value]))
     };
 
     step("building the controller");
