@@ -65,6 +65,10 @@ impl Env {
         self.dir.join(name)
     }
 
+    pub fn run_dir(&self) -> &Path {
+        &self.dir
+    }
+
     pub fn env_file(&self) -> PathBuf {
         self.path("env")
     }
@@ -171,8 +175,9 @@ impl Env {
     /// Stops the processes `up` started, by their recorded pids. Data stays for the next `up`.
     pub fn down(&self) -> Result<()> {
         let mut failed = Vec::new();
-        // The demo's controller, then the servers in reverse start order.
-        for daemon in std::iter::once(self.daemon("controller")).chain(self.daemons().into_iter().rev()) {
+        // Controllers of the demo and the benchmark, then the servers in reverse start order.
+        let controllers = [self.daemon("controller"), self.daemon("bench-controller")];
+        for daemon in controllers.into_iter().chain(self.daemons().into_iter().rev()) {
             if let Err(e) = daemon.stop() {
                 eprintln!("{e:#}");
                 failed.push(daemon.name);

@@ -1,5 +1,6 @@
 //! Development tasks for consulbind: `cargo xtask env up|down|status`, `test`, `e2e`, `crdgen`, `demo`.
 
+mod bench;
 mod crdgen;
 mod demo;
 mod env;
@@ -45,8 +46,26 @@ enum Command {
         #[arg(long)]
         check: bool,
     },
+    /// Measure the controller on the local servers and print the figures.
+    Bench {
+        #[command(subcommand)]
+        bench: Bench,
+    },
     /// Bring the environment up, run the controller on examples/, and show a rollout caused by a Consul write.
     Demo,
+}
+
+#[derive(Subcommand)]
+enum Bench {
+    /// Time from one Consul write to every bound Deployment rolled, and the controller's memory.
+    Rollout {
+        /// Number of Deployments, each with its own binding.
+        #[arg(long, default_value_t = 50)]
+        bindings: usize,
+        /// Number of writes to the key every binding shares.
+        #[arg(long, default_value_t = 5)]
+        rounds: usize,
+    },
 }
 
 #[derive(Subcommand)]
@@ -82,6 +101,7 @@ fn run(command: Command) -> Result<()> {
         Command::E2e { args } => test::e2e_on_running(&env, &args),
         Command::Crdgen { check } => crdgen::run(check),
         Command::Demo => demo::run(&env),
+        Command::Bench { bench: Bench::Rollout { bindings, rounds } } => bench::rollout(&env, bindings, rounds),
     }
 }
 

@@ -17,8 +17,8 @@ pub struct Config {
     pub consul_http_addr: String,
 
     /// Default Consul ACL token, for bindings without a tokenSecretRef.
-    #[arg(long, env = "CONSUL_HTTP_TOKEN", hide_env_values = true)]
-    pub consul_http_token: Option<String>,
+    #[arg(long, env = "CONSUL_HTTP_TOKEN", hide_env_values = true, value_parser = token)]
+    pub consul_http_token: Option<Token>,
 
     /// File holding the default Consul ACL token. `--consul-http-token` wins if both are set. A
     /// file that does not exist means no default token (an optional Secret that is not there).
@@ -92,6 +92,10 @@ pub enum LogFormat {
     Json,
 }
 
+fn token(text: &str) -> Result<Token, String> {
+    Ok(Token::new(text))
+}
+
 fn duration(text: &str) -> Result<Duration, String> {
     consulbind_api::parse_duration(text)
 }
@@ -99,7 +103,7 @@ fn duration(text: &str) -> Result<Duration, String> {
 impl Config {
     pub fn consul(&self) -> Result<ClientConfig, String> {
         let token = match (&self.consul_http_token, &self.consul_http_token_file) {
-            (Some(token), _) => Some(token.trim().to_owned()),
+            (Some(token), _) => Some(token.expose().trim().to_owned()),
             (None, Some(path)) => match std::fs::read_to_string(path) {
                 Ok(token) => Some(token.trim().to_owned()),
                 // An optional Secret that is not there mounts no file: run without a default token.
@@ -142,5 +146,6 @@ mod tests {
         assert!(!consul.ssl_verify);
         assert_eq!(consul.wait, Duration::from_secs(300));
         assert!(!format!("{consul:?}").contains("s3cr3t"));
+        assert!(!format!("{config:?}").contains("s3cr3t"));
     }
 }

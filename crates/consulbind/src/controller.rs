@@ -80,19 +80,31 @@ pub async fn run(config: Config, shutdown: signal::Receiver<bool>) -> Result<(),
 
     let reporter = Reporter { controller: "consulbind".into(), instance: config.identity.clone() };
     let recorder = Recorder::new(client.clone(), reporter);
+    let ready_states = Arc::default();
     let mut scopes_started = Vec::new();
+    let mut caches_ready = Vec::new();
     for (scope, wakes) in scopes.into_iter().zip(receivers) {
         let (workloads, touched) = Workloads::start(&client, scope.as_deref());
+        let (reader, writer) = reflector::store::<ConsulBinding>();
         let ctx = Arc::new(Context {
             client: client.clone(),
             recorder: recorder.clone(),
             watches: watches.clone(),
-            workloads: workloads.clone(),
+            workloads,
+            bindings: reader,
             metrics: metrics.clone(),
             pending: Default::default(),
-            ready: Default::default(),
+            ready: Arc::clone(&ready_states),
+            written: Default::default(),
         });
-        scopes_started.push(tokio::spawn(run_scope(client.clone(), scope, ctx, touched, wakes, shutdown.clone())));
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        caches_ready.push(ready_rx);
+        let scope = Scope { name: scope, writer, touched, wakes, ready: ready_tx };
+        scopes_started.push(tokio::spawn(run_scope(client.clone(), scope, ctx, shutdown.clone())));
+    }
+    // Ready once every scope's caches have listed; a scope that cannot list stays not ready.
+    for ready in caches_ready {
+        let _ = ready.await;
     }
     admin.ready.store(true, Ordering::Relaxed);
     for task in scopes_started {
@@ -105,19 +117,27 @@ pub async fn run(config: Config, shutdown: signal::Receiver<bool>) -> Result<(),
     Ok(())
 }
 
+/// What one controller serves: every namespace, or one of `--namespaces`.
+struct Scope<T> {
+    name: Option<String>,
+    writer: reflector::store::Writer<ConsulBinding>,
+    touched: T,
+    wakes: mpsc::UnboundedReceiver<BindingRef>,
+    ready: tokio::sync::oneshot::Sender<()>,
+}
+
 async fn run_scope(
     client: Client,
-    scope: Option<String>,
+    scope: Scope<impl futures::Stream<Item = Touched> + Send + 'static>,
     ctx: Arc<Context>,
-    touched: impl futures::Stream<Item = Touched> + Send + 'static,
-    wakes: mpsc::UnboundedReceiver<BindingRef>,
     mut shutdown: signal::Receiver<bool>,
 ) -> Result<(), Error> {
+    let Scope { name: scope, writer, touched, wakes, ready } = scope;
     let api: Api<ConsulBinding> = match &scope {
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     };
-    let (reader, writer) = reflector::store::<ConsulBinding>();
+    let reader = ctx.bindings.clone();
 
     // Workload changes wake the bindings that may target them. The caches must be complete
     // before the first reconcile, or a present target would look missing.
@@ -138,8 +158,10 @@ async fn run_scope(
         _ = shutdown.wait_for(|stop| *stop) => return Ok(()),
     }
     debug!(scope = scope.as_deref().unwrap_or("*"), "workload caches ready");
+    let _ = ready.send(());
 
     let forget = ctx.clone();
+    let not_found = ctx.clone();
     let store = reader.clone();
     let in_scope = move |b: &BindingRef| scope.is_none() || b.namespace == scope;
     let bindings = reflector::reflector(writer, watcher(api, watcher::Config::default()).default_backoff())
@@ -167,9 +189,16 @@ async fn run_scope(
         .for_each(|result| {
             if let Err(error) = result {
                 use kube::runtime::controller::Error as E;
-                // Reconcile failures are logged by the error policy.
-                if !matches!(error, E::ObjectNotFound(_) | E::ReconcilerFailed(..)) {
-                    warn!(%error, "controller error");
+                match error {
+                    // A wake for a binding that is gone: make sure nothing of it stays behind.
+                    E::ObjectNotFound(gone) => {
+                        let mut binding = ObjectRef::<ConsulBinding>::new(&gone.name);
+                        binding.namespace = gone.namespace.clone();
+                        not_found.forget(&binding);
+                    }
+                    // Logged by the error policy.
+                    E::ReconcilerFailed(..) => {}
+                    error => warn!(%error, "controller error"),
                 }
             }
             futures::future::ready(())

@@ -24,6 +24,7 @@ pub struct Leadership {
     api: Api<Lease>,
     name: String,
     identity: String,
+    renewer: tokio::task::JoinHandle<()>,
 }
 
 /// Waits until this replica leads, then keeps the lease renewed in the background; if it
@@ -36,6 +37,13 @@ pub async fn acquire(
     ready: &AtomicBool,
     shutdown: &mut signal::Receiver<bool>,
 ) -> Result<Option<Leadership>, Error> {
+    if config.lease_renew * 3 >= config.lease_duration * 2 {
+        return Err(format!(
+            "--lease-renew ({:?}) must be under two thirds of --lease-duration ({:?}), so a leader that cannot renew stops before a standby takes over",
+            config.lease_renew, config.lease_duration
+        )
+        .into());
+    }
     let namespace = match &config.lease_namespace {
         Some(ns) => ns.clone(),
         None => std::fs::read_to_string("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
@@ -62,14 +70,20 @@ pub async fn acquire(
     }
     info!(%identity, "became leader");
     metrics.leader.set(1);
-    let leadership = Leadership { api: api.clone(), name: config.lease_name.clone(), identity: identity.clone() };
-    tokio::spawn(renew(api, config.lease_name.clone(), identity, config.lease_duration, config.lease_renew));
-    Ok(Some(leadership))
+    let renewer = tokio::spawn(renew(
+        api.clone(),
+        config.lease_name.clone(),
+        identity.clone(),
+        config.lease_duration,
+        config.lease_renew,
+    ));
+    Ok(Some(Leadership { api, name: config.lease_name.clone(), identity, renewer }))
 }
 
 impl Leadership {
     /// Hands the lease back so a standby can take over without waiting for it to expire.
     pub async fn release(self) {
+        self.renewer.abort();
         let result = async {
             let mut lease = self.api.get(&self.name).await?;
             let spec = lease.spec.get_or_insert_with(Default::default);
@@ -147,11 +161,12 @@ fn claim(identity: &str, lease_secs: i32, now: &MicroTime, transitions: i32) -> 
 }
 
 async fn renew(api: Api<Lease>, name: String, identity: String, lease_duration: Duration, every: Duration) {
+    // Stop acting well before a standby may take over: a hung request counts as a failure.
     let deadline = lease_duration * 2 / 3;
     let mut last_renewed = Instant::now();
     loop {
         tokio::time::sleep(every).await;
-        let result = async {
+        let attempt = async {
             let mut lease = api.get(&name).await?;
             let spec = lease.spec.get_or_insert_with(Default::default);
             if spec.holder_identity.as_deref() != Some(identity.as_str()) {
@@ -159,21 +174,20 @@ async fn renew(api: Api<Lease>, name: String, identity: String, lease_duration: 
             }
             spec.renew_time = Some(MicroTime(Timestamp::now()));
             api.replace(&name, &PostParams::default(), &lease).await.map(|_| true)
-        }
-        .await;
-        match result {
-            Ok(true) => last_renewed = Instant::now(),
-            Ok(false) => {
+        };
+        let left = deadline.saturating_sub(last_renewed.elapsed());
+        match tokio::time::timeout(left, attempt).await {
+            Ok(Ok(true)) => last_renewed = Instant::now(),
+            Ok(Ok(false)) => {
                 error!("another replica holds the leader lease; exiting");
                 std::process::exit(1);
             }
-            Err(error) => {
-                warn!(%error, "could not renew the leader lease");
-                if last_renewed.elapsed() >= deadline {
-                    error!("leader lease not renewed in time; exiting so that no two leaders act");
-                    std::process::exit(1);
-                }
-            }
+            Ok(Err(error)) => warn!(%error, "could not renew the leader lease"),
+            Err(_) => warn!("renewing the leader lease timed out"),
+        }
+        if last_renewed.elapsed() >= deadline {
+            error!("leader lease not renewed in time; exiting so that no two leaders act");
+            std::process::exit(1);
         }
     }
 }

@@ -7,7 +7,7 @@ use prometheus_client::{
     encoding::EncodeLabelSet,
     metrics::{
         counter::Counter,
-        family::{Family, MetricConstructor},
+        family::Family,
         gauge::Gauge,
         histogram::{Histogram, exponential_buckets},
     },
@@ -31,22 +31,13 @@ pub struct ReadyLabels {
     pub ready: &'static str,
 }
 
-#[derive(Clone)]
-struct Buckets(fn() -> Histogram);
-
-impl MetricConstructor<Histogram> for Buckets {
-    fn new_metric(&self) -> Histogram {
-        (self.0)()
-    }
-}
-
 fn seconds() -> Histogram {
     Histogram::new(exponential_buckets(0.005, 2.0, 16))
 }
 
 pub struct Metrics {
     pub reconciles: Family<ResultLabels, Counter>,
-    reconcile_duration: Family<ResultLabels, Histogram, Buckets>,
+    reconcile_duration: Family<ResultLabels, Histogram, fn() -> Histogram>,
     pub rollouts: Family<RolloutLabels, Counter>,
     consul_requests: Family<ResultLabels, Counter>,
     consul_request_duration: Histogram,
@@ -60,7 +51,7 @@ impl Metrics {
     pub fn new(registry: &mut Registry) -> Self {
         let metrics = Self {
             reconciles: Family::default(),
-            reconcile_duration: Family::new_with_constructor(Buckets(seconds)),
+            reconcile_duration: Family::new_with_constructor(seconds as fn() -> Histogram),
             rollouts: Family::default(),
             consul_requests: Family::default(),
             consul_request_duration: Histogram::new(exponential_buckets(0.005, 2.0, 18)),

@@ -275,7 +275,7 @@ fn key_status(content: &KeyContent<'_>) -> KeyStatus {
 }
 
 /// A condition, keeping the previous transition time when its status did not change.
-fn condition(
+pub(crate) fn condition(
     previous: &[Condition],
     type_: &str,
     ok: Option<bool>,

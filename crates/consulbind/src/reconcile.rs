@@ -19,6 +19,7 @@ use kube::{
     runtime::{
         controller::Action,
         events::{Event, EventType, Recorder},
+        reflector::Store,
     },
 };
 use serde_json::json;
@@ -40,6 +41,8 @@ pub const STATUS_MANAGER: &str = "consulbind";
 /// How often a settled binding is looked at again, to refresh its sync time and pick up
 /// changes to the token Secret.
 const RESYNC: Duration = Duration::from_secs(300);
+/// How soon a binding that is not healthy is looked at again.
+const RETRY: Duration = Duration::from_secs(15);
 const DEFAULT_QUIET: Duration = Duration::from_secs(2);
 const DEFAULT_MAX: Duration = Duration::from_secs(30);
 
@@ -65,9 +68,15 @@ pub struct Context {
     pub recorder: Recorder,
     pub watches: Watches,
     pub workloads: Workloads,
+    pub bindings: Store<ConsulBinding>,
     pub metrics: Arc<Metrics>,
     pub pending: Mutex<HashMap<BindingRef, Pending>>,
-    pub ready: Mutex<HashMap<BindingRef, &'static str>>,
+    /// Ready state of every binding this replica serves, across scopes, for the metric.
+    pub ready: Arc<Mutex<HashMap<BindingRef, &'static str>>>,
+    /// The status this replica last wrote, by binding uid. Only the leader writes status, so it
+    /// is never older than the cache, which may not have seen the write yet when a Consul
+    /// change wakes the binding again.
+    pub written: Mutex<HashMap<BindingRef, (String, ConsulBindingStatus)>>,
 }
 
 impl Context {
@@ -75,6 +84,7 @@ impl Context {
     pub fn forget(&self, binding: &BindingRef) {
         self.watches.release(binding);
         self.pending.lock().unwrap().remove(binding);
+        self.written.lock().unwrap().remove(binding);
         self.set_ready(binding, None);
     }
 
@@ -82,6 +92,7 @@ impl Context {
     pub fn retain(&self, keep: impl Fn(&BindingRef) -> bool) {
         self.watches.retain(&keep);
         self.pending.lock().unwrap().retain(|b, _| keep(b));
+        self.written.lock().unwrap().retain(|b, _| keep(b));
         let gone: Vec<BindingRef> = self.ready.lock().unwrap().keys().filter(|b| !keep(b)).cloned().collect();
         for binding in gone {
             self.set_ready(&binding, None);
@@ -116,7 +127,7 @@ async fn reconcile_inner(binding: &ConsulBinding, ctx: &Context) -> Result<Actio
     let namespace = binding.namespace().unwrap_or_default();
     let name = binding.name_any();
     let oref = BindingRef::from_obj(binding);
-    let previous = binding.status.clone().unwrap_or_default();
+    let previous = last_status(ctx, binding, &oref);
     let spec = &binding.spec;
 
     let window = match validate(spec) {
@@ -131,15 +142,24 @@ async fn reconcile_inner(binding: &ConsulBinding, ctx: &Context) -> Result<Actio
 
     let mut contents = Vec::new();
     let consul = match token(ctx, &namespace, spec).await? {
-        Err(message) => {
+        TokenSource::Invalid(message) => {
             ctx.watches.release(&oref);
             Consul::Failed { reason: conditions::reason::TOKEN_SECRET_INVALID, message }
         }
-        Ok(token) => {
-            contents = ctx.watches.subscribe(&oref, &queries(spec, token));
+        TokenSource::Default => {
+            contents = subscribe(ctx, &oref, &queries(spec, None));
+            consul_view(spec, &contents)
+        }
+        TokenSource::Secret(token) => {
+            contents = subscribe(ctx, &oref, &queries(spec, Some(token)));
             consul_view(spec, &contents)
         }
     };
+    if matches!(consul, Consul::Waiting) && previous.applied_checksum.is_some() {
+        // A restart or failover: hold the last word until Consul answers, rather than flapping
+        // Ready. The first answer wakes the binding.
+        return Ok(Action::requeue(RETRY));
+    }
     let resolved = ctx.workloads.resolve(&namespace, &spec.targets);
     let input = Input {
         spec,
@@ -183,11 +203,9 @@ async fn reconcile_inner(binding: &ConsulBinding, ctx: &Context) -> Result<Actio
     }
     report(ctx, binding, &previous, &status).await?;
 
-    let retry = if outcome.failed.is_empty() && !matches!(input.consul, Consul::Waiting) {
-        RESYNC
-    } else {
-        Duration::from_secs(10)
-    };
+    // Secrets are not watched, and a Consul failure may clear without a change to wake us.
+    let healthy = outcome.failed.is_empty() && matches!(input.consul, Consul::Ready(_));
+    let retry = if healthy { RESYNC } else { RETRY };
     Ok(match plan.wake_at {
         Some(at) => Action::requeue(at.saturating_duration_since(Instant::now()).max(Duration::from_millis(50))),
         None => Action::requeue(retry),
@@ -216,32 +234,61 @@ pub fn validate(spec: &ConsulBindingSpec) -> Result<Window, String> {
     Ok(Window { quiet, max })
 }
 
+/// Where a binding's Consul token comes from.
+enum TokenSource {
+    Default,
+    Secret(Token),
+    /// A problem with the Secret that a person must fix.
+    Invalid(String),
+}
+
 /// The token for this binding's keys: from its Secret, if it names one; otherwise the
-/// controller default. `Ok(Err(_))` is a problem with the Secret that a person must fix.
-async fn token(
-    ctx: &Context,
-    namespace: &str,
-    spec: &ConsulBindingSpec,
-) -> Result<Result<Option<Token>, String>, Error> {
+/// controller default.
+async fn token(ctx: &Context, namespace: &str, spec: &ConsulBindingSpec) -> Result<TokenSource, Error> {
     let Some(secret_ref) = spec.consul.as_ref().and_then(|c| c.token_secret_ref.as_ref()) else {
-        return Ok(Ok(None));
+        return Ok(TokenSource::Default);
     };
     let key = secret_ref.key.as_deref().unwrap_or("token");
     let secret = match Api::<Secret>::namespaced(ctx.client.clone(), namespace).get_opt(&secret_ref.name).await {
         Ok(Some(secret)) => secret,
         Ok(None) => {
-            return Ok(Err(format!("token Secret {:?} not found in namespace {namespace}", secret_ref.name)));
+            return Ok(TokenSource::Invalid(format!(
+                "token Secret {:?} not found in namespace {namespace}",
+                secret_ref.name
+            )));
         }
         Err(kube::Error::Api(status)) if status.code == 403 => {
-            return Ok(Err(format!("the controller may not read Secret {:?}: {}", secret_ref.name, status.message)));
+            return Ok(TokenSource::Invalid(format!(
+                "the controller may not read Secret {:?}: {}",
+                secret_ref.name, status.message
+            )));
         }
         Err(e) => return Err(Error::Secret(e)),
     };
     let value = secret.data.as_ref().and_then(|d| d.get(key)).map(|v| String::from_utf8_lossy(&v.0).trim().to_owned());
     Ok(match value {
-        Some(token) if !token.is_empty() => Ok(Some(Token::new(token))),
-        _ => Err(format!("token Secret {:?} has no non-empty key {key:?}", secret_ref.name)),
+        Some(token) if !token.is_empty() => TokenSource::Secret(Token::new(token)),
+        _ => TokenSource::Invalid(format!("token Secret {:?} has no non-empty key {key:?}", secret_ref.name)),
     })
+}
+
+/// Subscribes a binding to its watches, unless it was deleted while this reconcile waited:
+/// the deletion's release may already have run, and must not be undone.
+fn subscribe(ctx: &Context, binding: &BindingRef, queries: &[KvQuery]) -> Vec<KeyState> {
+    let states = ctx.watches.subscribe(binding, queries);
+    if ctx.bindings.get(binding).is_none() {
+        ctx.watches.release(binding);
+    }
+    states
+}
+
+/// The binding's status: the one this replica last wrote for this very object, else the cached one.
+fn last_status(ctx: &Context, binding: &ConsulBinding, oref: &BindingRef) -> ConsulBindingStatus {
+    let uid = binding.uid().unwrap_or_default();
+    match ctx.written.lock().unwrap().get(oref) {
+        Some((written_uid, status)) if *written_uid == uid => status.clone(),
+        _ => binding.status.clone().unwrap_or_default(),
+    }
 }
 
 fn queries(spec: &ConsulBindingSpec, token: Option<Token>) -> Vec<KvQuery> {
@@ -275,26 +322,15 @@ fn consul_view<'a>(spec: &'a ConsulBindingSpec, states: &'a [KeyState]) -> Consu
 
 fn invalid_status(binding: &ConsulBinding, previous: &ConsulBindingStatus, message: &str) -> ConsulBindingStatus {
     let now = Time(Timestamp::now());
-    let mut status = previous.clone();
-    status.observed_generation = binding.metadata.generation;
-    let keep = |type_: &str| {
-        previous
-            .conditions
-            .iter()
-            .find(|c| c.type_ == type_ && c.status == "False" && c.reason == conditions::reason::INVALID_SPEC)
-    };
-    status.conditions = [conditions::READY, conditions::TARGETS_UPDATED]
+    let generation = binding.metadata.generation;
+    let conditions = [conditions::READY, conditions::TARGETS_UPDATED]
         .into_iter()
-        .map(|type_| k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
-            type_: type_.into(),
-            status: "False".into(),
-            reason: conditions::reason::INVALID_SPEC.into(),
-            message: message.into(),
-            observed_generation: binding.metadata.generation,
-            last_transition_time: keep(type_).map_or_else(|| now.clone(), |c| c.last_transition_time.clone()),
+        .map(|type_| {
+            let reason = conditions::reason::INVALID_SPEC;
+            plan::condition(&previous.conditions, type_, Some(false), reason, message.into(), generation, &now)
         })
         .collect();
-    status
+    ConsulBindingStatus { observed_generation: generation, conditions, ..previous.clone() }
 }
 
 fn short(status: &ConsulBindingStatus) -> &str {
@@ -376,6 +412,7 @@ async fn report(
     api.patch_status(&binding.name_any(), &PatchParams::apply(STATUS_MANAGER).force(), &Patch::Apply(&patch))
         .await
         .map_err(Error::Status)?;
+    ctx.written.lock().unwrap().insert(oref, (binding.uid().unwrap_or_default(), status.clone()));
     Ok(())
 }
 

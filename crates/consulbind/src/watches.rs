@@ -165,6 +165,10 @@ impl Inner {
     }
 }
 
+fn same_contents(a: &[KvEntry], b: &[KvEntry]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(a, b)| a.key == b.key && a.value == b.value)
+}
+
 /// Follows one query with blocking requests until aborted.
 async fn run(client: Client, query: KvQuery, state: watch::Sender<KeyState>, notify: impl Fn(), metrics: Arc<Metrics>) {
     let mut last_index = 0;
@@ -177,13 +181,17 @@ async fn run(client: Client, query: KvQuery, state: watch::Sender<KeyState>, not
             Ok(response) => {
                 backoff.reset();
                 last_index = index::next(last_index, response.index);
-                let changed = state.send_if_modified(|current| match current {
-                    KeyState::Ready { entries, .. } if **entries == *response.entries => false,
-                    _ => {
-                        *current =
-                            KeyState::Ready { entries: response.entries.into(), changed_at: std::time::Instant::now() };
-                        true
-                    }
+                // Contents, not indexes, make a change. Index-only moves are kept for the status
+                // without waking anyone.
+                let changed = state.send_if_modified(|current| {
+                    let (content_changed, changed_at) = match current {
+                        KeyState::Ready { entries, changed_at } if same_contents(entries, &response.entries) => {
+                            (false, *changed_at)
+                        }
+                        _ => (true, std::time::Instant::now()),
+                    };
+                    *current = KeyState::Ready { entries: response.entries.into(), changed_at };
+                    content_changed
                 });
                 if changed {
                     info!(key = %query.key, recurse = query.recurse, index = response.index, "Consul content changed");

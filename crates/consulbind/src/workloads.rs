@@ -111,6 +111,10 @@ where
                     seen.remove(&ObjectRef::from_obj(&obj));
                     Some(obj)
                 }
+                Err(error) => {
+                    tracing::warn!(%kind, %error, "watching workloads failed; retrying");
+                    None
+                }
                 _ => None,
             };
             futures::future::ready(touched.map(|obj| Touched { kind, namespace: obj.namespace().unwrap_or_default() }))
@@ -157,18 +161,27 @@ pub async fn stamp(
         "spec": { "template": { "metadata": { "annotations": { annotation: checksum } } } },
     });
     let params = PatchParams::apply(field_manager).force();
-    let patch = Patch::Apply(&body);
     match kind {
-        WorkloadKind::Deployment => {
-            Api::<Deployment>::namespaced(client.clone(), namespace).patch(name, &params, &patch).await.map(drop)
-        }
-        WorkloadKind::StatefulSet => {
-            Api::<StatefulSet>::namespaced(client.clone(), namespace).patch(name, &params, &patch).await.map(drop)
-        }
-        WorkloadKind::DaemonSet => {
-            Api::<DaemonSet>::namespaced(client.clone(), namespace).patch(name, &params, &patch).await.map(drop)
-        }
+        WorkloadKind::Deployment => apply::<Deployment>(client, namespace, name, &params, &body).await,
+        WorkloadKind::StatefulSet => apply::<StatefulSet>(client, namespace, name, &params, &body).await,
+        WorkloadKind::DaemonSet => apply::<DaemonSet>(client, namespace, name, &params, &body).await,
     }
+}
+
+async fn apply<K>(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    params: &PatchParams,
+    body: &serde_json::Value,
+) -> kube::Result<()>
+where
+    K: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug,
+{
+    Api::<K>::namespaced(client.clone(), namespace).patch(name, params, &Patch::Apply(body)).await.map(drop)
 }
 
 /// Whether `selector` is usable, for spec validation.

@@ -295,28 +295,45 @@ async fn api_server_refuses_invalid_bindings() {
 
 #[tokio::test]
 async fn deleting_a_binding_stops_its_watch_and_leaves_the_workload() {
-    let Some(s) = Scene::new("delete").await else {
-        return;
-    };
+    let Some(s) = Scene::new("delete").await else { return };
     let key = s.key("config");
     bound_deployment(&s, &key, "0s").await;
+    s.workload(DEPLOY, "api", json!({})).await;
+    s.binding("twin", spec(json!([{"key": key}]), deploy("api"), "0s")).await;
+    s.wait_condition("twin", conditions::READY, "True", reason::BASELINED).await;
     s.put(&key, "v2").await;
     s.wait_revisions(DEPLOY, "web", 2).await;
-    let watches = s.controller().get("/debug/watches").await;
-    assert!(watches.contains(&key), "{watches}");
-    assert!(s.controller().get("/metrics").await.contains("consulbind_consul_watches 1"));
+    s.wait_revisions(DEPLOY, "api", 2).await;
+
+    // Both bindings read the key through one shared watch.
+    let watches: serde_json::Value = serde_json::from_str(&s.controller().get("/debug/watches").await).unwrap();
+    assert_eq!(watches.as_array().unwrap().len(), 1, "{watches}");
+    assert_eq!(watches[0]["key"], key.as_str());
+    let subscribers = [
+        format!("ConsulBinding.v1alpha1.consulbind.dev/cfg.{}", s.ns),
+        format!("ConsulBinding.v1alpha1.consulbind.dev/twin.{}", s.ns),
+    ];
+    assert_eq!(watches[0]["subscribers"], json!(subscribers), "{watches}");
+    assert_eq!(s.controller().metric("consulbind_consul_watches").await, Some(1.0));
 
     let annotations = s.template_annotations(DEPLOY, "web").await;
     s.bindings().delete("cfg", &Default::default()).await.unwrap();
+    support::wait("cfg to unsubscribe", || async { Ok(!s.controller().get("/debug/watches").await.contains("/cfg.")) })
+        .await
+        .unwrap();
+    assert_eq!(s.controller().metric("consulbind_consul_watches").await, Some(1.0), "the twin's watch stopped too");
+    s.bindings().delete("twin", &Default::default()).await.unwrap();
     support::wait("the watch to stop", || async {
-        Ok(s.controller().get("/metrics").await.contains("consulbind_consul_watches 0"))
+        Ok(s.controller().metric("consulbind_consul_watches").await == Some(0.0))
     })
     .await
     .unwrap();
     assert_eq!(s.controller().get("/debug/watches").await, "[]");
+
     s.put(&key, "v3").await;
     tokio::time::sleep(SETTLE).await;
     assert_eq!(s.revisions(DEPLOY, "web").await, 2);
+    assert_eq!(s.revisions(DEPLOY, "api").await, 2);
     assert_eq!(s.template_annotations(DEPLOY, "web").await, annotations);
     s.finish().await;
 }

@@ -1,0 +1,200 @@
+//! `cargo xtask bench rollout`: how fast and how small the controller is with many bindings,
+//! on the real local servers.
+//!
+//! N Deployments each get a binding that reads one key of its own and one key shared by all.
+//! Each round writes the shared key once and times how long it takes until every Deployment has
+//! a new ReplicaSet. It prints the controller's resident memory and its own metrics as well.
+
+use std::{
+    collections::HashMap,
+    process::Command,
+    thread::sleep,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail, ensure};
+
+use crate::{env::Env, process, provision, repo_root};
+
+const ADMIN_ADDR: &str = "127.0.0.1:18090";
+const ADMIN_PORT: u16 = 18090;
+
+pub fn rollout(env: &Env, bindings: usize, rounds: usize) -> Result<()> {
+    ensure!(bindings > 0 && rounds > 0, "need at least one binding and one round");
+    env.up()?;
+    let vars = env.vars()?;
+    let consul_addr =
+        vars.iter().find(|(k, _)| *k == "CONSUL_HTTP_ADDR").map(|(_, v)| v.clone()).context("CONSUL_HTTP_ADDR")?;
+    let tools = provision::tools()?;
+    let ns = format!("bench-{}", std::process::id());
+    let kubectl = |args: &[&str]| {
+        let mut cmd = Command::new(&tools.kubectl);
+        cmd.args(["-n", &ns]).args(args).envs(vars.iter().map(|(k, v)| (*k, v)));
+        cmd
+    };
+    let consul_put = |key: &str, value: &str| {
+        process::run(
+            Command::new(&tools.consul)
+                .args(["kv", "put", &format!("-http-addr={consul_addr}"), key, value])
+                .stdout(std::process::Stdio::null()),
+        )
+    };
+
+    println!("==> building the controller (release)");
+    process::run(Command::new(env!("CARGO")).current_dir(repo_root()).args([
+        "build",
+        "--release",
+        "--quiet",
+        "-p",
+        "consulbind",
+    ]))?;
+
+    println!("==> {bindings} Deployments and bindings in namespace {ns}");
+    process::run(&mut kubectl(&["create", "namespace", &ns]))?;
+    let shared = format!("{ns}/shared");
+    consul_put(&shared, "0")?;
+    let mut manifests = String::new();
+    for i in 0..bindings {
+        consul_put(&format!("{ns}/app-{i}"), "v1")?;
+        manifests += &manifest(i, &ns);
+    }
+    let file = env.run_dir().join("bench.yaml");
+    std::fs::write(&file, manifests)?;
+    process::run(&mut kubectl(&["apply", "--server-side", "-f", &file.display().to_string()]))?;
+    wait("a first ReplicaSet for every Deployment", Duration::from_secs(120), || {
+        Ok(replica_sets(&mut kubectl(&replica_set_owners()))?.len() == bindings)
+    })?;
+
+    let controller = env.daemon("bench-controller");
+    controller.stop()?;
+    let started = Instant::now();
+    controller.ensure_started(
+        Command::new(repo_root().join("target/release/consulbind"))
+            .args([&format!("--namespaces={ns}"), &format!("--admin-addr={ADMIN_ADDR}")])
+            .env("RUST_LOG", "warn")
+            .envs(vars.iter().map(|(k, v)| (*k, v))),
+    )?;
+    let result = (|| {
+        wait("every binding to record its baseline", Duration::from_secs(300), || {
+            let out = process::capture(&mut kubectl(&[
+                "get",
+                "consulbindings",
+                "-o",
+                "jsonpath={.items[*].status.appliedChecksum}",
+            ]))?;
+            Ok(out.split_whitespace().count() == bindings)
+        })?;
+        let baseline_time = started.elapsed();
+        let pid = controller.pid().context("the controller exited")?;
+        let rss_idle = rss_kib(pid)?;
+
+        let mut latencies = Vec::new();
+        for round in 1..=rounds {
+            let before = replica_sets(&mut kubectl(&replica_set_owners()))?;
+            let start = Instant::now();
+            consul_put(&shared, &round.to_string())?;
+            wait("every Deployment to roll", Duration::from_secs(300), || {
+                let now = replica_sets(&mut kubectl(&replica_set_owners()))?;
+                Ok(now.iter().all(|(owner, n)| *n > before.get(owner).copied().unwrap_or(0)) && now.len() == bindings)
+            })?;
+            latencies.push(start.elapsed());
+        }
+        let rss_after = rss_kib(pid)?;
+        let metrics = process::http_get(ADMIN_PORT, "/metrics", None).context("reading /metrics")?.1;
+        latencies.sort();
+        let ms = |d: Duration| format!("{:.0} ms", d.as_secs_f64() * 1000.0);
+        println!(
+            "\nresults ({bindings} bindings, {rounds} rounds, {} cores):",
+            std::thread::available_parallelism().map_or(0, |n| n.get())
+        );
+        println!("  start to every baseline recorded:        {}", ms(baseline_time));
+        println!(
+            "  Consul write to every Deployment rolled:  min {}  median {}  max {}",
+            ms(latencies[0]),
+            ms(latencies[latencies.len() / 2]),
+            ms(latencies[latencies.len() - 1])
+        );
+        println!(
+            "    (wall clock, polled every 100 ms with kubectl; includes kube-controller-manager creating ReplicaSets)"
+        );
+        let count = metric(&metrics, "consulbind_change_to_rollout_seconds_count").unwrap_or(0.0);
+        let sum = metric(&metrics, "consulbind_change_to_rollout_seconds_sum").unwrap_or(0.0);
+        if count > 0.0 {
+            println!(
+                "  controller: Consul change seen to target patched, mean {:.1} ms over {count} rollouts",
+                sum / count * 1000.0
+            );
+        }
+        println!(
+            "  shared Consul watches:                    {}",
+            metric(&metrics, "consulbind_consul_watches").unwrap_or(0.0)
+        );
+        println!(
+            "  controller resident memory:               {} KiB idle, {} KiB after the rounds",
+            rss_idle, rss_after
+        );
+        Ok(())
+    })();
+
+    controller.stop()?;
+    let _ = process::run(&mut kubectl(&["delete", "namespace", &ns, "--wait=false"]));
+    result
+}
+
+fn manifest(i: usize, ns: &str) -> String {
+    format!(
+        r#"---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: app-{i}}}
+spec:
+  replicas: 1
+  selector: {{matchLabels: {{app: app-{i}}}}}
+  template:
+    metadata: {{labels: {{app: app-{i}}}}}
+    spec: {{containers: [{{name: app, image: example.invalid/app:1}}]}}
+---
+apiVersion: consulbind.dev/v1alpha1
+kind: ConsulBinding
+metadata: {{name: app-{i}}}
+spec:
+  keys: [{{key: {ns}/app-{i}}}, {{key: {ns}/shared}}]
+  targets: [{{kind: Deployment, name: app-{i}}}]
+  rollout: {{quietPeriod: 0s}}
+"#
+    )
+}
+
+fn replica_set_owners() -> [&'static str; 4] {
+    ["get", "replicasets", "-o", r#"jsonpath={range .items[*]}{.metadata.ownerReferences[0].name}{"\n"}{end}"#]
+}
+
+/// ReplicaSets per owning Deployment.
+fn replica_sets(cmd: &mut Command) -> Result<HashMap<String, usize>> {
+    let mut counts = HashMap::new();
+    for owner in process::capture(cmd)?.lines().filter(|l| !l.is_empty()) {
+        *counts.entry(owner.to_owned()).or_default() += 1;
+    }
+    Ok(counts)
+}
+
+fn rss_kib(pid: u32) -> Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).context("no VmRSS")?;
+    Ok(line.split_whitespace().nth(1).context("VmRSS value")?.parse()?)
+}
+
+fn metric(body: &str, name: &str) -> Option<f64> {
+    body.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+fn wait(what: &str, timeout: Duration, done: impl Fn() -> Result<bool>) -> Result<()> {
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if done()? {
+            return Ok(());
+        }
+        sleep(Duration::from_millis(100));
+    }
+    bail!("timed out after {timeout:?} waiting for {what}")
+}
