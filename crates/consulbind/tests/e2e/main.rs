@@ -5,7 +5,13 @@ mod operations;
 mod rbac;
 mod support;
 
+use consulbind::{checksum, names};
 use consulbind_api::conditions::{self, reason};
+use k8s_openapi::api::apps::v1::Deployment;
+use kube::{
+    Api,
+    api::{Patch, PatchParams},
+};
 use serde_json::json;
 use support::{SETTLE, Scene};
 
@@ -122,6 +128,28 @@ async fn restart_without_change_does_not_roll_and_change_while_down_rolls_once()
     s.start_controller(&[]).await;
     s.wait_revisions(DEPLOY, "web", 2).await;
     s.wait_condition("cfg", conditions::READY, "True", reason::UP_TO_DATE).await;
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn a_crash_between_stamp_and_status_rolls_only_once() {
+    let Some(mut s) = Scene::new("crash").await else { return };
+    let key = s.key("config");
+    bound_deployment(&s, &key, "0s").await;
+    s.stop_controller().await;
+    s.put(&key, "v2").await;
+    // What the controller stamps for v2, as if it had crashed right after the patch.
+    let stamped = checksum::checksum(&[checksum::Source::Key { key: &key, value: Some(b"v2") }]);
+    let patch = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
+        "spec": {"template": {"metadata": {"annotations": {names::annotation_key("cfg"): stamped}}}}});
+    let pp = PatchParams::apply(&names::field_manager("cfg")).force();
+    Api::<Deployment>::namespaced(s.client.clone(), &s.ns).patch("web", &pp, &Patch::Apply(&patch)).await.unwrap();
+    s.wait_revisions(DEPLOY, "web", 2).await;
+
+    s.start_controller(&[]).await;
+    let binding = s.wait_condition("cfg", conditions::READY, "True", reason::UP_TO_DATE).await;
+    assert_eq!(binding.status.unwrap().applied_checksum, Some(stamped));
+    s.wait_revisions(DEPLOY, "web", 2).await;
     s.finish().await;
 }
 

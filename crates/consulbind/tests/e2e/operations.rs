@@ -7,15 +7,16 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use serde_json::json;
 
-use crate::support::{Controller, Scene, wait};
+use crate::support::{Controller, SYSTEM_NS, Scene, wait};
 
 const DEPLOY: &str = "Deployment";
 
+/// The Lease lives where config/ lets the controller keep it, under a name of this test's own.
 fn ha_args(ns: &str, identity: &str) -> Vec<String> {
     vec![
         "--leader-elect=true".into(),
-        format!("--lease-namespace={ns}"),
-        "--lease-name=consulbind-e2e".into(),
+        format!("--lease-namespace={SYSTEM_NS}"),
+        format!("--lease-name={ns}"),
         "--lease-duration=6s".into(),
         "--lease-renew=1s".into(),
         format!("--identity={identity}"),
@@ -57,13 +58,12 @@ async fn standby_takes_over_after_the_leader_dies_without_duplicate_or_missed_ro
     wait("replica-b to lead", || async { Ok(second.metric("consulbind_leader").await == Some(1.0)) }).await.unwrap();
     assert!(took.elapsed() < Duration::from_secs(6 + 3), "took over after {:?}", took.elapsed());
     s.wait_revisions(DEPLOY, "web", 3).await;
-    let lease = Api::<Lease>::namespaced(s.client.clone(), &s.ns).get("consulbind-e2e").await.unwrap();
-    assert_eq!(lease.spec.unwrap().holder_identity.as_deref(), Some("replica-b"));
+    let leases = Api::<Lease>::namespaced(s.client.clone(), SYSTEM_NS);
+    assert_eq!(leases.get(&s.ns).await.unwrap().spec.unwrap().holder_identity.as_deref(), Some("replica-b"));
 
     // SIGTERM hands the lease back at once.
     second.stop().await;
-    let lease = Api::<Lease>::namespaced(s.client.clone(), &s.ns).get("consulbind-e2e").await.unwrap();
-    assert_eq!(lease.spec.unwrap().holder_identity, None);
+    assert_eq!(leases.get(&s.ns).await.unwrap().spec.unwrap().holder_identity, None);
     s.finish().await;
 }
 

@@ -1,60 +1,49 @@
-//! The controller authenticated as its own ServiceAccount, with exactly the RBAC in config/.
+//! Least privilege: every rule config/ grants is needed. Every other test already runs the
+//! controller as the ServiceAccount config/ installs; this one runs it as a twin account bound to
+//! copies of the same rules, and takes the rules away one at a time.
 
-use std::{path::PathBuf, process::Command, time::Duration};
+use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use consulbind_api::conditions::{self, reason};
-use k8s_openapi::api::rbac::v1::{ClusterRole, Role};
+use k8s_openapi::api::{
+    core::v1::ServiceAccount,
+    rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding},
+};
 use kube::{
     Api,
     api::{Patch, PatchParams},
 };
-use serde_json::json;
+use serde_json::{Value, json};
 
-use crate::support::{Controller, Scene, wait_for};
+use crate::support::{Controller, SYSTEM_NS, Scene, install_config, kubeconfig_for, wait_for};
 
-const SYSTEM_NS: &str = "consulbind-system";
+const PROBE: &str = "consulbind-rbac-probe";
+const LEASE_ROLE: &str = "consulbind-leader-election";
 const STEP: Duration = Duration::from_secs(20);
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn kubectl(args: &[&str]) -> Result<String> {
-    let out = Command::new("kubectl").args(args).output()?;
-    if !out.status.success() {
-        bail!("kubectl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    }
-    Ok(String::from_utf8(out.stdout)?)
-}
-
-/// A kubeconfig for the controller's ServiceAccount, with a token from the TokenRequest API.
-fn service_account_kubeconfig() -> Result<PathBuf> {
-    let token = kubectl(&["-n", SYSTEM_NS, "create", "token", "consulbind", "--duration=2h"])?;
-    let admin = std::fs::read_to_string(std::env::var("KUBECONFIG")?)?;
-    let mut config: serde_yaml::Value = serde_yaml::from_str(&admin)?;
-    config["users"][0]["user"] = serde_yaml::to_value(serde_json::json!({ "token": token.trim() }))?;
-    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("consulbind-sa.kubeconfig");
-    std::fs::write(&path, serde_yaml::to_string(&config)?)?;
-    Ok(path)
-}
-
-/// The core path as the ServiceAccount: a token from a Secret, a baseline, a rollout, events.
+/// The core path: a token from a Secret, a baseline, a rollout, an event, the status.
 async fn scenario(s: &Scene, kubeconfig: &str, tag: &str) -> Result<()> {
-    let args = ["--leader-elect=true", &format!("--lease-namespace={SYSTEM_NS}"), "--identity=rbac-e2e"];
+    let args = ["--leader-elect=true", &format!("--lease-namespace={SYSTEM_NS}"), &format!("--lease-name={PROBE}")];
     let controller = Controller::start_with_env(&s.ns, &args, &[("KUBECONFIG", kubeconfig)]).await?;
     let result = async {
         let (key, web, binding) = (s.key(tag), format!("web-{tag}"), format!("cfg-{tag}"));
         s.put(&key, "v1").await;
         s.workload("Deployment", &web, json!({})).await;
-        s.apply(json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "consul-token"}, "stringData": {"token": "unused-without-acls"}}))
-            .await?;
-        s.binding(&binding, json!({"keys": [{"key": key}], "targets": [{"kind": "Deployment", "name": web}],
-            "rollout": {"quietPeriod": "0s"}, "consul": {"tokenSecretRef": {"name": "consul-token"}}}))
-            .await;
+        wait_for("a first ReplicaSet", STEP, || async { Ok(s.revisions("Deployment", &web).await == 1) }).await?;
+        let secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "consul-token"},
+            "stringData": {"token": "unused-without-acls"}});
+        s.apply(secret).await?;
+        s.binding(
+            &binding,
+            json!({"keys": [{"key": key}], "targets": [{"kind": "Deployment", "name": web}],
+            "rollout": {"quietPeriod": "0s"}, "consul": {"tokenSecretRef": {"name": "consul-token"}}}),
+        )
+        .await;
         wait_for("a baseline", STEP, || async {
             let b = s.bindings().get(&binding).await?;
-            Ok(b.status.iter().flat_map(|s| &s.conditions).any(|c| c.type_ == conditions::READY && c.reason == reason::BASELINED))
+            let conditions = b.status.iter().flat_map(|s| &s.conditions);
+            Ok(conditions.into_iter().any(|c| c.type_ == conditions::READY && c.reason == reason::BASELINED))
         })
         .await?;
         s.put(&key, "v2").await;
@@ -70,40 +59,68 @@ async fn scenario(s: &Scene, kubeconfig: &str, tag: &str) -> Result<()> {
     result.with_context(|| format!("controller log:\n{log}"))
 }
 
+fn rbac(kind: &str, name: &str, namespace: Option<&str>, extra: Value) -> Value {
+    let mut object = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": kind, "metadata": {"name": name}});
+    if let Some(ns) = namespace {
+        object["metadata"]["namespace"] = json!(ns);
+    }
+    object.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+    object
+}
+
 #[tokio::test]
-async fn runs_as_its_service_account_and_needs_every_rule_it_is_granted() {
+async fn every_granted_rule_is_needed() {
     let Some(s) = Scene::without_controller("rbac").await else { return };
-    let config = repo().join("config");
-    kubectl(&["apply", "--server-side", "--force-conflicts", "-k", config.to_str().unwrap()]).unwrap();
-    let kubeconfig = service_account_kubeconfig().unwrap();
-    let kubeconfig = kubeconfig.to_str().unwrap();
-
-    scenario(&s, kubeconfig, "granted").await.expect("the core scenario as the ServiceAccount");
-
+    install_config();
     let pp = PatchParams::apply("e2e-rbac").force();
     let cluster_roles: Api<ClusterRole> = Api::all(s.client.clone());
-    let full = cluster_roles.get("consulbind").await.unwrap().rules.unwrap();
-    for (i, rule) in full.iter().enumerate() {
-        let mut fewer = full.clone();
-        fewer.remove(i);
-        let patch = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "rules": fewer});
-        cluster_roles.patch("consulbind", &pp, &Patch::Apply(&patch)).await.unwrap();
-        let result = scenario(&s, kubeconfig, &format!("without-{i}")).await;
-        assert!(result.is_err(), "removing {rule:?} from the ClusterRole broke nothing");
-    }
-    let patch = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "rules": full});
-    cluster_roles.patch("consulbind", &pp, &Patch::Apply(&patch)).await.unwrap();
-
     let roles: Api<Role> = Api::namespaced(s.client.clone(), SYSTEM_NS);
-    let role = roles.get("consulbind-leader-election").await.unwrap();
-    assert_eq!(role.rules.as_ref().map(Vec::len), Some(1));
-    let patch = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "rules": []});
-    roles.patch("consulbind-leader-election", &pp, &Patch::Apply(&patch)).await.unwrap();
-    let result = scenario(&s, kubeconfig, "without-lease").await;
-    let patch = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "rules": role.rules});
-    roles.patch("consulbind-leader-election", &pp, &Patch::Apply(&patch)).await.unwrap();
-    assert!(result.is_err(), "removing the Lease rule broke nothing");
+    let cluster_rules = cluster_roles.get("consulbind").await.unwrap().rules.unwrap();
+    let lease_rules = roles.get(LEASE_ROLE).await.unwrap().rules.unwrap();
+    assert_eq!(lease_rules.len(), 1);
 
-    scenario(&s, kubeconfig, "restored").await.expect("the core scenario with the rules restored");
+    // A twin of the controller's ServiceAccount, bound to copies of its roles.
+    let subject = json!([{"kind": "ServiceAccount", "name": PROBE, "namespace": SYSTEM_NS}]);
+    let set_rules = |cluster: &[_], lease: &[_]| {
+        let cluster = rbac("ClusterRole", PROBE, None, json!({"rules": cluster}));
+        let lease = rbac("Role", PROBE, Some(SYSTEM_NS), json!({"rules": lease}));
+        let (cluster_roles, roles, pp) = (cluster_roles.clone(), roles.clone(), pp.clone());
+        async move {
+            cluster_roles.patch(PROBE, &pp, &Patch::Apply(&cluster)).await.unwrap();
+            roles.patch(PROBE, &pp, &Patch::Apply(&lease)).await.unwrap();
+        }
+    };
+    let account =
+        json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": PROBE, "namespace": SYSTEM_NS}});
+    Api::<ServiceAccount>::namespaced(s.client.clone(), SYSTEM_NS)
+        .patch(PROBE, &pp, &Patch::Apply(&account))
+        .await
+        .unwrap();
+    let role_ref = |kind: &str| json!({"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": PROBE});
+    let binding =
+        rbac("ClusterRoleBinding", PROBE, None, json!({"subjects": subject, "roleRef": role_ref("ClusterRole")}));
+    Api::<ClusterRoleBinding>::all(s.client.clone()).patch(PROBE, &pp, &Patch::Apply(&binding)).await.unwrap();
+    let binding =
+        rbac("RoleBinding", PROBE, Some(SYSTEM_NS), json!({"subjects": subject, "roleRef": role_ref("Role")}));
+    Api::<RoleBinding>::namespaced(s.client.clone(), SYSTEM_NS)
+        .patch(PROBE, &pp, &Patch::Apply(&binding))
+        .await
+        .unwrap();
+    set_rules(&cluster_rules, &lease_rules).await;
+    let kubeconfig = kubeconfig_for(PROBE);
+    let kubeconfig = kubeconfig.to_str().unwrap();
+
+    scenario(&s, kubeconfig, "granted").await.expect("the core path with every rule");
+    for (i, rule) in cluster_rules.iter().enumerate() {
+        let mut fewer = cluster_rules.clone();
+        fewer.remove(i);
+        set_rules(&fewer, &lease_rules).await;
+        let result = scenario(&s, kubeconfig, &format!("without-{i}")).await;
+        assert!(result.is_err(), "removing {rule:?} broke nothing");
+    }
+    set_rules(&cluster_rules, &[]).await;
+    assert!(scenario(&s, kubeconfig, "without-lease").await.is_err(), "removing the Lease rule broke nothing");
+    set_rules(&cluster_rules, &lease_rules).await;
+    scenario(&s, kubeconfig, "restored").await.expect("the core path with the rules restored");
     s.finish().await;
 }

@@ -6,6 +6,7 @@ use std::{
     net::{SocketAddr, TcpListener},
     path::PathBuf,
     process::Stdio,
+    sync::OnceLock,
     time::Duration,
 };
 
@@ -301,7 +302,11 @@ impl Controller {
         Self::start_with_env(ns, args, &[]).await
     }
 
+    /// Starts the controller as its own ServiceAccount, unless `envs` names another KUBECONFIG.
     pub async fn start_with_env(ns: &str, args: &[&str], envs: &[(&str, &str)]) -> Result<Self> {
+        let own = controller_kubeconfig().display().to_string();
+        let identity = [("KUBECONFIG", own.as_str())];
+        let identity = if envs.iter().any(|(k, _)| *k == "KUBECONFIG") { &[][..] } else { &identity[..] };
         let admin = free_port();
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("e2e-logs");
         std::fs::create_dir_all(&dir)?;
@@ -312,6 +317,7 @@ impl Controller {
             .arg(format!("--admin-addr={admin}"))
             .args(args)
             .env("RUST_LOG", "info,consulbind=debug")
+            .envs(identity.iter().copied())
             .envs(envs.iter().copied())
             .stdout(Stdio::from(log.try_clone()?))
             .stderr(Stdio::from(log))
@@ -355,6 +361,45 @@ impl Controller {
         let exited = tokio::time::timeout(Duration::from_secs(15), self.child.wait()).await;
         assert!(exited.is_ok(), "controller did not exit within 15 s of SIGTERM\n{}", self.log());
     }
+}
+
+/// The namespace `kubectl apply -k config/` installs the controller into.
+pub const SYSTEM_NS: &str = "consulbind-system";
+
+pub fn kubectl(args: &[&str]) -> Result<String> {
+    let out = std::process::Command::new("kubectl").args(args).output()?;
+    if !out.status.success() {
+        bail!("kubectl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(String::from_utf8(out.stdout)?)
+}
+
+/// Installs config/ (ServiceAccount, RBAC, Deployment...) once per test run, server-side.
+pub fn install_config() {
+    static INSTALLED: OnceLock<()> = OnceLock::new();
+    INSTALLED.get_or_init(|| {
+        let config = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../config");
+        kubectl(&["apply", "--server-side", "--force-conflicts", "-k", config.to_str().unwrap()]).unwrap();
+    });
+}
+
+/// A kubeconfig that authenticates as ServiceAccount `account` of consulbind-system, with a
+/// token from the TokenRequest API.
+pub fn kubeconfig_for(account: &str) -> PathBuf {
+    install_config();
+    let token = kubectl(&["-n", SYSTEM_NS, "create", "token", account, "--duration=2h"]).unwrap();
+    let admin = std::fs::read_to_string(std::env::var("KUBECONFIG").unwrap()).unwrap();
+    let mut config: serde_yaml::Value = serde_yaml::from_str(&admin).unwrap();
+    config["users"][0]["user"] = serde_yaml::to_value(json!({ "token": token.trim() })).unwrap();
+    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{account}.kubeconfig"));
+    std::fs::write(&path, serde_yaml::to_string(&config).unwrap()).unwrap();
+    path
+}
+
+/// Every test's controller runs as the ServiceAccount and RBAC that config/ installs.
+pub fn controller_kubeconfig() -> &'static PathBuf {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| kubeconfig_for("consulbind"))
 }
 
 pub fn free_port() -> SocketAddr {
