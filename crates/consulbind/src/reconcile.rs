@@ -146,12 +146,8 @@ async fn reconcile_inner(binding: &ConsulBinding, ctx: &Context) -> Result<Actio
             ctx.watches.release(&oref);
             Consul::Failed { reason: conditions::reason::TOKEN_SECRET_INVALID, message }
         }
-        TokenSource::Default => {
-            contents = subscribe(ctx, &oref, &queries(spec, None));
-            consul_view(spec, &contents)
-        }
-        TokenSource::Secret(token) => {
-            contents = subscribe(ctx, &oref, &queries(spec, Some(token)));
+        source => {
+            contents = subscribe(ctx, &oref, &queries(spec, source.into_token()));
             consul_view(spec, &contents)
         }
     };
@@ -240,6 +236,15 @@ enum TokenSource {
     Secret(Token),
     /// A problem with the Secret that a person must fix.
     Invalid(String),
+}
+
+impl TokenSource {
+    fn into_token(self) -> Option<Token> {
+        match self {
+            TokenSource::Secret(token) => Some(token),
+            _ => None,
+        }
+    }
 }
 
 /// The token for this binding's keys: from its Secret, if it names one; otherwise the
