@@ -55,16 +55,12 @@ pub fn run(env: &Env) -> Result<()> {
             .args([&format!("--namespaces={NAMESPACE}"), &format!("--admin-addr={ADMIN_ADDR}")])
             .envs(vars.iter().map(|(k, v)| (*k, v))),
     )?;
-    wait("the binding to record its baseline", Duration::from_secs(60), &controller, || {
-        process::capture(&mut kubectl(&[
-            "get",
-            "consulbinding",
-            "web-config",
-            "-o",
-            "jsonpath={.status.appliedChecksum}",
-        ]))
-        .is_ok_and(|c| !c.trim().is_empty())
-    })?;
+    let status_has = |field: &str| {
+        let jsonpath = format!("jsonpath={{.status.{field}}}");
+        process::capture(&mut kubectl(&["get", "consulbinding", "web-config", "-o", &jsonpath]))
+            .is_ok_and(|value| !value.trim().is_empty())
+    };
+    wait("the binding to record its baseline", Duration::from_secs(60), &controller, || status_has("appliedChecksum"))?;
     show(kubectl(&["get", "consulbindings"]))?;
     show(kubectl(&["get", "replicasets", "-l", "app=web"]))?;
     let before = replica_sets(&mut kubectl(&["get", "replicasets", "-l", "app=web", "-o", "name"]))?;
@@ -74,16 +70,7 @@ pub fn run(env: &Env) -> Result<()> {
     wait("the rollout (a new ReplicaSet)", Duration::from_secs(60), &controller, || {
         replica_sets(&mut kubectl(&["get", "replicasets", "-l", "app=web", "-o", "name"])).is_ok_and(|n| n > before)
     })?;
-    wait("the binding to report it", Duration::from_secs(30), &controller, || {
-        process::capture(&mut kubectl(&[
-            "get",
-            "consulbinding",
-            "web-config",
-            "-o",
-            "jsonpath={.status.lastChangeTime}",
-        ]))
-        .is_ok_and(|c| !c.trim().is_empty())
-    })?;
+    wait("the binding to report it", Duration::from_secs(30), &controller, || status_has("lastChangeTime"))?;
 
     step("the rollout");
     show(kubectl(&["get", "consulbindings", "-o", "wide"]))?;

@@ -13,17 +13,9 @@ use kube::{
     api::{Patch, PatchParams},
 };
 use serde_json::json;
-use support::{SETTLE, Scene};
+use support::{SETTLE, Scene, deploy, spec};
 
 const DEPLOY: &str = "Deployment";
-
-fn spec(keys: serde_json::Value, targets: serde_json::Value, quiet: &str) -> serde_json::Value {
-    json!({"keys": keys, "targets": targets, "rollout": {"quietPeriod": quiet}})
-}
-
-fn deploy(name: &str) -> serde_json::Value {
-    json!([{"kind": "Deployment", "name": name}])
-}
 
 /// A Deployment bound to one key, baselined without a rollout.
 async fn bound_deployment(s: &Scene, key: &str, quiet: &str) {

@@ -7,7 +7,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use serde_json::json;
 
-use crate::support::{Controller, SYSTEM_NS, Scene, wait};
+use crate::support::{Controller, SYSTEM_NS, Scene, deploy, spec, wait};
 
 const DEPLOY: &str = "Deployment";
 
@@ -42,11 +42,7 @@ async fn standby_takes_over_after_the_leader_dies_without_duplicate_or_missed_ro
     // A standby is ready, but not the leader.
     assert_eq!(second.metric("consulbind_leader").await, Some(0.0));
 
-    s.binding(
-        "cfg",
-        json!({"keys": [{"key": key}], "targets": [{"kind": DEPLOY, "name": "web"}], "rollout": {"quietPeriod": "0s"}}),
-    )
-    .await;
+    s.binding("cfg", spec(json!([{"key": key}]), deploy("web"), "0s")).await;
     s.wait_condition("cfg", conditions::READY, "True", reason::BASELINED).await;
     s.put(&key, "v2").await;
     s.wait_revisions(DEPLOY, "web", 2).await;
@@ -76,11 +72,7 @@ async fn metrics_health_and_json_logs_describe_the_work() {
     let key = s.key("config");
     s.put(&key, "v1").await;
     s.workload(DEPLOY, "web", json!({})).await;
-    s.binding(
-        "cfg",
-        json!({"keys": [{"key": key}], "targets": [{"kind": DEPLOY, "name": "web"}], "rollout": {"quietPeriod": "0s"}}),
-    )
-    .await;
+    s.binding("cfg", spec(json!([{"key": key}]), deploy("web"), "0s")).await;
     s.wait_condition("cfg", conditions::READY, "True", reason::BASELINED).await;
     s.put(&key, "v2").await;
     s.wait_revisions(DEPLOY, "web", 2).await;

@@ -19,7 +19,7 @@ use k8s_openapi::api::{
 };
 use kube::{
     Api, Client,
-    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
+    api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams},
 };
 use serde_json::{Value, json};
 use tokio::process::{Child, Command};
@@ -193,36 +193,10 @@ impl Scene {
 
     /// The pod-template annotations of a workload.
     pub async fn template_annotations(&self, kind: &str, name: &str) -> std::collections::BTreeMap<String, String> {
-        let template = match kind {
-            "Deployment" => {
-                Api::<Deployment>::namespaced(self.client.clone(), &self.ns)
-                    .get(name)
-                    .await
-                    .unwrap()
-                    .spec
-                    .unwrap()
-                    .template
-            }
-            "StatefulSet" => {
-                Api::<StatefulSet>::namespaced(self.client.clone(), &self.ns)
-                    .get(name)
-                    .await
-                    .unwrap()
-                    .spec
-                    .unwrap()
-                    .template
-            }
-            _ => {
-                Api::<DaemonSet>::namespaced(self.client.clone(), &self.ns)
-                    .get(name)
-                    .await
-                    .unwrap()
-                    .spec
-                    .unwrap()
-                    .template
-            }
-        };
-        template.metadata.and_then(|m| m.annotations).unwrap_or_default()
+        let resource = ApiResource::from_gvk(&GroupVersionKind::gvk("apps", "v1", kind));
+        let api = Api::<DynamicObject>::namespaced_with(self.client.clone(), &self.ns, &resource);
+        let workload = api.get(name).await.unwrap();
+        serde_json::from_value(workload.data["spec"]["template"]["metadata"]["annotations"].clone()).unwrap_or_default()
     }
 
     /// Reasons and notes of the events in this namespace about `name`.
@@ -268,6 +242,16 @@ impl Scene {
         self.stop_controller().await;
         let _ = Api::<Namespace>::all(self.client.clone()).delete(&self.ns, &DeleteParams::default()).await;
     }
+}
+
+/// A binding spec with a quiet period.
+pub fn spec(keys: Value, targets: Value, quiet: &str) -> Value {
+    json!({"keys": keys, "targets": targets, "rollout": {"quietPeriod": quiet}})
+}
+
+/// Targets naming one Deployment.
+pub fn deploy(name: &str) -> Value {
+    json!([{"kind": "Deployment", "name": name}])
 }
 
 pub fn workload(kind: &str, name: &str, labels: Value) -> Value {
