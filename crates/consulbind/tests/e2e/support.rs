@@ -18,7 +18,7 @@ use k8s_openapi::api::{
     core::v1::Namespace,
 };
 use kube::{
-    Api, Client,
+    Api, Client, ResourceExt,
     api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams},
 };
 use serde_json::{Value, json};
@@ -157,28 +157,13 @@ impl Scene {
     /// Number of rollouts a workload has had: ReplicaSets of a Deployment, ControllerRevisions
     /// of a StatefulSet or DaemonSet. The first template counts as one.
     pub async fn revisions(&self, kind: &str, name: &str) -> usize {
-        let owned = |refs: Option<&Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>>| {
-            refs.is_some_and(|r| r.iter().any(|o| o.kind == kind && o.name == name))
+        let revision = match kind {
+            "Deployment" => ApiResource::erase::<ReplicaSet>(&()),
+            _ => ApiResource::erase::<ControllerRevision>(&()),
         };
-        let lp = ListParams::default();
-        match kind {
-            "Deployment" => Api::<ReplicaSet>::namespaced(self.client.clone(), &self.ns)
-                .list(&lp)
-                .await
-                .unwrap()
-                .items
-                .iter()
-                .filter(|rs| owned(rs.metadata.owner_references.as_ref()))
-                .count(),
-            _ => Api::<ControllerRevision>::namespaced(self.client.clone(), &self.ns)
-                .list(&lp)
-                .await
-                .unwrap()
-                .items
-                .iter()
-                .filter(|cr| owned(cr.metadata.owner_references.as_ref()))
-                .count(),
-        }
+        let api = Api::<DynamicObject>::namespaced_with(self.client.clone(), &self.ns, &revision);
+        let revisions = api.list(&ListParams::default()).await.unwrap().items;
+        revisions.iter().filter(|r| r.owner_references().iter().any(|o| o.kind == kind && o.name == name)).count()
     }
 
     pub async fn wait_revisions(&self, kind: &str, name: &str, want: usize) {
