@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use reqwest::header::{HeaderMap, HeaderValue};
 use reqwest::{Method, Response, StatusCode, Url};
+use tokio::sync::{Semaphore, SemaphorePermit};
 
 use crate::error::{chain, excerpt};
 use crate::kv::{key_url, kv_url, parse_entries, request_timeout};
@@ -14,11 +15,14 @@ use crate::{ClientConfig, Error, KvQuery, KvResponse, Token};
 const TOKEN_HEADER: &str = "X-Consul-Token";
 const INDEX_HEADER: &str = "X-Consul-Index";
 
-/// A Consul KV client. Clones share one connection pool.
+/// A Consul KV client. Clones share one connection pool and one connection budget.
 ///
-/// Without HTTP/2 every blocking query in flight holds its own connection, and
-/// Consul allows 200 per client IP by default (`http_max_conns_per_client`)
-/// and silently drops the rest, so share watches rather than clients.
+/// Over HTTP/1.1 every request in flight holds its own connection, and Consul
+/// allows 200 per client IP by default (`http_max_conns_per_client`) and drops
+/// the rest. So the client never holds more than `max_connections`: requests
+/// wait for a permit, at most `max_connections / 8` connections stay idle, and
+/// blocking queries may take only [`Client::blocking_slots`] of the permits, so
+/// that they never starve the short reads and writes.
 #[derive(Clone)]
 pub struct Client {
     inner: Arc<Inner>,
@@ -31,6 +35,11 @@ struct Inner {
     address: String,
     token: Option<Token>,
     wait: Duration,
+    /// Every request in flight holds one.
+    requests: Semaphore,
+    /// Blocking queries hold one of these as well.
+    blocking: Semaphore,
+    blocking_slots: usize,
 }
 
 impl std::fmt::Debug for Client {
@@ -49,6 +58,10 @@ impl Client {
         if config.wait < Duration::from_millis(1) {
             return Err(Error::Config("wait must be at least 1ms".into()));
         }
+        if config.max_connections < MIN_CONNECTIONS {
+            return Err(Error::Config(format!("max_connections must be at least {MIN_CONNECTIONS}")));
+        }
+        let budget = Budget::of(config.max_connections);
         let mut base = parse_address(&config.address)?;
         let builder = reqwest::Client::builder()
             .user_agent(concat!("consulbind-consul-kv/", env!("CARGO_PKG_VERSION")))
@@ -56,7 +69,9 @@ impl Client {
             .connect_timeout(Duration::from_secs(5))
             // Detect dead peers on long polls that carry no data for minutes.
             .tcp_keepalive(Duration::from_secs(30))
-            .pool_max_idle_per_host(32);
+            .pool_max_idle_per_host(budget.idle)
+            // A redirect could carry the token to another host.
+            .redirect(reqwest::redirect::Policy::none());
         let mut builder = with_tls(builder, &config)?;
         if let (Some(name), "https") = (&config.tls_server_name, base.scheme()) {
             let addrs = resolve(&base, &config.address).await?;
@@ -66,8 +81,27 @@ impl Client {
 
         let http = builder.build().map_err(|e| Error::Config(format!("cannot build HTTP client: {}", chain(&e))))?;
         Ok(Self {
-            inner: Arc::new(Inner { http, base, address: config.address, token: config.token, wait: config.wait }),
+            inner: Arc::new(Inner {
+                http,
+                base,
+                address: config.address,
+                token: config.token,
+                wait: config.wait,
+                requests: Semaphore::new(budget.requests),
+                blocking: Semaphore::new(budget.blocking),
+                blocking_slots: budget.blocking,
+            }),
         })
+    }
+
+    /// How many blocking queries may be in flight at once; more wait for a slot.
+    pub fn blocking_slots(&self) -> usize {
+        self.inner.blocking_slots
+    }
+
+    /// The configured wait of a blocking query.
+    pub fn wait(&self) -> Duration {
+        self.inner.wait
     }
 
     /// The address as configured, for display and for telling clients apart.
@@ -79,8 +113,19 @@ impl Client {
     /// blocking query that returns once Consul's index passes `index` or the
     /// configured wait runs out. Compute the index with [`crate::index::next`].
     pub async fn get(&self, query: &KvQuery, index: u64) -> Result<KvResponse, Error> {
-        let blocking = (index >= 1).then_some(self.inner.wait);
-        let url = kv_url(&self.inner.base, query, index, self.inner.wait);
+        self.get_wait(query, index, self.inner.wait).await
+    }
+
+    /// [`Client::get`] with a wait of its own for a blocking query, capped at the configured one.
+    pub async fn get_wait(&self, query: &KvQuery, index: u64, wait: Duration) -> Result<KvResponse, Error> {
+        let wait = wait.clamp(Duration::from_millis(1), self.inner.wait);
+        let blocking = (index >= 1).then_some(wait);
+        let _slot = match blocking {
+            Some(_) => Some(self.inner.blocking.acquire().await.expect("never closed")),
+            None => None,
+        };
+        let _permit = self.permit().await;
+        let url = kv_url(&self.inner.base, query, index, wait);
         let token = query.token.as_ref().or(self.inner.token.as_ref());
         let response = self.send(Method::GET, url, token, request_timeout(blocking), None).await?;
         let status = response.status();
@@ -122,6 +167,7 @@ impl Client {
         token: Option<&Token>,
     ) -> Result<(), Error> {
         let token = token.or(self.inner.token.as_ref());
+        let _permit = self.permit().await;
         let response = self.send(method, url, token, request_timeout(None), body).await?;
         if response.status() != StatusCode::OK {
             return Err(self.status_error(key, "write", response, token).await);
@@ -133,6 +179,12 @@ impl Client {
                 excerpt(&String::from_utf8_lossy(other))
             ))),
         }
+    }
+
+    /// Held from sending a request until its body is read, so the connection is back in the
+    /// pool (or closed) before another request may open one.
+    async fn permit(&self) -> SemaphorePermit<'_> {
+        self.inner.requests.acquire().await.expect("never closed")
     }
 
     async fn send(
@@ -183,6 +235,26 @@ impl Client {
             false => chain(err),
         };
         Error::Unreachable { address: self.inner.address.clone(), detail }
+    }
+}
+
+const MIN_CONNECTIONS: usize = 4;
+
+/// How a connection budget is split. Idle connections count against Consul's limit too, so
+/// requests in flight plus the idle pool never exceed the budget; blocking queries leave
+/// room for short requests.
+#[derive(Debug, PartialEq, Eq)]
+struct Budget {
+    idle: usize,
+    requests: usize,
+    blocking: usize,
+}
+
+impl Budget {
+    fn of(max_connections: usize) -> Self {
+        let idle = (max_connections / 8).max(1);
+        let requests = max_connections - idle;
+        Self { idle, requests, blocking: requests - idle }
     }
 }
 
@@ -278,6 +350,22 @@ mod tests {
             let err = parse_address(bad).unwrap_err();
             assert_eq!(err.kind(), crate::ErrorKind::Config, "{bad}");
         }
+    }
+
+    #[test]
+    fn budget_is_never_exceeded_and_leaves_room_for_short_requests() {
+        for max in MIN_CONNECTIONS..500 {
+            let budget = Budget::of(max);
+            assert!(budget.requests + budget.idle <= max, "{max}: {budget:?}");
+            assert!(budget.blocking >= 1 && budget.blocking < budget.requests, "{max}: {budget:?}");
+        }
+        assert_eq!(Budget::of(32), Budget { idle: 4, requests: 28, blocking: 24 });
+    }
+
+    #[tokio::test]
+    async fn too_small_a_budget_is_refused() {
+        let err = Client::new(ClientConfig { max_connections: 3, ..Default::default() }).await.unwrap_err();
+        assert_eq!(err.kind(), crate::ErrorKind::Config);
     }
 
     #[test]

@@ -52,6 +52,9 @@ pub struct ClientConfig {
     pub tls_server_name: Option<String>,
     /// How long Consul may hold a blocking query. Consul caps it at 10 minutes.
     pub wait: Duration,
+    /// The most HTTP connections this client holds to Consul at once, busy and idle together.
+    /// Consul closes connections past `limits.http_max_conns_per_client` (200 by default).
+    pub max_connections: usize,
 }
 
 impl Default for ClientConfig {
@@ -65,6 +68,7 @@ impl Default for ClientConfig {
             ssl_verify: true,
             tls_server_name: None,
             wait: Duration::from_secs(5 * 60),
+            max_connections: 32,
         }
     }
 }

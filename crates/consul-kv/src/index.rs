@@ -13,9 +13,79 @@ pub fn next(prev: u64, returned: u64) -> u64 {
     if returned < prev { 0 } else { returned.max(1) }
 }
 
+/// The index of one watch across requests: blocking while answers come in order, and a fresh,
+/// non-blocking read after any failure or an index that went backwards, so that recovery (or
+/// data loss) shows at once instead of after a whole wait.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Cursor {
+    /// What to send next; 0 reads without blocking.
+    index: u64,
+    /// The last index Consul answered, kept across failures to notice a reset behind one.
+    high: u64,
+}
+
+/// What an answer says about the index.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Progress {
+    /// The first answer, or one after a fresh read, no lower than any before.
+    Fresh,
+    /// Same or higher than before, on a blocking read.
+    Forward,
+    /// Lower than before: a snapshot restore, a rebuilt cluster or reaped tombstones.
+    Reset,
+}
+
+impl Cursor {
+    /// The index to send: 0 reads without blocking.
+    pub fn index(&self) -> u64 {
+        self.index
+    }
+
+    /// Takes the `X-Consul-Index` of an answer to a request sent with [`Cursor::index`].
+    pub fn answered(&mut self, returned: u64) -> Progress {
+        let sent = self.index;
+        let reset = returned < self.high;
+        self.high = returned;
+        if reset {
+            self.index = 0;
+            return Progress::Reset;
+        }
+        self.index = next(sent, returned);
+        if sent == 0 { Progress::Fresh } else { Progress::Forward }
+    }
+
+    /// After a failed request: read fresh next time.
+    pub fn failed(&mut self) {
+        self.index = 0;
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::next;
+    use super::{Cursor, Progress, next};
+
+    #[test]
+    fn cursor_reads_fresh_after_failures_and_resets() {
+        let mut cursor = Cursor::default();
+        assert_eq!(cursor.index(), 0);
+        assert_eq!(cursor.answered(10), Progress::Fresh);
+        assert_eq!(cursor.index(), 10);
+        assert_eq!(cursor.answered(12), Progress::Forward);
+        cursor.failed();
+        assert_eq!(cursor.index(), 0);
+        assert_eq!(cursor.answered(12), Progress::Fresh);
+        assert_eq!(cursor.answered(3), Progress::Reset);
+        assert_eq!(cursor.index(), 0, "a reset reads fresh next");
+        assert_eq!(cursor.answered(3), Progress::Fresh);
+        assert_eq!(cursor.index(), 3);
+        // A restart that lost data, seen only through the fresh read after the failure.
+        cursor.failed();
+        assert_eq!(cursor.answered(2), Progress::Reset);
+        // A missing key on an empty store answers index 0; never block on it.
+        let mut cursor = Cursor::default();
+        cursor.answered(0);
+        assert_eq!(cursor.index(), 1);
+    }
 
     #[test]
     fn advances_normally() {

@@ -16,17 +16,21 @@
 //! exists but may not read a prefix gets an empty 404, not a 403. Only an
 //! exact key read, or an unknown token, yields [`ErrorKind::AccessDenied`].
 //!
+//! Many keys share few blocking queries through [`group`], and the client never holds more
+//! connections than [`ClientConfig::max_connections`].
+//!
 //! The watch loop itself belongs to the caller:
 //!
 //! ```no_run
 //! # async fn watch(client: consul_kv::Client) -> Result<(), consul_kv::Error> {
-//! use consul_kv::{index, KvQuery};
+//! use consul_kv::{index::Cursor, KvQuery};
 //! let query = KvQuery::prefix("app/");
 //! let mut last: Option<consul_kv::KvResponse> = None;
-//! let mut idx = 0;
+//! let mut cursor = Cursor::default();
 //! loop {
-//!     let response = client.get(&query, idx).await?; // back off on errors instead of `?`
-//!     idx = index::next(idx, response.index);
+//!     // On an error: `cursor.failed()`, back off, and read fresh.
+//!     let response = client.get(&query, cursor.index()).await?;
+//!     cursor.answered(response.index);
 //!     if !last.as_ref().is_some_and(|last| last.same_contents(&response)) {
 //!         // first read, or the contents changed
 //!         last = Some(response);
@@ -40,6 +44,7 @@ mod base64;
 mod client;
 mod config;
 mod error;
+pub mod group;
 pub mod index;
 mod kv;
 

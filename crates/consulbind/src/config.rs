@@ -49,6 +49,11 @@ pub struct Config {
     #[arg(long, env = "CONSULBIND_CONSUL_WAIT", default_value = "5m", value_parser = duration)]
     pub consul_wait: Duration,
 
+    /// The most HTTP connections held to Consul at once. Consul drops connections past its
+    /// `limits.http_max_conns_per_client` (200 by default); keep well under it.
+    #[arg(long, env = "CONSULBIND_CONSUL_MAX_CONNECTIONS", default_value_t = 32, value_parser = clap::value_parser!(u16).range(4..))]
+    pub consul_max_connections: u16,
+
     /// Namespaces to serve, comma-separated. Empty serves every namespace.
     #[arg(long, env = "CONSULBIND_NAMESPACES", value_delimiter = ',')]
     pub namespaces: Vec<String>,
@@ -124,6 +129,7 @@ impl Config {
             ssl_verify: self.consul_http_ssl_verify,
             tls_server_name: self.consul_tls_server_name.clone(),
             wait: self.consul_wait,
+            max_connections: self.consul_max_connections.into(),
         })
     }
 }

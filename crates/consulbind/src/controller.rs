@@ -2,13 +2,13 @@
 
 use std::{
     collections::HashMap,
-    sync::{Arc, atomic::Ordering},
+    sync::{Arc, Mutex, atomic::Ordering},
 };
 
 use consulbind_api::ConsulBinding;
 use futures::{StreamExt, TryStreamExt, channel::mpsc};
 use kube::{
-    Api, Client, ResourceExt,
+    Api, Client,
     runtime::{
         Controller, WatchStreamExt,
         controller::Config as ControllerConfig,
@@ -25,9 +25,11 @@ use tracing::{debug, info, warn};
 use crate::{
     admin::{self, Admin},
     config::Config,
+    interest::Interest,
     lease,
     metrics::Metrics,
     reconcile::{self, Context},
+    tokens::{SecretTouched, Tokens},
     watches::{BindingRef, Wake, Watches},
     workloads::{Touched, Workloads},
 };
@@ -81,17 +83,21 @@ pub async fn run(config: Config, shutdown: signal::Receiver<bool>) -> Result<(),
     let reporter = Reporter { controller: "consulbind".into(), instance: config.identity.clone() };
     let recorder = Recorder::new(client.clone(), reporter);
     let ready_states = Arc::default();
+    let interest: Arc<Mutex<Interest>> = Arc::default();
     let mut scopes_started = Vec::new();
     let mut caches_ready = Vec::new();
     for (scope, wakes) in scopes.into_iter().zip(receivers) {
         let (workloads, touched) = Workloads::start(&client, scope.as_deref());
+        let (tokens, secrets_touched) = Tokens::start(&client, scope.as_deref());
         let (reader, writer) = reflector::store::<ConsulBinding>();
         let ctx = Arc::new(Context {
             client: client.clone(),
             recorder: recorder.clone(),
             watches: watches.clone(),
             workloads,
+            tokens,
             bindings: reader,
+            interest: interest.clone(),
             metrics: metrics.clone(),
             pending: Default::default(),
             ready: Arc::clone(&ready_states),
@@ -99,7 +105,7 @@ pub async fn run(config: Config, shutdown: signal::Receiver<bool>) -> Result<(),
         });
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
         caches_ready.push(ready_rx);
-        let scope = Scope { name: scope, writer, touched, wakes, ready: ready_tx };
+        let scope = Scope { name: scope, writer, touched, secrets_touched, wakes, ready: ready_tx };
         scopes_started.push(tokio::spawn(run_scope(client.clone(), scope, ctx, shutdown.clone())));
     }
     // Ready once every scope's caches have listed; a scope that cannot list stays not ready.
@@ -118,43 +124,51 @@ pub async fn run(config: Config, shutdown: signal::Receiver<bool>) -> Result<(),
 }
 
 /// What one controller serves: every namespace, or one of `--namespaces`.
-struct Scope<T> {
+struct Scope<T, S> {
     name: Option<String>,
     writer: reflector::store::Writer<ConsulBinding>,
     touched: T,
+    secrets_touched: S,
     wakes: mpsc::UnboundedReceiver<BindingRef>,
     ready: tokio::sync::oneshot::Sender<()>,
 }
 
 async fn run_scope(
     client: Client,
-    scope: Scope<impl futures::Stream<Item = Touched> + Send + 'static>,
+    scope: Scope<
+        impl futures::Stream<Item = Touched> + Send + 'static,
+        impl futures::Stream<Item = SecretTouched> + Send + 'static,
+    >,
     ctx: Arc<Context>,
     mut shutdown: signal::Receiver<bool>,
 ) -> Result<(), Error> {
-    let Scope { name: scope, writer, touched, wakes, ready } = scope;
+    let Scope { name: scope, writer, touched, secrets_touched, wakes, ready } = scope;
     let api: Api<ConsulBinding> = match &scope {
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     };
     let reader = ctx.bindings.clone();
 
-    // Workload changes wake the bindings that may target them. The caches must be complete
-    // before the first reconcile, or a present target would look missing.
+    // Workload and token Secret changes wake the bindings they concern. The caches must be
+    // complete before the first reconcile, or a present target would look missing.
     let (touched_tx, touched_rx) = mpsc::unbounded();
-    let bindings_for_touch = reader.clone();
+    let secret_tx = touched_tx.clone();
+    let interest = ctx.interest.clone();
     tokio::spawn(touched.for_each(move |t| {
-        for binding in bindings_for_touch.state() {
-            if binding.namespace().as_deref() == Some(t.namespace.as_str())
-                && binding.spec.targets.iter().any(|x| x.kind == t.kind)
-            {
-                let _ = touched_tx.unbounded_send(ObjectRef::from_obj(&*binding));
-            }
+        for binding in interest.lock().unwrap().workload(&t.namespace, t.kind, &t.name, &t.labels) {
+            let _ = touched_tx.unbounded_send(binding);
+        }
+        futures::future::ready(())
+    }));
+    let interest = ctx.interest.clone();
+    tokio::spawn(secrets_touched.for_each(move |(namespace, name)| {
+        for binding in interest.lock().unwrap().secret(&namespace, &name) {
+            let _ = secret_tx.unbounded_send(binding);
         }
         futures::future::ready(())
     }));
     tokio::select! {
-        ready = ctx.workloads.wait_until_ready() => ready?,
+        ready = async { ctx.workloads.wait_until_ready().await?; ctx.tokens.wait_until_ready().await } => ready?,
         _ = shutdown.wait_for(|stop| *stop) => return Ok(()),
     }
     debug!(scope = scope.as_deref().unwrap_or("*"), "workload caches ready");

@@ -27,12 +27,22 @@ pub struct RolloutLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StageLabels {
+    pub stage: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReadyLabels {
     pub ready: &'static str,
 }
 
 fn seconds() -> Histogram {
     Histogram::new(exponential_buckets(0.005, 2.0, 16))
+}
+
+/// From 100 µs, for stages that take milliseconds.
+fn fine_seconds() -> Histogram {
+    Histogram::new(exponential_buckets(0.0001, 2.0, 20))
 }
 
 pub struct Metrics {
@@ -42,8 +52,11 @@ pub struct Metrics {
     consul_requests: Family<ResultLabels, Counter>,
     consul_request_duration: Histogram,
     pub consul_watches: Gauge,
+    pub consul_watch_groups: Gauge,
+    pub consul_watch_groups_over_budget: Gauge,
     pub bindings: Family<ReadyLabels, Gauge>,
     pub change_to_rollout: Histogram,
+    rollout_stages: Family<StageLabels, Histogram, fn() -> Histogram>,
     pub leader: Gauge,
 }
 
@@ -56,8 +69,11 @@ impl Metrics {
             consul_requests: Family::default(),
             consul_request_duration: Histogram::new(exponential_buckets(0.005, 2.0, 18)),
             consul_watches: Gauge::default(),
+            consul_watch_groups: Gauge::default(),
+            consul_watch_groups_over_budget: Gauge::default(),
             bindings: Family::default(),
             change_to_rollout: seconds(),
+            rollout_stages: Family::new_with_constructor(fine_seconds as fn() -> Histogram),
             leader: Gauge::default(),
         };
         let r = registry.sub_registry_with_prefix("consulbind");
@@ -70,12 +86,28 @@ impl Metrics {
             "Consul KV request latency, blocking time included",
             metrics.consul_request_duration.clone(),
         );
-        r.register("consul_watches", "Active shared Consul watches", metrics.consul_watches.clone());
+        r.register("consul_watches", "Distinct Consul keys and prefixes watched", metrics.consul_watches.clone());
+        r.register(
+            "consul_watch_groups",
+            "Blocking Consul queries that serve the watched keys",
+            metrics.consul_watch_groups.clone(),
+        );
+        r.register(
+            "consul_watch_groups_over_budget",
+            "Watch groups beyond the blocking-query slots of --consul-max-connections; above 0 they take turns",
+            metrics.consul_watch_groups_over_budget.clone(),
+        );
         r.register("bindings", "Bindings by Ready condition status", metrics.bindings.clone());
         r.register(
             "change_to_rollout_seconds",
             "Time from seeing a Consul change to rolling the targets",
             metrics.change_to_rollout.clone(),
+        );
+        r.register(
+            "rollout_stage_seconds",
+            "Time spent in each stage of a rollout: consul_to_reconcile (content seen to reconcile start), \
+             reconcile_to_patch (reconcile start to the first patch sent) and patch (one workload patch)",
+            metrics.rollout_stages.clone(),
         );
         r.register("leader", "1 when this replica holds the leader lease", metrics.leader.clone());
         metrics
@@ -85,6 +117,10 @@ impl Metrics {
         let labels = ResultLabels { result };
         self.reconciles.get_or_create(&labels).inc();
         self.reconcile_duration.get_or_create(&labels).observe(took.as_secs_f64());
+    }
+
+    pub fn stage(&self, stage: &'static str, took: Duration) {
+        self.rollout_stages.get_or_create(&StageLabels { stage }).observe(took.as_secs_f64());
     }
 
     pub fn consul_request(&self, error: Option<ErrorKind>, took: Duration) {

@@ -6,13 +6,10 @@ use std::{
     time::Duration,
 };
 
-use consul_kv::{KvQuery, Token};
+use consul_kv::{KvQuery, Token, jitter};
 use consulbind_api::{ConsulBinding, ConsulBindingSpec, ConsulBindingStatus, conditions, parse_duration};
-use k8s_openapi::{
-    api::core::v1::{ObjectReference, Secret},
-    apimachinery::pkg::apis::meta::v1::Time,
-    jiff::Timestamp,
-};
+use futures::StreamExt;
+use k8s_openapi::{api::core::v1::ObjectReference, apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
 use kube::{
     Api, Client, Resource, ResourceExt,
     api::{Patch, PatchParams},
@@ -29,18 +26,23 @@ use tracing::{info, warn};
 use crate::{
     checksum,
     debounce::{Pending, Window},
+    interest::Interest,
     metrics::{Metrics, ReadyLabels, RolloutLabels},
     names,
     plan::{self, Consul, Input, KeyContent, Outcome},
+    tokens::{Lookup, TOKEN_LABEL, Tokens},
     watches::{BindingRef, KeyState, Watches},
     workloads::{self, Workloads},
 };
 
 /// Field manager for binding status.
 pub const STATUS_MANAGER: &str = "consulbind";
-/// How often a settled binding is looked at again, to refresh its sync time and pick up
-/// changes to the token Secret.
-const RESYNC: Duration = Duration::from_secs(300);
+/// How often a settled binding is looked at again, as a safety net: Consul, the workloads and
+/// the token Secrets all wake it when they change. Such a reconcile writes nothing unless
+/// something changed, and jitter keeps many bindings from coming due together.
+const RESYNC: Duration = Duration::from_secs(600);
+/// How many workloads of one binding are patched at once.
+const STAMP_CONCURRENCY: usize = 8;
 /// How soon a binding that is not healthy is looked at again.
 const RETRY: Duration = Duration::from_secs(15);
 const DEFAULT_QUIET: Duration = Duration::from_secs(2);
@@ -50,15 +52,12 @@ const DEFAULT_MAX: Duration = Duration::from_secs(30);
 pub enum Error {
     #[error("writing status: {0}")]
     Status(#[source] kube::Error),
-    #[error("reading Secret: {0}")]
-    Secret(#[source] kube::Error),
 }
 
 impl Error {
     pub fn metric_label(&self) -> &'static str {
         match self {
             Error::Status(_) => "status_error",
-            Error::Secret(_) => "secret_error",
         }
     }
 }
@@ -68,7 +67,10 @@ pub struct Context {
     pub recorder: Recorder,
     pub watches: Watches,
     pub workloads: Workloads,
+    pub tokens: Tokens,
     pub bindings: Store<ConsulBinding>,
+    /// Which bindings a workload or Secret event wakes.
+    pub interest: Arc<Mutex<Interest>>,
     pub metrics: Arc<Metrics>,
     pub pending: Mutex<HashMap<BindingRef, Pending>>,
     /// Ready state of every binding this replica serves, across scopes, for the metric.
@@ -83,6 +85,7 @@ impl Context {
     /// Forgets a deleted binding: its watches, debounce and metrics.
     pub fn forget(&self, binding: &BindingRef) {
         self.watches.release(binding);
+        self.interest.lock().unwrap().remove(binding);
         self.pending.lock().unwrap().remove(binding);
         self.written.lock().unwrap().remove(binding);
         self.set_ready(binding, None);
@@ -91,6 +94,7 @@ impl Context {
     /// Forgets every binding for which `keep` is false.
     pub fn retain(&self, keep: impl Fn(&BindingRef) -> bool) {
         self.watches.retain(&keep);
+        self.interest.lock().unwrap().retain(&keep);
         self.pending.lock().unwrap().retain(|b, _| keep(b));
         self.written.lock().unwrap().retain(|b, _| keep(b));
         let gone: Vec<BindingRef> = self.ready.lock().unwrap().keys().filter(|b| !keep(b)).cloned().collect();
@@ -99,15 +103,17 @@ impl Context {
         }
     }
 
+    /// Moves the binding between the ready-state gauges; costs the same however many bindings.
     fn set_ready(&self, binding: &BindingRef, state: Option<&'static str>) {
         let mut ready = self.ready.lock().unwrap();
-        match state {
+        let old = match state {
             Some(s) => ready.insert(binding.clone(), s),
             None => ready.remove(binding),
         };
-        for label in ["True", "False", "Unknown"] {
-            let n = ready.values().filter(|s| **s == label).count();
-            self.metrics.bindings.get_or_create(&ReadyLabels { ready: label }).set(n as i64);
+        if old != state {
+            let gauge = |ready| self.metrics.bindings.get_or_create(&ReadyLabels { ready }).clone();
+            old.map(|s| gauge(s).dec());
+            state.map(|s| gauge(s).inc());
         }
     }
 }
@@ -124,6 +130,7 @@ pub async fn reconcile(binding: Arc<ConsulBinding>, ctx: Arc<Context>) -> Result
 }
 
 async fn reconcile_inner(binding: &ConsulBinding, ctx: &Context) -> Result<Action, Error> {
+    let started = std::time::Instant::now();
     let namespace = binding.namespace().unwrap_or_default();
     let name = binding.name_any();
     let oref = BindingRef::from_obj(binding);
@@ -134,6 +141,7 @@ async fn reconcile_inner(binding: &ConsulBinding, ctx: &Context) -> Result<Actio
         Ok(window) => window,
         Err(message) => {
             ctx.watches.release(&oref);
+            ctx.interest.lock().unwrap().remove(&oref);
             let status = invalid_status(binding, &previous, &message);
             report(ctx, binding, &previous, &status).await?;
             return Ok(Action::await_change());
@@ -141,7 +149,7 @@ async fn reconcile_inner(binding: &ConsulBinding, ctx: &Context) -> Result<Actio
     };
 
     let mut contents = Vec::new();
-    let consul = match token(ctx, &namespace, spec).await? {
+    let consul = match token(ctx, &namespace, spec) {
         TokenSource::Invalid(message) => {
             ctx.watches.release(&oref);
             Consul::Failed { reason: conditions::reason::TOKEN_SECRET_INVALID, message }
@@ -151,12 +159,14 @@ async fn reconcile_inner(binding: &ConsulBinding, ctx: &Context) -> Result<Actio
             consul_view(spec, &contents)
         }
     };
-    if matches!(consul, Consul::Waiting) && previous.applied_checksum.is_some() {
-        // A restart or failover: hold the last word until Consul answers, rather than flapping
-        // Ready. The first answer wakes the binding.
+    let resolved = ctx.workloads.resolve(&namespace, &spec.targets);
+    ctx.interest.lock().unwrap().set(&oref, spec, &resolved.found);
+    if matches!(consul, Consul::Waiting) {
+        // Consul answers within moments, and its first answer wakes the binding: writing
+        // "waiting" first would double the writes of a cold start, and after a restart would
+        // flap Ready.
         return Ok(Action::requeue(RETRY));
     }
-    let resolved = ctx.workloads.resolve(&namespace, &spec.targets);
     let input = Input {
         spec,
         window,
@@ -177,35 +187,67 @@ async fn reconcile_inner(binding: &ConsulBinding, ctx: &Context) -> Result<Actio
         plan
     };
 
-    let mut outcome = Outcome::default();
-    if let Some(desired) = &plan.desired {
-        let annotation = names::annotation_key(&name);
-        let manager = names::field_manager(&name);
-        for workload in &plan.roll {
-            match workloads::stamp(&ctx.client, &namespace, workload, &annotation, desired, &manager).await {
-                Ok(()) => outcome.rolled.push(workload.clone()),
-                Err(e) => outcome.failed.push((workload.clone(), e.to_string())),
+    let outcome = match &plan.desired {
+        Some(desired) if !plan.roll.is_empty() => {
+            if let Some(seen) = latest_change(&contents) {
+                ctx.metrics.stage("consul_to_reconcile", started.saturating_duration_since(seen));
             }
+            ctx.metrics.stage("reconcile_to_patch", started.elapsed());
+            stamp_all(ctx, &namespace, &name, &plan.roll, desired).await
         }
-    }
+        _ => Outcome::default(),
+    };
     let now = Time(Timestamp::now());
     let status = plan::status(&input, &plan, &outcome, &now);
 
     if !outcome.rolled.is_empty() {
-        rolled_out(ctx, binding, &status, &outcome, &contents).await;
+        rolled_out(ctx, binding, &status, &outcome, &contents);
     } else if plan.baseline && previous.applied_checksum.is_none() {
         let note = format!("recorded checksum {} as the baseline; nothing was restarted", short(&status));
-        publish(ctx, &binding.object_ref(&()), EventType::Normal, conditions::reason::BASELINED, note).await;
+        publish(ctx, binding.object_ref(&()), EventType::Normal, conditions::reason::BASELINED, note);
     }
     report(ctx, binding, &previous, &status).await?;
 
-    // Secrets are not watched, and a Consul failure may clear without a change to wake us.
+    // A Consul failure retries on its own, but a binding that is not healthy is looked at soon.
     let healthy = outcome.failed.is_empty() && matches!(input.consul, Consul::Ready(_));
-    let retry = if healthy { RESYNC } else { RETRY };
+    let retry = if healthy { jitter(RESYNC, 0.2) } else { RETRY };
     Ok(match plan.wake_at {
         Some(at) => Action::requeue(at.saturating_duration_since(Instant::now()).max(Duration::from_millis(50))),
         None => Action::requeue(retry),
     })
+}
+
+/// Stamps `desired` on every workload, a few at a time.
+async fn stamp_all(
+    ctx: &Context,
+    namespace: &str,
+    binding: &str,
+    workloads: &[plan::Workload],
+    desired: &str,
+) -> Outcome {
+    let annotation = names::annotation_key(binding);
+    let manager = names::field_manager(binding);
+    let (annotation, manager) = (&annotation, &manager);
+    let results: Vec<_> = futures::stream::iter(workloads.iter().cloned())
+        .map(|workload| async move {
+            let started = std::time::Instant::now();
+            let result = workloads::stamp(&ctx.client, namespace, &workload, annotation, desired, manager).await;
+            ctx.metrics.stage("patch", started.elapsed());
+            (workload, result)
+        })
+        .buffer_unordered(STAMP_CONCURRENCY)
+        .collect()
+        .await;
+    let mut outcome = Outcome::default();
+    for (workload, result) in results {
+        match result {
+            Ok(()) => outcome.rolled.push(workload),
+            Err(e) => outcome.failed.push((workload, e.to_string())),
+        }
+    }
+    outcome.rolled.sort();
+    outcome.failed.sort();
+    outcome
 }
 
 pub fn error_policy(binding: Arc<ConsulBinding>, error: &Error, _ctx: Arc<Context>) -> Action {
@@ -249,32 +291,22 @@ impl TokenSource {
 
 /// The token for this binding's keys: from its Secret, if it names one; otherwise the
 /// controller default.
-async fn token(ctx: &Context, namespace: &str, spec: &ConsulBindingSpec) -> Result<TokenSource, Error> {
+fn token(ctx: &Context, namespace: &str, spec: &ConsulBindingSpec) -> TokenSource {
     let Some(secret_ref) = spec.consul.as_ref().and_then(|c| c.token_secret_ref.as_ref()) else {
-        return Ok(TokenSource::Default);
+        return TokenSource::Default;
     };
     let key = secret_ref.key.as_deref().unwrap_or("token");
-    let secret = match Api::<Secret>::namespaced(ctx.client.clone(), namespace).get_opt(&secret_ref.name).await {
-        Ok(Some(secret)) => secret,
-        Ok(None) => {
-            return Ok(TokenSource::Invalid(format!(
-                "token Secret {:?} not found in namespace {namespace}",
-                secret_ref.name
-            )));
+    match ctx.tokens.get(namespace, &secret_ref.name, key) {
+        Lookup::Token(token) => TokenSource::Secret(Token::new(token)),
+        Lookup::NoSecret => TokenSource::Invalid(format!(
+            "token Secret {:?} not found in namespace {namespace}, or it lacks the label {TOKEN_LABEL}=true \
+             that lets a Secret serve as a Consul token",
+            secret_ref.name
+        )),
+        Lookup::NoKey => {
+            TokenSource::Invalid(format!("token Secret {:?} has no non-empty key {key:?}", secret_ref.name))
         }
-        Err(kube::Error::Api(status)) if status.code == 403 => {
-            return Ok(TokenSource::Invalid(format!(
-                "the controller may not read Secret {:?}: {}",
-                secret_ref.name, status.message
-            )));
-        }
-        Err(e) => return Err(Error::Secret(e)),
-    };
-    let value = secret.data.as_ref().and_then(|d| d.get(key)).map(|v| String::from_utf8_lossy(&v.0).trim().to_owned());
-    Ok(match value {
-        Some(token) if !token.is_empty() => TokenSource::Secret(Token::new(token)),
-        _ => TokenSource::Invalid(format!("token Secret {:?} has no non-empty key {key:?}", secret_ref.name)),
-    })
+    }
 }
 
 /// Subscribes a binding to its watches, unless it was deleted while this reconcile waited:
@@ -342,7 +374,7 @@ fn short(status: &ConsulBindingStatus) -> &str {
     status.short_checksum.as_deref().unwrap_or("-")
 }
 
-async fn rolled_out(
+fn rolled_out(
     ctx: &Context,
     binding: &ConsulBinding,
     status: &ConsulBindingStatus,
@@ -354,15 +386,11 @@ async fn rolled_out(
     let list: Vec<String> = outcome.rolled.iter().map(|(k, n)| format!("{k}/{n}")).collect();
     let checksum = status.applied_checksum.as_deref().map_or("-", checksum::short).to_owned();
     info!(binding = %format!("{namespace}/{name}"), %checksum, targets = %list.join(", "), "rolled out Consul change");
-    let changed_at = contents.iter().filter_map(|s| match s {
-        KeyState::Ready { changed_at, .. } => Some(*changed_at),
-        _ => None,
-    });
-    if let Some(latest) = changed_at.max() {
+    if let Some(latest) = latest_change(contents) {
         ctx.metrics.change_to_rollout.observe(latest.elapsed().as_secs_f64());
     }
     let note = format!("rolled out Consul content {checksum} to {}", list.join(", "));
-    publish(ctx, &binding.object_ref(&()), EventType::Normal, conditions::reason::ROLLED_OUT, note).await;
+    publish(ctx, binding.object_ref(&()), EventType::Normal, conditions::reason::ROLLED_OUT, note);
     for (kind, workload) in &outcome.rolled {
         ctx.metrics
             .rollouts
@@ -377,8 +405,19 @@ async fn rolled_out(
         };
         let note =
             format!("ConsulBinding {name} changed the pod template annotation to {checksum} after a Consul change");
-        publish(ctx, &reference, EventType::Normal, conditions::reason::ROLLED_OUT, note).await;
+        publish(ctx, reference, EventType::Normal, conditions::reason::ROLLED_OUT, note);
     }
+}
+
+/// When the newest of the binding's contents was first seen.
+fn latest_change(contents: &[KeyState]) -> Option<std::time::Instant> {
+    contents
+        .iter()
+        .filter_map(|s| match s {
+            KeyState::Ready { changed_at, .. } => Some(*changed_at),
+            _ => None,
+        })
+        .max()
 }
 
 /// Writes the status when it changed, and raises an event when Ready turns to a new problem.
@@ -405,7 +444,7 @@ async fn report(
             [conditions::reason::PENDING, conditions::reason::SUSPENDED, conditions::reason::WAITING_FOR_CONSUL];
         if is_new_problem && !quiet.contains(&new.reason.as_str()) {
             warn!(binding = %oref, reason = %new.reason, message = %new.message, "binding not ready");
-            publish(ctx, &binding.object_ref(&()), EventType::Warning, &new.reason, new.message.clone()).await;
+            publish(ctx, binding.object_ref(&()), EventType::Warning, &new.reason, new.message.clone());
         }
     }
     if !needs_write(previous, status) {
@@ -421,24 +460,24 @@ async fn report(
     Ok(())
 }
 
-/// Skips writes that would only move the sync time forward by less than a resync period, so
-/// that reconciles caused by workload churn cost no API writes.
+/// Whether the status says anything new. The sync time alone is not news: writing it on every
+/// reconcile would make an idle controller write for nothing.
 fn needs_write(previous: &ConsulBindingStatus, status: &ConsulBindingStatus) -> bool {
     let strip = |s: &ConsulBindingStatus| ConsulBindingStatus { last_sync_time: None, ..s.clone() };
-    if strip(previous) != strip(status) {
-        return true;
-    }
-    match (&previous.last_sync_time, &status.last_sync_time) {
-        (Some(old), Some(new)) => new.0.duration_since(old.0).as_secs() >= (RESYNC.as_secs() as i64) / 2,
-        (old, new) => old != new,
-    }
+    strip(previous) != strip(status)
 }
 
-async fn publish(ctx: &Context, reference: &ObjectReference, type_: EventType, reason: &str, note: String) {
+/// Records an event without holding up the reconcile: the next change of this binding waits
+/// for the reconcile to end, and events are not part of the decision.
+fn publish(ctx: &Context, reference: ObjectReference, type_: EventType, reason: &str, note: String) {
     let event = Event { type_, reason: reason.into(), note: Some(note), action: "Reconcile".into(), secondary: None };
-    if let Err(error) = ctx.recorder.publish(&event, reference).await {
-        warn!(%error, reason, "could not record event");
-    }
+    let recorder = ctx.recorder.clone();
+    let reason = reason.to_owned();
+    tokio::spawn(async move {
+        if let Err(error) = recorder.publish(&event, &reference).await {
+            warn!(%error, reason, "could not record event");
+        }
+    });
 }
 
 #[cfg(test)]
@@ -480,12 +519,9 @@ mod tests {
             last_sync_time: Some(Time("2026-01-01T00:00:00Z".parse().unwrap())),
             ..Default::default()
         };
-        let soon =
-            ConsulBindingStatus { last_sync_time: Some(Time("2026-01-01T00:00:10Z".parse().unwrap())), ..old.clone() };
         let later =
-            ConsulBindingStatus { last_sync_time: Some(Time("2026-01-01T00:10:00Z".parse().unwrap())), ..old.clone() };
-        assert!(!needs_write(&old, &soon));
-        assert!(needs_write(&old, &later));
-        assert!(needs_write(&old, &ConsulBindingStatus { applied_checksum: Some("x".into()), ..soon }));
+            ConsulBindingStatus { last_sync_time: Some(Time("2026-01-01T05:00:00Z".parse().unwrap())), ..old.clone() };
+        assert!(!needs_write(&old, &later));
+        assert!(needs_write(&old, &ConsulBindingStatus { applied_checksum: Some("x".into()), ..later }));
     }
 }

@@ -1,32 +1,45 @@
-//! Long-lived Consul watches, shared by every binding that reads the same key with the same
-//! datacenter, namespace, partition and token. A watch wakes its bindings when the content
-//! (not merely the index) changes, and stops when no binding needs it any more.
+//! Long-lived Consul watches. Every binding that reads the same key with the same datacenter,
+//! namespace, partition and token shares one watched path; the paths of a scope share a handful
+//! of blocking queries (see [`consul_kv::group`]), so the connections to Consul stay within the
+//! client's budget however many keys are bound. A path wakes its bindings only when its content
+//! (not merely an index) changes.
 
 use std::{
-    collections::{HashMap, HashSet},
-    sync::{Arc, Mutex},
-    time::Duration,
+    collections::{BTreeMap, HashMap, HashSet},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::{Duration, Instant},
 };
 
-use consul_kv::{Backoff, Client, ErrorKind, KvEntry, KvQuery, index};
+use consul_kv::{
+    Backoff, Client, ErrorKind, KvEntry, KvQuery, Token,
+    group::{self, Members, WatchPath},
+    index::Cursor,
+    jitter,
+};
 use consulbind_api::{ConsulBinding, conditions::reason};
 use kube::runtime::reflector::ObjectRef;
 use serde::Serialize;
-use tokio::{sync::watch, task::JoinHandle};
+use tokio::{
+    sync::{Notify, watch},
+    task::JoinHandle,
+};
 use tracing::{debug, info, warn};
 
 use crate::metrics::Metrics;
 
 pub type BindingRef = ObjectRef<ConsulBinding>;
 
-/// The latest word from Consul on one query.
+/// The latest word from Consul on one watched path.
 #[derive(Clone, Debug)]
 pub enum KeyState {
     /// No answer yet.
     Pending,
     /// Entries sorted by key; empty when the key or prefix is missing. `changed_at` is when
     /// this content was first seen.
-    Ready { entries: Arc<[KvEntry]>, changed_at: std::time::Instant },
+    Ready { entries: Arc<[KvEntry]>, changed_at: Instant },
     /// The last request failed; retried with backoff.
     Failed { reason: &'static str, message: String },
 }
@@ -34,33 +47,126 @@ pub enum KeyState {
 /// Called with each binding a watch wants reconciled.
 pub type Wake = Arc<dyn Fn(BindingRef) + Send + Sync>;
 
+/// How long membership changes settle before the groups are planned again, so that a burst of
+/// new bindings costs one re-plan rather than one per binding.
+const SETTLE: Duration = Duration::from_millis(20);
+/// The wait of each blocking query while there are more groups than slots, so that the groups
+/// take turns.
+const ROTATION_WAIT: Duration = Duration::from_secs(10);
+
 #[derive(Clone)]
 pub struct Watches {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
     client: Client,
     wake: Wake,
     metrics: Arc<Metrics>,
-    inner: Arc<Mutex<Inner>>,
+    inner: Mutex<Inner>,
+    replan: Notify,
+    /// More groups than blocking slots: the groups rotate with short waits.
+    rotating: AtomicBool,
 }
 
 #[derive(Default)]
 struct Inner {
-    watches: HashMap<KvQuery, Watch>,
+    paths: HashMap<KvQuery, Arc<Path>>,
     by_binding: HashMap<BindingRef, HashSet<KvQuery>>,
+    groups: HashMap<KvQuery, GroupHandle>,
 }
 
-struct Watch {
-    state: watch::Receiver<KeyState>,
-    subscribers: Arc<Mutex<HashSet<BindingRef>>>,
+/// One watched path: its latest state and the bindings that read it.
+struct Path {
+    state: watch::Sender<KeyState>,
+    subscribers: Mutex<HashSet<BindingRef>>,
+}
+
+impl Path {
+    fn wake(&self, wake: &Wake) {
+        self.subscribers.lock().unwrap().iter().cloned().for_each(|b| wake(b));
+    }
+}
+
+/// The paths one group's query serves.
+struct Roster {
+    paths: Vec<WatchPath>,
+    cells: Vec<Arc<Path>>,
+    members: Members,
+}
+
+impl Roster {
+    fn same_as(&self, other: &Roster) -> bool {
+        self.paths == other.paths && self.cells.iter().zip(&other.cells).all(|(a, b)| Arc::ptr_eq(a, b))
+    }
+}
+
+struct GroupHandle {
+    roster: watch::Sender<Arc<Roster>>,
     task: JoinHandle<()>,
 }
 
-impl Drop for Watch {
+impl Drop for GroupHandle {
     fn drop(&mut self) {
         self.task.abort();
     }
 }
 
-/// One active watch, for the debug endpoint. Tokens are never shown.
+/// The part of a query that decides whether two paths may share a blocking query: ACLs filter
+/// per token, and the other fields pick another data set.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+struct Scope {
+    datacenter: Option<String>,
+    namespace: Option<String>,
+    partition: Option<String>,
+    token: Option<TokenKey>,
+}
+
+/// Orders tokens without ever printing them.
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct TokenKey(Token);
+
+impl std::fmt::Debug for TokenKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl PartialOrd for TokenKey {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for TokenKey {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.expose().cmp(other.0.expose())
+    }
+}
+
+impl Scope {
+    fn of(query: &KvQuery) -> Self {
+        Self {
+            datacenter: query.datacenter.clone(),
+            namespace: query.namespace.clone(),
+            partition: query.partition.clone(),
+            token: query.token.clone().map(TokenKey),
+        }
+    }
+
+    fn query(&self, key: String, recurse: bool) -> KvQuery {
+        KvQuery {
+            key,
+            recurse,
+            datacenter: self.datacenter.clone(),
+            namespace: self.namespace.clone(),
+            partition: self.partition.clone(),
+            token: self.token.clone().map(|t| t.0),
+        }
+    }
+}
+
+/// One watched path, for the debug endpoint. Tokens are never shown.
 #[derive(Serialize)]
 pub struct WatchInfo {
     pub key: String,
@@ -69,59 +175,89 @@ pub struct WatchInfo {
     pub namespace: Option<String>,
     pub partition: Option<String>,
     pub with_token: bool,
+    /// The key the blocking query that serves this path reads; none until planned.
+    pub read_by: Option<String>,
     pub subscribers: Vec<String>,
 }
 
 impl Watches {
+    /// Starts the planner, which needs a Tokio runtime.
     pub fn new(client: Client, wake: Wake, metrics: Arc<Metrics>) -> Self {
-        Self { client, wake, metrics, inner: Arc::default() }
+        let shared = Arc::new(Shared {
+            client,
+            wake,
+            metrics,
+            inner: Mutex::default(),
+            replan: Notify::new(),
+            rotating: AtomicBool::new(false),
+        });
+        tokio::spawn(plan_forever(shared.clone()));
+        Self { shared }
     }
 
-    /// Makes `binding` subscribe to exactly `queries`, starting watches as needed and releasing
-    /// the ones it no longer uses. Returns the current state of each query, in order.
+    /// Makes `binding` subscribe to exactly `queries`, adding paths as needed and releasing the
+    /// ones it no longer uses. Returns the current state of each query, in order.
     pub fn subscribe(&self, binding: &BindingRef, queries: &[KvQuery]) -> Vec<KeyState> {
-        let mut inner = self.inner.lock().unwrap();
+        let mut inner = self.shared.inner.lock().unwrap();
         let wanted: HashSet<KvQuery> = queries.iter().cloned().collect();
         let old = inner.by_binding.remove(binding).unwrap_or_default();
+        let mut replan = false;
         for query in old.difference(&wanted) {
-            inner.unsubscribe(binding, query);
+            replan |= inner.unsubscribe(binding, query);
         }
-        for query in &wanted {
-            let watch = inner.watches.entry(query.clone()).or_insert_with(|| self.start(query.clone()));
-            watch.subscribers.lock().unwrap().insert(binding.clone());
+        for query in wanted.difference(&old) {
+            let path = inner.paths.entry(query.clone()).or_insert_with(|| {
+                replan = true;
+                Arc::new(Path { state: watch::Sender::new(KeyState::Pending), subscribers: Mutex::default() })
+            });
+            path.subscribers.lock().unwrap().insert(binding.clone());
         }
         inner.by_binding.insert(binding.clone(), wanted);
-        self.metrics.consul_watches.set(inner.watches.len() as i64);
-        queries.iter().map(|q| inner.watches[q].state.borrow().clone()).collect()
-    }
-
-    /// Releases every watch of a binding that is gone.
-    pub fn release(&self, binding: &BindingRef) {
-        let mut inner = self.inner.lock().unwrap();
-        for query in inner.by_binding.remove(binding).unwrap_or_default() {
-            inner.unsubscribe(binding, &query);
+        let states = queries.iter().map(|q| inner.paths[q].state.borrow().clone()).collect();
+        drop(inner);
+        if replan {
+            self.shared.replan.notify_one();
         }
-        self.metrics.consul_watches.set(inner.watches.len() as i64);
+        states
     }
 
-    /// Releases the watches of every binding for which `keep` is false, for bindings whose
+    /// Releases every path of a binding that is gone.
+    pub fn release(&self, binding: &BindingRef) {
+        let mut inner = self.shared.inner.lock().unwrap();
+        let mut replan = false;
+        for query in inner.by_binding.remove(binding).unwrap_or_default() {
+            replan |= inner.unsubscribe(binding, &query);
+        }
+        drop(inner);
+        if replan {
+            self.shared.replan.notify_one();
+        }
+    }
+
+    /// Releases the paths of every binding for which `keep` is false, for bindings whose
     /// deletion was missed while the binding watch was down.
     pub fn retain(&self, keep: impl Fn(&BindingRef) -> bool) {
         let gone: Vec<BindingRef> =
-            self.inner.lock().unwrap().by_binding.keys().filter(|b| !keep(b)).cloned().collect();
+            self.shared.inner.lock().unwrap().by_binding.keys().filter(|b| !keep(b)).cloned().collect();
         for binding in gone {
             self.release(&binding);
         }
     }
 
     pub fn list(&self) -> Vec<WatchInfo> {
-        let inner = self.inner.lock().unwrap();
+        let inner = self.shared.inner.lock().unwrap();
+        let mut read_by = HashMap::new();
+        for (query, group) in &inner.groups {
+            for cell in &group.roster.borrow().cells {
+                read_by.insert(Arc::as_ptr(cell), query.key.clone());
+            }
+        }
         let mut list: Vec<WatchInfo> = inner
-            .watches
+            .paths
             .iter()
-            .map(|(q, w)| {
+            .map(|(q, path)| {
                 let mut subscribers: Vec<String> =
-                    w.subscribers.lock().unwrap().iter().map(ToString::to_string).collect();
+                    path.subscribers.lock().unwrap().iter().map(ToString::to_string).collect();
                 subscribers.sort();
                 WatchInfo {
                     key: q.key.clone(),
@@ -130,6 +266,7 @@ impl Watches {
                     namespace: q.namespace.clone(),
                     partition: q.partition.clone(),
                     with_token: q.token.is_some(),
+                    read_by: read_by.get(&Arc::as_ptr(path)).cloned(),
                     subscribers,
                 }
             })
@@ -137,88 +274,217 @@ impl Watches {
         list.sort_by(|a, b| (&a.key, &a.subscribers).cmp(&(&b.key, &b.subscribers)));
         list
     }
-
-    fn start(&self, query: KvQuery) -> Watch {
-        let (tx, rx) = watch::channel(KeyState::Pending);
-        let subscribers: Arc<Mutex<HashSet<BindingRef>>> = Arc::default();
-        let notify = {
-            let (subscribers, wake) = (subscribers.clone(), self.wake.clone());
-            move || subscribers.lock().unwrap().iter().cloned().for_each(|b| wake(b))
-        };
-        let task = tokio::spawn(run(self.client.clone(), query, tx, notify, self.metrics.clone()));
-        Watch { state: rx, subscribers, task }
-    }
 }
 
 impl Inner {
-    fn unsubscribe(&mut self, binding: &BindingRef, query: &KvQuery) {
-        let Some(watch) = self.watches.get(query) else {
-            return;
+    /// Returns whether the path is gone, so the groups need planning again.
+    fn unsubscribe(&mut self, binding: &BindingRef, query: &KvQuery) -> bool {
+        let Some(path) = self.paths.get(query) else {
+            return false;
         };
-        let mut subscribers = watch.subscribers.lock().unwrap();
+        let mut subscribers = path.subscribers.lock().unwrap();
         subscribers.remove(binding);
-        if subscribers.is_empty() {
-            drop(subscribers);
-            debug!(key = %query.key, "stopping Consul watch");
-            self.watches.remove(query);
+        if !subscribers.is_empty() {
+            return false;
+        }
+        drop(subscribers);
+        debug!(key = %query.key, "no binding reads this Consul path any more");
+        self.paths.remove(query);
+        true
+    }
+}
+
+async fn plan_forever(shared: Arc<Shared>) {
+    loop {
+        shared.replan.notified().await;
+        tokio::time::sleep(SETTLE).await;
+        plan(&shared);
+    }
+}
+
+/// Shares the blocking slots among the scopes and cuts each scope's paths into its share of
+/// groups. Groups whose key and paths stay the same keep running untouched.
+fn plan(shared: &Arc<Shared>) {
+    let mut inner = shared.inner.lock().unwrap();
+    let mut scopes: BTreeMap<Scope, Vec<(WatchPath, Arc<Path>)>> = BTreeMap::new();
+    for (query, path) in &inner.paths {
+        let watch_path = WatchPath { key: query.key.clone(), recurse: query.recurse };
+        scopes.entry(Scope::of(query)).or_default().push((watch_path, path.clone()));
+    }
+    let slots = shared.client.blocking_slots();
+    let shares = shares(&scopes.values().map(Vec::len).collect::<Vec<_>>(), slots);
+
+    let mut groups = HashMap::new();
+    for ((scope, mut paths), share) in scopes.into_iter().zip(shares) {
+        paths.sort_by(|a, b| a.0.cmp(&b.0));
+        let (watch_paths, cells): (Vec<WatchPath>, Vec<Arc<Path>>) = paths.into_iter().unzip();
+        for group in group::partition(&watch_paths, share) {
+            let paths = watch_paths[group.members.clone()].to_vec();
+            let roster = Roster { members: Members::new(&paths), paths, cells: cells[group.members.clone()].to_vec() };
+            groups.insert(scope.query(group.key, group.recurse), roster);
         }
     }
+
+    let rotating = groups.len() > slots;
+    if rotating != shared.rotating.swap(rotating, Ordering::Relaxed) {
+        match rotating {
+            true => warn!(
+                groups = groups.len(),
+                slots,
+                "more distinct Consul tokens and scopes than blocking-query slots; watches take turns with \
+                 {ROTATION_WAIT:?} waits, so changes may show late. Raise --consul-max-connections"
+            ),
+            false => info!(groups = groups.len(), slots, "every Consul watch group has a blocking-query slot again"),
+        }
+    }
+    shared.metrics.consul_watch_groups_over_budget.set(groups.len().saturating_sub(slots) as i64);
+
+    let mut running = std::mem::take(&mut inner.groups);
+    for (query, roster) in groups {
+        let handle = match running.remove(&query) {
+            Some(handle) => {
+                if !handle.roster.borrow().same_as(&roster) {
+                    handle.roster.send_replace(Arc::new(roster));
+                }
+                handle
+            }
+            None => start_group(shared, query.clone(), roster),
+        };
+        inner.groups.insert(query, handle);
+    }
+    // Whatever is left in `running` is no longer needed and stops when dropped here.
+    debug!(paths = inner.paths.len(), groups = inner.groups.len(), stopped = running.len(), "planned Consul watches");
+    shared.metrics.consul_watches.set(inner.paths.len() as i64);
+    shared.metrics.consul_watch_groups.set(inner.groups.len() as i64);
+}
+
+/// Splits `slots` among scopes in proportion to their paths, at least one each.
+fn shares(sizes: &[usize], slots: usize) -> Vec<usize> {
+    let total: usize = sizes.iter().sum();
+    let spare = slots.saturating_sub(sizes.len());
+    sizes.iter().map(|&n| 1 + (spare * n).checked_div(total).unwrap_or(0)).collect()
+}
+
+fn start_group(shared: &Arc<Shared>, query: KvQuery, roster: Roster) -> GroupHandle {
+    let (tx, rx) = watch::channel(Arc::new(roster));
+    let task = tokio::spawn(run_group(shared.clone(), query, rx));
+    GroupHandle { roster: tx, task }
+}
+
+/// Follows one group's query with blocking requests until aborted, and hands each path its
+/// part of every answer. The group's key never changes, so any answer covers whatever paths
+/// the roster holds when it arrives.
+async fn run_group(shared: Arc<Shared>, query: KvQuery, mut roster: watch::Receiver<Arc<Roster>>) {
+    let mut cursor = Cursor::default();
+    let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
+    // The roster and the entries its paths need, as of the last answer every path was told of.
+    let mut last: Option<(Arc<Roster>, Vec<KvEntry>)> = None;
+    loop {
+        let wait = match shared.rotating.load(Ordering::Relaxed) {
+            true => ROTATION_WAIT,
+            false => shared.client.wait(),
+        };
+        let index = if last.is_some() { cursor.index() } else { 0 };
+        let started = Instant::now();
+        let request = shared.client.get_wait(&query, index, jitter(wait, 0.1));
+        let result = match index {
+            0 => request.await,
+            _ => tokio::select! {
+                result = request => result,
+                // New paths need their content now, not after the next change.
+                Ok(()) = roster.changed() => {
+                    last = None;
+                    continue;
+                }
+            },
+        };
+        shared.metrics.consul_request(result.as_ref().err().map(|e| e.kind()), started.elapsed());
+        let members = roster.borrow_and_update().clone();
+        match result {
+            Ok(response) => {
+                backoff.reset();
+                cursor.answered(response.index);
+                let entries = members.members.retain(response.entries);
+                let changed: Vec<usize> = match &last {
+                    Some((seen, old)) if Arc::ptr_eq(seen, &members) => members.members.changed(old, &entries),
+                    _ => (0..members.paths.len()).collect(),
+                };
+                for i in changed {
+                    let path = &members.paths[i];
+                    if set_ready(&members.cells[i], group::select(&entries, path)) {
+                        info!(key = %path.key, recurse = path.recurse, index = response.index, "Consul content changed");
+                        members.cells[i].wake(&shared.wake);
+                    }
+                }
+                last = Some((members, entries));
+            }
+            Err(error) => {
+                cursor.failed();
+                last = None;
+                let reason = match error.kind() {
+                    ErrorKind::AccessDenied => reason::ACCESS_DENIED,
+                    ErrorKind::Unreachable => reason::CONSUL_UNREACHABLE,
+                    _ => reason::CONSUL_ERROR,
+                };
+                let delay = backoff.next_delay();
+                warn!(key = %query.key, recurse = query.recurse, %error, retry_in = ?delay, "Consul read failed");
+                let message = error.to_string();
+                for cell in &members.cells {
+                    if set_failed(cell, reason, &message) {
+                        cell.wake(&shared.wake);
+                    }
+                }
+                tokio::time::sleep(delay).await;
+            }
+        }
+    }
+}
+
+/// Records new entries; returns whether the content (not merely an index) changed.
+fn set_ready(path: &Path, entries: &[KvEntry]) -> bool {
+    let mut changed = false;
+    path.state.send_modify(|current| {
+        let changed_at = match current {
+            KeyState::Ready { entries: old, changed_at } if same_contents(old, entries) => *changed_at,
+            _ => {
+                changed = true;
+                Instant::now()
+            }
+        };
+        *current = KeyState::Ready { entries: entries.into(), changed_at };
+    });
+    changed
+}
+
+fn set_failed(path: &Path, reason: &'static str, message: &str) -> bool {
+    path.state.send_if_modified(|current| match current {
+        KeyState::Failed { reason: r, message: m } if *r == reason && m == message => false,
+        _ => {
+            *current = KeyState::Failed { reason, message: message.to_owned() };
+            true
+        }
+    })
 }
 
 fn same_contents(a: &[KvEntry], b: &[KvEntry]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(a, b)| a.key == b.key && a.value == b.value)
 }
 
-/// Follows one query with blocking requests until aborted.
-async fn run(client: Client, query: KvQuery, state: watch::Sender<KeyState>, notify: impl Fn(), metrics: Arc<Metrics>) {
-    let mut last_index = 0;
-    let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
-    loop {
-        let started = std::time::Instant::now();
-        let result = client.get(&query, last_index).await;
-        metrics.consul_request(result.as_ref().err().map(|e| e.kind()), started.elapsed());
-        match result {
-            Ok(response) => {
-                backoff.reset();
-                last_index = index::next(last_index, response.index);
-                // Contents, not indexes, make a change. Index-only moves are kept for the status
-                // without waking anyone.
-                let changed = state.send_if_modified(|current| {
-                    let (content_changed, changed_at) = match current {
-                        KeyState::Ready { entries, changed_at } if same_contents(entries, &response.entries) => {
-                            (false, *changed_at)
-                        }
-                        _ => (true, std::time::Instant::now()),
-                    };
-                    *current = KeyState::Ready { entries: response.entries.into(), changed_at };
-                    content_changed
-                });
-                if changed {
-                    info!(key = %query.key, recurse = query.recurse, index = response.index, "Consul content changed");
-                    notify();
+#[cfg(test)]
+mod tests {
+    use super::shares;
+
+    #[test]
+    fn shares_never_exceed_the_slots_when_they_suffice() {
+        for sizes in [vec![1], vec![10_000], vec![5, 5, 5], vec![1, 9_999], vec![3; 24]] {
+            for slots in [1, 2, 24, 100] {
+                let got = shares(&sizes, slots);
+                assert!(got.iter().all(|&s| s >= 1));
+                if sizes.len() <= slots {
+                    assert!(got.iter().sum::<usize>() <= slots, "{sizes:?} {slots}: {got:?}");
                 }
-            }
-            Err(error) => {
-                let reason = match error.kind() {
-                    ErrorKind::AccessDenied => reason::ACCESS_DENIED,
-                    ErrorKind::Unreachable => reason::CONSUL_UNREACHABLE,
-                    _ => reason::CONSUL_ERROR,
-                };
-                let message = error.to_string();
-                let delay = backoff.next_delay();
-                warn!(key = %query.key, %error, retry_in = ?delay, "Consul read failed");
-                let changed = state.send_if_modified(|current| match current {
-                    KeyState::Failed { reason: r, message: m } if *r == reason && *m == message => false,
-                    _ => {
-                        *current = KeyState::Failed { reason, message };
-                        true
-                    }
-                });
-                if changed {
-                    notify();
-                }
-                tokio::time::sleep(delay).await;
             }
         }
+        assert_eq!(shares(&[1, 9_999], 24), [1, 22]);
     }
 }

@@ -33,6 +33,8 @@ pub struct Workloads {
 pub struct Touched {
     pub kind: WorkloadKind,
     pub namespace: String,
+    pub name: String,
+    pub labels: std::collections::BTreeMap<String, String>,
 }
 
 /// Which targets exist.
@@ -100,7 +102,9 @@ where
     };
     let (reader, writer) = reflector::store();
     let mut seen = std::collections::HashMap::new();
-    let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()).default_backoff())
+    // Names and labels are all the caches need; the rest would cost memory per workload.
+    let stream = watcher(api, watcher::Config::default()).default_backoff().modify(strip::<PartialObjectMeta<K>>);
+    let stream = reflector::reflector(writer, stream)
         .filter_map(move |event| {
             let touched = match event {
                 Ok(watcher::Event::Apply(obj) | watcher::Event::InitApply(obj)) => {
@@ -117,10 +121,25 @@ where
                 }
                 _ => None,
             };
-            futures::future::ready(touched.map(|obj| Touched { kind, namespace: obj.namespace().unwrap_or_default() }))
+            futures::future::ready(touched.map(|obj| Touched {
+                kind,
+                namespace: obj.namespace().unwrap_or_default(),
+                name: obj.name_any(),
+                labels: obj.labels().clone(),
+            }))
         })
         .boxed();
     (reader, stream)
+}
+
+/// Drops what no cache reads: annotations (with kubectl's last-applied copy), managed fields,
+/// owner references and finalizers.
+pub fn strip<K: Resource>(obj: &mut K) {
+    let meta = obj.meta_mut();
+    meta.annotations = None;
+    meta.managed_fields = None;
+    meta.owner_references = None;
+    meta.finalizers = None;
 }
 
 fn select<K>(store: &Store<PartialObjectMeta<K>>, namespace: &str, target: &TargetRef) -> Vec<String>

@@ -431,12 +431,14 @@ async fn acl_token_from_secret_syncs_and_a_bad_one_is_denied_without_leaking() {
     let bad = "00000000-1111-2222-3333-444444444444".to_owned();
 
     s.workload(DEPLOY, "web", json!({})).await;
-    for (name, token) in [("good-token", &good), ("bad-token", &bad)] {
-        s.apply(
-            json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "stringData": {"token": token}}),
-        )
-        .await
-        .unwrap();
+    let labelled = json!({"consulbind.dev/token": "true"});
+    for (name, token, labels) in
+        [("good-token", &good, &labelled), ("bad-token", &bad, &labelled), ("unlabelled", &good, &json!({}))]
+    {
+        let metadata = json!({"name": name, "labels": labels});
+        s.apply(json!({"apiVersion": "v1", "kind": "Secret", "metadata": metadata, "stringData": {"token": token}}))
+            .await
+            .unwrap();
     }
     let with_secret = |secret: &str| {
         json!({"keys": [{"key": key}], "targets": deploy("web"), "rollout": {"quietPeriod": "0s"},
@@ -444,7 +446,13 @@ async fn acl_token_from_secret_syncs_and_a_bad_one_is_denied_without_leaking() {
     };
     s.binding("good", with_secret("good-token")).await;
     s.binding("bad", with_secret("bad-token")).await;
+    s.binding("unlabelled", with_secret("unlabelled")).await;
     s.wait_condition("good", conditions::CONSUL_SYNCED, "True", reason::SYNCED).await;
+    // A Secret without the opt-in label never serves as a token, whatever it holds.
+    let refused = s.wait_condition("unlabelled", conditions::READY, "False", reason::TOKEN_SECRET_INVALID).await;
+    let status = refused.status.unwrap();
+    let message = &status.conditions.iter().find(|c| c.type_ == conditions::READY).unwrap().message;
+    assert!(message.contains("consulbind.dev/token=true"), "{message}");
     let denied = s.wait_condition("bad", conditions::CONSUL_SYNCED, "False", reason::ACCESS_DENIED).await;
 
     acl.put(&key, "v2").await;

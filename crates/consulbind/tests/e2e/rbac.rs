@@ -31,8 +31,8 @@ async fn scenario(s: &Scene, kubeconfig: &str, tag: &str) -> Result<()> {
         s.put(&key, "v1").await;
         s.workload("Deployment", &web, json!({})).await;
         wait_for("a first ReplicaSet", STEP, || async { Ok(s.revisions("Deployment", &web).await == 1) }).await?;
-        let secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "consul-token"},
-            "stringData": {"token": "unused-without-acls"}});
+        let secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "consul-token",
+            "labels": {"consulbind.dev/token": "true"}}, "stringData": {"token": "unused-without-acls"}});
         s.apply(secret).await?;
         s.binding(
             &binding,

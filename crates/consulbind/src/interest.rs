@@ -1,0 +1,191 @@
+//! Which bindings an event about a workload or a token Secret concerns. Each event costs a few
+//! lookups and the selectors of its own namespace and kind, never a scan of every binding.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use consulbind_api::{ConsulBindingSpec, WorkloadKind};
+use kube::core::{Selector, SelectorExt};
+
+use crate::{plan::Workload, watches::BindingRef};
+
+type Named = (String, WorkloadKind, String);
+
+#[derive(Default)]
+pub struct Interest {
+    /// Workloads a binding names, or found through a selector at its last reconcile (so that
+    /// one relabelled away or deleted still wakes it).
+    named: HashMap<Named, HashSet<BindingRef>>,
+    selecting: HashMap<(String, WorkloadKind), HashMap<BindingRef, Vec<Selector>>>,
+    secrets: HashMap<(String, String), HashSet<BindingRef>>,
+    by_binding: HashMap<BindingRef, Registered>,
+}
+
+#[derive(Default)]
+struct Registered {
+    named: Vec<Named>,
+    selecting: Vec<(String, WorkloadKind)>,
+    secret: Option<(String, String)>,
+}
+
+impl Interest {
+    /// Records what `binding` cares about now, replacing what it cared about before.
+    pub fn set(&mut self, binding: &BindingRef, spec: &ConsulBindingSpec, found: &[Workload]) {
+        let namespace = binding.namespace.clone().unwrap_or_default();
+        let mut registered = Registered::default();
+        let mut selectors: HashMap<WorkloadKind, Vec<Selector>> = HashMap::new();
+        for target in &spec.targets {
+            if let Some(name) = &target.name {
+                registered.named.push((namespace.clone(), target.kind, name.clone()));
+            }
+            if let Some(selector) = target.selector.clone().and_then(|s| Selector::try_from(s).ok()) {
+                selectors.entry(target.kind).or_default().push(selector);
+            }
+        }
+        registered.named.extend(found.iter().map(|(kind, name)| (namespace.clone(), *kind, name.clone())));
+        registered.named.sort();
+        registered.named.dedup();
+        registered.selecting = selectors.keys().map(|kind| (namespace.clone(), *kind)).collect();
+        registered.selecting.sort();
+        registered.secret =
+            spec.consul.as_ref().and_then(|c| c.token_secret_ref.as_ref()).map(|s| (namespace.clone(), s.name.clone()));
+
+        self.remove(binding);
+        for key in &registered.named {
+            self.named.entry(key.clone()).or_default().insert(binding.clone());
+        }
+        for (kind, list) in selectors {
+            self.selecting.entry((namespace.clone(), kind)).or_default().insert(binding.clone(), list);
+        }
+        if let Some(secret) = &registered.secret {
+            self.secrets.entry(secret.clone()).or_default().insert(binding.clone());
+        }
+        self.by_binding.insert(binding.clone(), registered);
+    }
+
+    pub fn remove(&mut self, binding: &BindingRef) {
+        let Some(old) = self.by_binding.remove(binding) else { return };
+        for key in old.named {
+            remove_from(&mut self.named, key, binding);
+        }
+        for key in old.selecting {
+            if let Some(map) = self.selecting.get_mut(&key) {
+                map.remove(binding);
+                if map.is_empty() {
+                    self.selecting.remove(&key);
+                }
+            }
+        }
+        if let Some(key) = old.secret {
+            remove_from(&mut self.secrets, key, binding);
+        }
+    }
+
+    /// Forgets every binding for which `keep` is false.
+    pub fn retain(&mut self, keep: impl Fn(&BindingRef) -> bool) {
+        let gone: Vec<BindingRef> = self.by_binding.keys().filter(|b| !keep(b)).cloned().collect();
+        gone.iter().for_each(|b| self.remove(b));
+    }
+
+    /// The bindings a change to this workload may concern.
+    pub fn workload(
+        &self,
+        namespace: &str,
+        kind: WorkloadKind,
+        name: &str,
+        labels: &BTreeMap<String, String>,
+    ) -> HashSet<BindingRef> {
+        let mut bindings = self.named.get(&(namespace.to_owned(), kind, name.to_owned())).cloned().unwrap_or_default();
+        if let Some(selecting) = self.selecting.get(&(namespace.to_owned(), kind)) {
+            let matching = selecting.iter().filter(|(_, selectors)| selectors.iter().any(|s| s.matches(labels)));
+            bindings.extend(matching.map(|(b, _)| b.clone()));
+        }
+        bindings
+    }
+
+    /// The bindings that read their token from this Secret.
+    pub fn secret(&self, namespace: &str, name: &str) -> HashSet<BindingRef> {
+        self.secrets.get(&(namespace.to_owned(), name.to_owned())).cloned().unwrap_or_default()
+    }
+}
+
+fn remove_from<K: std::hash::Hash + Eq>(map: &mut HashMap<K, HashSet<BindingRef>>, key: K, binding: &BindingRef) {
+    if let Some(set) = map.get_mut(&key) {
+        set.remove(binding);
+        if set.is_empty() {
+            map.remove(&key);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use consulbind_api::{ConsulSettings, SecretKeyRef, TargetRef};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+
+    use super::*;
+
+    fn binding(ns: &str, name: &str) -> BindingRef {
+        BindingRef::new(name).within(ns)
+    }
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    fn spec(targets: Vec<TargetRef>, secret: Option<&str>) -> ConsulBindingSpec {
+        ConsulBindingSpec {
+            targets,
+            consul: secret.map(|name| ConsulSettings {
+                token_secret_ref: Some(SecretKeyRef { name: name.into(), key: None }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn by_name(kind: WorkloadKind, name: &str) -> TargetRef {
+        TargetRef { kind, name: Some(name.into()), selector: None }
+    }
+
+    fn by_label(kind: WorkloadKind, key: &str, value: &str) -> TargetRef {
+        let selector = LabelSelector { match_labels: Some(labels(&[(key, value)])), ..Default::default() };
+        TargetRef { kind, name: None, selector: Some(selector) }
+    }
+
+    #[test]
+    fn events_wake_only_the_bindings_they_concern() {
+        use WorkloadKind::*;
+        let mut interest = Interest::default();
+        let (web, workers, other_ns) = (binding("a", "web"), binding("a", "workers"), binding("b", "web"));
+        interest.set(&web, &spec(vec![by_name(Deployment, "web")], Some("token")), &[]);
+        interest.set(
+            &workers,
+            &spec(vec![by_label(StatefulSet, "tier", "worker")], None),
+            &[(StatefulSet, "w1".to_owned())],
+        );
+        interest.set(&other_ns, &spec(vec![by_name(Deployment, "web")], None), &[]);
+
+        let none = labels(&[]);
+        assert_eq!(interest.workload("a", Deployment, "web", &none), HashSet::from([web.clone()]));
+        assert!(interest.workload("a", StatefulSet, "web", &none).is_empty(), "another kind");
+        assert!(interest.workload("c", Deployment, "web", &none).is_empty(), "another namespace");
+        let worker = labels(&[("tier", "worker")]);
+        assert_eq!(interest.workload("a", StatefulSet, "w2", &worker), HashSet::from([workers.clone()]));
+        assert!(interest.workload("b", StatefulSet, "w2", &worker).is_empty());
+        // Relabelled away: still the binding's business, through what it found last time.
+        assert_eq!(interest.workload("a", StatefulSet, "w1", &none), HashSet::from([workers.clone()]));
+        assert_eq!(interest.secret("a", "token"), HashSet::from([web.clone()]));
+        assert!(interest.secret("b", "token").is_empty());
+
+        // A spec change replaces the old interest; removal forgets it all.
+        interest.set(&web, &spec(vec![by_name(Deployment, "api")], None), &[]);
+        assert!(interest.workload("a", Deployment, "web", &none).is_empty());
+        assert!(interest.secret("a", "token").is_empty());
+        interest.remove(&workers);
+        assert!(interest.workload("a", StatefulSet, "w2", &worker).is_empty());
+        assert!(interest.workload("a", StatefulSet, "w1", &none).is_empty());
+        interest.remove(&web);
+        interest.remove(&other_ns);
+        assert!(interest.named.is_empty() && interest.selecting.is_empty() && interest.secrets.is_empty());
+    }
+}
