@@ -3,8 +3,9 @@
 //! Every blocking query in flight holds a connection, so a watcher with more keys than
 //! connections reads them in groups: the sorted keys and prefixes of one scope (datacenter,
 //! namespace, partition and token) are cut into at most `slots` runs, and each run is read by
-//! one recursive query on the longest prefix its keys share. Cuts go where neighbouring keys
-//! share the least, so that a group's prefix covers little beyond its own keys. When a group's
+//! one recursive query on the longest prefix its keys share. Runs follow the key hierarchy,
+//! like the branches of a trie, largest first, so that a group's prefix covers little beyond
+//! its own keys and no two groups read the same prefix. When a group's
 //! query answers, [`Members::changed`] finds the watched paths whose entries moved, comparing
 //! the new entries with the last ones key by key, so the work after a write grows with what
 //! changed, not with the number of watched keys.
@@ -27,12 +28,13 @@ pub struct Group {
     /// The key to read: the paths' longest common prefix, or the one path itself.
     pub key: String,
     pub recurse: bool,
-    /// The paths this query serves, as a range of the sorted input.
-    pub members: Range<usize>,
+    /// The paths this query serves, as sorted positions in the input.
+    pub members: Vec<usize>,
 }
 
-/// Cuts sorted, unique `paths` into at most `slots` groups (at least one slot is assumed).
-/// With enough slots every path is its own query, which transfers the least.
+/// Cuts sorted, unique `paths` into at most `slots` groups (at least one slot is assumed),
+/// each with a key of its own. With enough slots every path is its own query, which transfers
+/// the least.
 pub fn partition(paths: &[WatchPath], slots: usize) -> Vec<Group> {
     debug_assert!(paths.is_sorted(), "paths must be sorted");
     let slots = slots.max(1);
@@ -40,37 +42,98 @@ pub fn partition(paths: &[WatchPath], slots: usize) -> Vec<Group> {
         return paths
             .iter()
             .enumerate()
-            .map(|(i, p)| Group { key: p.key.clone(), recurse: p.recurse, members: i..i + 1 })
+            .map(|(i, p)| Group { key: p.key.clone(), recurse: p.recurse, members: vec![i] })
             .collect();
     }
-    // Cut before index `c` where paths[c - 1] and paths[c] share the least; among equals, the
-    // cut nearest an even split keeps the groups alike in size.
-    let per_group = paths.len() as f64 / slots as f64;
-    let unevenness = |c: usize| {
-        let ratio = c as f64 / per_group;
-        ((ratio - ratio.round()).abs() * 1e6) as u64
-    };
-    let mut cuts: Vec<usize> = (1..paths.len()).collect();
-    cuts.sort_by_key(|&c| (common_prefix(&paths[c - 1].key, &paths[c].key).len(), unevenness(c), c));
-    cuts.truncate(slots - 1);
-    cuts.sort_unstable();
-
-    let mut groups = Vec::with_capacity(slots);
-    let mut start = 0;
-    for end in cuts.into_iter().chain([paths.len()]) {
-        let run = &paths[start..end];
-        let group = match run {
-            [only] => Group { key: only.key.clone(), recurse: only.recurse, members: start..end },
+    // Start from one group over everything and split the largest group that still fits into
+    // its branches, like walking down a trie: the groups stay disjoint and their keys distinct.
+    let mut runs: Vec<Range<usize>> = Vec::new();
+    runs.push(0..paths.len());
+    loop {
+        let mut largest: Vec<usize> = (0..runs.len()).filter(|&i| runs[i].len() > 1).collect();
+        largest.sort_by_key(|&i| std::cmp::Reverse(runs[i].len()));
+        let split = largest.into_iter().find_map(|i| {
+            let branches = branches(paths, runs[i].clone());
+            (branches.len() > 1 && runs.len() - 1 + branches.len() <= slots).then_some((i, branches))
+        });
+        match split {
+            Some((i, branches)) => drop(runs.splice(i..=i, branches)),
+            None => break,
+        }
+    }
+    runs.into_iter()
+        .map(|run| match &paths[run.clone()] {
+            [only] => Group { key: only.key.clone(), recurse: only.recurse, members: run.collect() },
             // The common prefix of a sorted run is that of its first and last keys.
             [first, .., last] => {
-                Group { key: common_prefix(&first.key, &last.key).to_owned(), recurse: true, members: start..end }
+                Group { key: common_prefix(&first.key, &last.key).to_owned(), recurse: true, members: run.collect() }
             }
-            [] => unreachable!("cuts are distinct and inside the range"),
+            [] => unreachable!("runs are never empty"),
+        })
+        .collect()
+}
+
+/// Plans again after paths came or went, keeping the `current` groups (key and recurse) that
+/// still serve: each path joins the current group that covers it (the deepest prefix, or an
+/// exact read of that very key), a path no group covers gets a group of its own while slots
+/// last, and groups left without paths go. Only when that cannot fit does it cut afresh with
+/// [`partition`]. Stable groups matter: a blocking query given up early keeps its connection
+/// busy on the Consul agent until its wait runs out.
+pub fn assign(paths: &[WatchPath], current: &[(String, bool)], slots: usize) -> Vec<Group> {
+    let slots = slots.max(1);
+    let mut groups: Vec<Group> = current
+        .iter()
+        .map(|(key, recurse)| Group { key: key.clone(), recurse: *recurse, members: Vec::new() })
+        .collect();
+    let exact: HashMap<&str, usize> =
+        groups.iter().enumerate().filter(|(_, g)| !g.recurse).map(|(i, g)| (g.key.as_str(), i)).collect();
+    let prefixes: HashMap<&str, usize> =
+        groups.iter().enumerate().filter(|(_, g)| g.recurse).map(|(i, g)| (g.key.as_str(), i)).collect();
+    let mut homes = Vec::with_capacity(paths.len());
+    let mut homeless = Vec::new();
+    for (i, path) in paths.iter().enumerate() {
+        let own = if path.recurse { prefixes.get(path.key.as_str()) } else { exact.get(path.key.as_str()) };
+        let deepest = || {
+            let ends = path.key.char_indices().map(|(end, _)| end).chain([path.key.len()]).rev();
+            ends.filter_map(|end| prefixes.get(&path.key[..end])).next()
         };
-        groups.push(group);
-        start = end;
+        match own.or_else(deepest) {
+            Some(&g) => homes.push((g, i)),
+            None => homeless.push(i),
+        }
     }
+    for (g, i) in homes {
+        groups[g].members.push(i);
+    }
+    groups.retain(|g| !g.members.is_empty());
+    if groups.len() + homeless.len() > slots {
+        return partition(paths, slots);
+    }
+    groups.extend(homeless.into_iter().map(|i| Group {
+        key: paths[i].key.clone(),
+        recurse: paths[i].recurse,
+        members: vec![i],
+    }));
     groups
+}
+
+/// Splits a sorted run by the character that follows the run's common prefix; the paths that
+/// end at the prefix come first, as one branch.
+fn branches(paths: &[WatchPath], run: Range<usize>) -> Vec<Range<usize>> {
+    let run_paths = &paths[run.clone()];
+    let (first, last) = (&run_paths[0].key, &run_paths[run_paths.len() - 1].key);
+    let depth = common_prefix(first, last).len();
+    let next = |p: &WatchPath| p.key[depth..].chars().next();
+    let mut branches = Vec::new();
+    let mut start = run.start;
+    for i in run.start + 1..run.end {
+        if next(&paths[i]) != next(&paths[i - 1]) {
+            branches.push(start..i);
+            start = i;
+        }
+    }
+    branches.push(start..run.end);
+    branches
 }
 
 /// The longest common prefix, on a character boundary.
@@ -225,14 +288,14 @@ mod tests {
         assert_eq!(
             groups,
             [
-                Group { key: "a".into(), recurse: false, members: 0..1 },
-                Group { key: "b/".into(), recurse: true, members: 1..2 }
+                Group { key: "a".into(), recurse: false, members: vec![0] },
+                Group { key: "b/".into(), recurse: true, members: vec![1] }
             ]
         );
     }
 
     #[test]
-    fn cuts_where_neighbours_share_least() {
+    fn splits_along_the_key_hierarchy() {
         let paths: Vec<WatchPath> =
             ["app/a/1", "app/a/2", "app/b/1", "app/b/2", "db/x"].iter().map(|k| path(k, false)).collect();
         let groups = partition(&paths, 3);
@@ -246,9 +309,35 @@ mod tests {
     fn many_similar_keys_split_evenly() {
         let paths: Vec<WatchPath> = (0..10_000).map(|i| path(&format!("bench/k{i:05}"), false)).collect();
         let groups = partition(&paths, 24);
-        assert_eq!(groups.len(), 24);
+        assert_eq!(groups.len(), 19, "ten branches, then the largest split into ten more");
         let largest = groups.iter().map(|g| g.members.len()).max().unwrap();
-        assert!(largest <= 1_000, "largest group has {largest} keys");
+        assert_eq!(largest, 1_000);
+        let keys: Vec<&str> = groups.iter().map(|g| g.key.as_str()).collect();
+        assert_eq!(&keys[..3], ["bench/k000", "bench/k001", "bench/k002"]);
+        assert_eq!(keys[18], "bench/k09");
+    }
+
+    #[test]
+    fn assign_keeps_the_groups_that_still_serve() {
+        let paths: Vec<WatchPath> = (0..100).map(|i| path(&format!("app/k{i:02}"), false)).collect();
+        let groups = partition(&paths, 12);
+        let current: Vec<(String, bool)> = groups.iter().map(|g| (g.key.clone(), g.recurse)).collect();
+        // New keys under existing prefixes join them; a key elsewhere gets its own query.
+        let mut more = paths.clone();
+        more.extend([path("app/k055", false), path("db/x", false)]);
+        more.sort();
+        let again = assign(&more, &current, 12);
+        for (key, recurse) in &current {
+            assert!(again.iter().any(|g| g.key == *key && g.recurse == *recurse), "{key} was replaced");
+        }
+        let db = again.iter().find(|g| g.key == "db/x").expect("a query of its own");
+        assert!(!db.recurse);
+        // No slot left for a new query: cut afresh.
+        let full = assign(&more, &current, current.len());
+        assert!(full.len() <= current.len());
+        // Groups without paths go.
+        let fewer = assign(&paths[..5], &current, 12);
+        assert_eq!(fewer.len(), 1);
     }
 
     #[test]
@@ -277,10 +366,35 @@ mod tests {
             let n = 1 + rng.below(40) as usize;
             let paths = random_paths(&mut rng, n);
             let slots = 1 + rng.below(12) as usize;
-            let groups = partition(&paths, slots);
+            // Half the rounds plan from an earlier set of groups, as after paths come and go.
+            let groups = match round % 2 {
+                0 => partition(&paths, slots),
+                _ => {
+                    let n = 1 + rng.below(40) as usize;
+                    let before = random_paths(&mut rng, n);
+                    let current: Vec<(String, bool)> =
+                        partition(&before, slots).into_iter().map(|g| (g.key, g.recurse)).collect();
+                    assign(&paths, &current, slots)
+                }
+            };
             assert!(groups.len() <= slots, "round {round}: {} groups for {slots} slots", groups.len());
-            let covered: usize = groups.iter().map(|g| g.members.len()).sum();
-            assert_eq!(covered, paths.len());
+            let mut covered: Vec<usize> = groups.iter().flat_map(|g| g.members.clone()).collect();
+            covered.sort_unstable();
+            assert_eq!(covered, (0..paths.len()).collect::<Vec<_>>(), "round {round}: each path in one group");
+            let mut queries: Vec<(&str, bool)> = groups.iter().map(|g| (g.key.as_str(), g.recurse)).collect();
+            queries.sort();
+            queries.dedup();
+            assert_eq!(queries.len(), groups.len(), "round {round}: two groups share a query: {groups:?}");
+            for group in &groups {
+                let root = WatchPath { key: group.key.clone(), recurse: group.recurse };
+                for &i in &group.members {
+                    let covered = match root.recurse {
+                        true => paths[i].key.starts_with(&root.key),
+                        false => paths[i] == root,
+                    };
+                    assert!(covered, "round {round}: {root:?} does not read {:?}", paths[i]);
+                }
+            }
 
             let n = rng.below(30) as usize;
             let old = random_entries(&mut rng, n);
@@ -300,7 +414,8 @@ mod tests {
             new.dedup_by(|a, b| a.key == b.key);
 
             for group in &groups {
-                let members = &paths[group.members.clone()];
+                let members: Vec<WatchPath> = group.members.iter().map(|&i| paths[i].clone()).collect();
+                let members = &members[..];
                 let root = WatchPath { key: group.key.clone(), recurse: group.recurse };
                 let index = Members::new(members);
                 // What the group's query returns, less what no member needs.

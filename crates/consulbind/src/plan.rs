@@ -213,9 +213,14 @@ pub fn status(input: &Input<'_>, plan: &Plan, outcome: &Outcome, now: &Time) -> 
     };
     set(conditions::TARGETS_UPDATED, Some(targets_ok), targets_reason, targets_message);
 
+    // A baseline stays the word until something is rolled, however often the binding is looked at.
+    let still_baseline =
+        previous.conditions.iter().any(|c| c.type_ == conditions::READY && c.reason == reason::BASELINED)
+            && applied == previous.applied_checksum
+            && outcome.rolled.is_empty();
     let (ready, ready_reason, ready_message) = match (&plan.hold, &target_problem) {
         (Some((r, m)), _) | (None, Some((r, m))) => (false, *r, m.clone()),
-        _ if plan.baseline => {
+        _ if plan.baseline || still_baseline => {
             (true, reason::BASELINED, "recorded the current content as the baseline; nothing was restarted".into())
         }
         _ => {
@@ -395,6 +400,7 @@ mod tests {
         let (plan, same) = step(&spec(false), &baseline, &entry("v1"), &web());
         assert!(plan.roll.is_empty());
         assert_eq!(same.applied_checksum, baseline.applied_checksum);
+        assert_eq!(same, baseline, "looking again at unchanged content changes nothing, not even Ready's reason");
 
         let (plan, changed) = step(&spec(false), &baseline, &entry("v2"), &web());
         assert_eq!(plan.roll, web());

@@ -53,6 +53,8 @@ const SETTLE: Duration = Duration::from_millis(20);
 /// The wait of each blocking query while there are more groups than slots, so that the groups
 /// take turns.
 const ROTATION_WAIT: Duration = Duration::from_secs(10);
+/// The shortest wait of a blocking query.
+const MIN_WAIT: Duration = Duration::from_secs(1);
 
 #[derive(Clone)]
 pub struct Watches {
@@ -314,13 +316,19 @@ fn plan(shared: &Arc<Shared>) {
     let slots = shared.client.blocking_slots();
     let shares = shares(&scopes.values().map(Vec::len).collect::<Vec<_>>(), slots);
 
+    let mut current: HashMap<Scope, Vec<(String, bool)>> = HashMap::new();
+    for query in inner.groups.keys() {
+        current.entry(Scope::of(query)).or_default().push((query.key.clone(), query.recurse));
+    }
     let mut groups = HashMap::new();
     for ((scope, mut paths), share) in scopes.into_iter().zip(shares) {
         paths.sort_by(|a, b| a.0.cmp(&b.0));
         let (watch_paths, cells): (Vec<WatchPath>, Vec<Arc<Path>>) = paths.into_iter().unzip();
-        for group in group::partition(&watch_paths, share) {
-            let paths = watch_paths[group.members.clone()].to_vec();
-            let roster = Roster { members: Members::new(&paths), paths, cells: cells[group.members.clone()].to_vec() };
+        let current = current.remove(&scope).unwrap_or_default();
+        for group in group::assign(&watch_paths, &current, share) {
+            let paths: Vec<WatchPath> = group.members.iter().map(|&i| watch_paths[i].clone()).collect();
+            let cells = group.members.iter().map(|&i| cells[i].clone()).collect();
+            let roster = Roster { members: Members::new(&paths), paths, cells };
             groups.insert(scope.query(group.key, group.recurse), roster);
         }
     }
@@ -375,28 +383,30 @@ fn start_group(shared: &Arc<Shared>, query: KvQuery, roster: Roster) -> GroupHan
 /// part of every answer. The group's key never changes, so any answer covers whatever paths
 /// the roster holds when it arrives.
 async fn run_group(shared: Arc<Shared>, query: KvQuery, mut roster: watch::Receiver<Arc<Roster>>) {
+    let born = Instant::now();
     let mut cursor = Cursor::default();
     let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
     // The roster and the entries its paths need, as of the last answer every path was told of.
     let mut last: Option<(Arc<Roster>, Vec<KvEntry>)> = None;
     loop {
-        let wait = match shared.rotating.load(Ordering::Relaxed) {
-            true => ROTATION_WAIT,
-            false => shared.client.wait(),
-        };
         let index = if last.is_some() { cursor.index() } else { 0 };
         let started = Instant::now();
-        let request = shared.client.get_wait(&query, index, jitter(wait, 0.1));
-        let result = match index {
-            0 => request.await,
-            _ => tokio::select! {
-                result = request => result,
-                // New paths need their content now, not after the next change.
-                Ok(()) = roster.changed() => {
-                    last = None;
-                    continue;
+        let request = shared.client.get_wait(&query, index, group_wait(&shared, born));
+        tokio::pin!(request);
+        let result = loop {
+            tokio::select! {
+                result = &mut request => break result,
+                // New paths need their content now. A short read gives it to them; the blocking
+                // query goes on, since one given up keeps a connection busy on the Consul agent
+                // until its wait runs out.
+                Ok(()) = roster.changed(), if index != 0 => {
+                    let members = roster.borrow_and_update().clone();
+                    last = match shared.client.get(&query, 0).await {
+                        Ok(response) => Some(deliver(&shared, &members, response.entries, None, response.index)),
+                        Err(_) => None,
+                    };
                 }
-            },
+            }
         };
         shared.metrics.consul_request(result.as_ref().err().map(|e| e.kind()), started.elapsed());
         let members = roster.borrow_and_update().clone();
@@ -404,19 +414,8 @@ async fn run_group(shared: Arc<Shared>, query: KvQuery, mut roster: watch::Recei
             Ok(response) => {
                 backoff.reset();
                 cursor.answered(response.index);
-                let entries = members.members.retain(response.entries);
-                let changed: Vec<usize> = match &last {
-                    Some((seen, old)) if Arc::ptr_eq(seen, &members) => members.members.changed(old, &entries),
-                    _ => (0..members.paths.len()).collect(),
-                };
-                for i in changed {
-                    let path = &members.paths[i];
-                    if set_ready(&members.cells[i], group::select(&entries, path)) {
-                        info!(key = %path.key, recurse = path.recurse, index = response.index, "Consul content changed");
-                        members.cells[i].wake(&shared.wake);
-                    }
-                }
-                last = Some((members, entries));
+                let seen = last.take().filter(|(seen, _)| Arc::ptr_eq(seen, &members)).map(|(_, old)| old);
+                last = Some(deliver(&shared, &members, response.entries, seen.as_deref(), response.index));
             }
             Err(error) => {
                 cursor.failed();
@@ -438,6 +437,41 @@ async fn run_group(shared: Arc<Shared>, query: KvQuery, mut roster: watch::Recei
             }
         }
     }
+}
+
+/// Hands each path of `members` its part of `entries`: only the paths whose entries differ
+/// from `old`, or all of them without `old`. Wakes the bindings of paths whose content changed.
+fn deliver(
+    shared: &Shared,
+    members: &Arc<Roster>,
+    entries: Vec<KvEntry>,
+    old: Option<&[KvEntry]>,
+    index: u64,
+) -> (Arc<Roster>, Vec<KvEntry>) {
+    let entries = members.members.retain(entries);
+    let changed: Vec<usize> = match old {
+        Some(old) => members.members.changed(old, &entries),
+        None => (0..members.paths.len()).collect(),
+    };
+    for i in changed {
+        let path = &members.paths[i];
+        if set_ready(&members.cells[i], group::select(&entries, path)) {
+            info!(key = %path.key, recurse = path.recurse, index, "Consul content changed");
+            members.cells[i].wake(&shared.wake);
+        }
+    }
+    (members.clone(), entries)
+}
+
+/// The wait of a group's next blocking query. A young group waits no longer than it has lived,
+/// so that one replaced soon after it started (while many bindings arrive at once) leaves no
+/// request behind on the agent for long; and groups take turns while there are too many.
+fn group_wait(shared: &Shared, born: Instant) -> Duration {
+    let wait = match shared.rotating.load(Ordering::Relaxed) {
+        true => ROTATION_WAIT,
+        false => shared.client.wait(),
+    };
+    jitter(wait.min(born.elapsed().max(MIN_WAIT)), 0.1)
 }
 
 /// Records new entries; returns whether the content (not merely an index) changed.

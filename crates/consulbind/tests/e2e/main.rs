@@ -3,6 +3,7 @@
 
 mod operations;
 mod rbac;
+mod scale;
 mod support;
 
 use consulbind::{checksum, names};

@@ -311,6 +311,10 @@ impl Controller {
         get(&format!("http://{}{path}", self.admin)).await.unwrap().1
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("controller running")
+    }
+
     /// SIGKILL, as a crash.
     pub async fn kill(mut self) {
         self.child.kill().await.unwrap();
@@ -422,4 +426,33 @@ pub fn acl_consul() -> Option<(String, Token)> {
 /// The names of every object of `kind` the binding's status lists as targets.
 pub fn status_targets(binding: &ConsulBinding) -> Vec<String> {
     binding.status.iter().flat_map(|s| &s.targets).map(|t| format!("{}/{}", t.kind, t.name)).collect()
+}
+
+/// The TCP connections process `pid` holds to `port` on any address, from its file descriptors
+/// and the kernel's socket tables, as `ss -tp` would count them.
+pub fn connections_to(pid: u32, port: u16) -> usize {
+    let inodes: std::collections::HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|dir| {
+            dir.filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+                .filter_map(|link| {
+                    let link = link.to_string_lossy().into_owned();
+                    Some(link.strip_prefix("socket:[")?.strip_suffix(']')?.to_owned())
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut count = 0;
+    for table in ["tcp", "tcp6"] {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")).unwrap_or_default();
+        for line in text.lines().skip(1) {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let remote_port =
+                fields.get(2).and_then(|r| r.rsplit(':').next()).and_then(|p| u16::from_str_radix(p, 16).ok());
+            // State 0A is LISTEN; every other state holds (or is closing) a connection.
+            if remote_port == Some(port) && fields.get(3) != Some(&"0A") && inodes.contains(fields[9]) {
+                count += 1;
+            }
+        }
+    }
+    count
 }
