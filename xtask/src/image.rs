@@ -47,7 +47,7 @@ pub fn build() -> Result<()> {
     let buildah = Buildah { storage: work.join("storage") };
     let container = buildah.output(&["from", "scratch"])?;
     let result = (|| {
-        // The contents of rootfs/ become /, owned by root; the binary runs as UID anyway.
+        // The contents of rootfs/ become /, owned by root and read-only to UID, which is all it needs.
         buildah.run(&["copy", &container, &format!("{}/", rootfs.display()), "/"])?;
         let mut config = vec![
             "config".to_owned(),
@@ -110,9 +110,8 @@ fn fill_rootfs(rootfs: &Path, binary: &Path) -> Result<()> {
     fs::write(rootfs.join("etc/group"), format!("root:x:0:\nnonroot:x:{UID}:\n"))?;
     // glibc resolves host names through this; Kubernetes mounts /etc/hosts and /etc/resolv.conf.
     fs::write(rootfs.join("etc/nsswitch.conf"), "passwd: files\ngroup: files\nhosts: files dns\n")?;
-    use std::os::unix::fs::{PermissionsExt, chown};
+    use std::os::unix::fs::PermissionsExt;
     fs::set_permissions(rootfs.join("tmp"), fs::Permissions::from_mode(0o1777))?;
-    chown(rootfs.join("home/nonroot"), Some(UID), Some(UID))?;
     Ok(())
 }
 
