@@ -2,6 +2,8 @@
 //! of the ConsulBinding has a type and a description, and explain descends into every object.
 
 use std::process::{Command, Stdio};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 
@@ -24,6 +26,20 @@ const PATHS: [(&str, &str, &str); 11] = [
 ];
 
 pub fn check(env: &Env) -> Result<()> {
+    // A CRD that was just established takes a few seconds to appear in the server's OpenAPI.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match check_once(env) {
+            Err(e) if Instant::now() < deadline => {
+                println!("not yet: {}", format!("{e:#}").lines().next().unwrap_or_default());
+                sleep(Duration::from_secs(2));
+            }
+            result => return result,
+        }
+    }
+}
+
+fn check_once(env: &Env) -> Result<()> {
     let kubectl = |args: &[&str]| capture(Command::new("kubectl").args(args).envs(env.vars()?));
 
     // Every field line of the recursive view has a type.
