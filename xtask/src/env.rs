@@ -6,6 +6,7 @@ use std::fs::{self, File};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
@@ -14,12 +15,28 @@ use crate::process::{Daemon, capture, http_get, run, succeeds};
 use crate::provision::{self, Tools};
 use crate::{minutes, remove_all, repo_root};
 
-// Not the default ports, so a local etcd, Kubernetes or Consul can keep theirs.
+// Not the default ports, so a local etcd, Kubernetes or Consul can keep theirs. Every port goes
+// through `port`, which adds CONSULBIND_ENV_PORT_OFFSET.
 const ETCD_PORT: u16 = 23791;
 const ETCD_PEER_PORT: u16 = 23801;
 const APISERVER_PORT: u16 = 16443;
 
-/// A single-server Consul agent on loopback. DNS and gRPC are off.
+/// `base` shifted by CONSULBIND_ENV_PORT_OFFSET (default 0), so two environments can run side by
+/// side on one machine, e.g. two worktrees. Read once: every port of a run must agree.
+fn port(base: u16) -> u16 {
+    static OFFSET: OnceLock<u16> = OnceLock::new();
+    let offset = *OFFSET.get_or_init(|| match std::env::var("CONSULBIND_ENV_PORT_OFFSET") {
+        Ok(v) if !v.trim().is_empty() => v
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("CONSULBIND_ENV_PORT_OFFSET={v:?} is not a number from 0 to 65535")),
+        _ => 0,
+    });
+    base.checked_add(offset)
+        .unwrap_or_else(|| panic!("port {base} + CONSULBIND_ENV_PORT_OFFSET {offset} is above 65535"))
+}
+
+/// A single-server Consul agent on loopback. DNS and gRPC are off. Ports are before the offset.
 struct Agent {
     name: &'static str,
     http: u16,
@@ -38,17 +55,17 @@ const CONSUL_ACL: Agent =
 
 impl Agent {
     fn addr(&self) -> String {
-        format!("http://127.0.0.1:{}", self.http)
+        format!("http://127.0.0.1:{}", port(self.http))
     }
 
     /// Serving, with a leader, and for the ACL agent accepting its master token, which only works
     /// once the new leader has stored it.
     fn ready(&self, master_token: &str) -> bool {
-        let leader = http_get(self.http, "/v1/status/leader", None)
+        let leader = http_get(port(self.http), "/v1/status/leader", None)
             .is_some_and(|(status, body)| status == 200 && !body.trim().trim_matches('"').is_empty());
         leader
             && (!self.acl
-                || http_get(self.http, "/v1/acl/token/self", Some(master_token)).is_some_and(|(s, _)| s == 200))
+                || http_get(port(self.http), "/v1/acl/token/self", Some(master_token)).is_some_and(|(s, _)| s == 200))
     }
 }
 
@@ -116,8 +133,8 @@ impl Env {
     /// etcd, kube-apiserver and kube-controller-manager, each ready before the next starts.
     fn start_kubernetes(&self, tools: &Tools) -> Result<()> {
         let etcd = self.daemon("etcd");
-        let client_url = format!("http://127.0.0.1:{ETCD_PORT}");
-        let peer_url = format!("http://127.0.0.1:{ETCD_PEER_PORT}");
+        let client_url = format!("http://127.0.0.1:{}", port(ETCD_PORT));
+        let peer_url = format!("http://127.0.0.1:{}", port(ETCD_PEER_PORT));
         etcd.ensure_started(Command::new(&tools.etcd).args([
             "--name=consulbind".to_owned(),
             format!("--data-dir={}", self.path("etcd-data").display()),
@@ -134,7 +151,7 @@ impl Env {
         apiserver.ensure_started(Command::new(&tools.kube_apiserver).args([
             format!("--etcd-servers={client_url}"),
             "--bind-address=127.0.0.1".to_owned(),
-            format!("--secure-port={APISERVER_PORT}"),
+            format!("--secure-port={}", port(APISERVER_PORT)),
             // 1.20 still serves an unauthenticated port 8080 unless told not to.
             "--insecure-port=0".to_owned(),
             // Advertise loopback instead of guessing a host address, which may not exist. Endpoints
@@ -197,8 +214,8 @@ impl Env {
         let master_token = fs::read_to_string(self.path("consul-acl-master-token")).unwrap_or_default();
         let apiserver_ready = provision::kubectl().is_ok_and(|kubectl| self.apiserver_ready(&kubectl));
         let rows = [
-            (format!("http://127.0.0.1:{ETCD_PORT}"), etcd_healthy()),
-            (format!("https://127.0.0.1:{APISERVER_PORT}"), apiserver_ready),
+            (format!("http://127.0.0.1:{}", port(ETCD_PORT)), etcd_healthy()),
+            (format!("https://127.0.0.1:{}", port(APISERVER_PORT)), apiserver_ready),
             // No health port: running is all we can tell.
             ("-".to_owned(), true),
             (CONSUL.addr(), CONSUL.ready("")),
@@ -278,7 +295,7 @@ kind: Config
 clusters:
 - name: consulbind
   cluster:
-    server: https://127.0.0.1:{APISERVER_PORT}
+    server: https://127.0.0.1:{apiserver_port}
     certificate-authority: {:?}
 users:
 - name: admin
@@ -291,7 +308,8 @@ contexts:
     user: admin
 current-context: consulbind
 ",
-            ca.display().to_string()
+            ca.display().to_string(),
+            apiserver_port = port(APISERVER_PORT),
         );
         Ok(fs::write(self.kubeconfig(), kubeconfig)?)
     }
@@ -330,10 +348,10 @@ ports {{
 {acl}",
             name = agent.name,
             data_dir = data_dir.display().to_string(),
-            http = agent.http,
-            server = agent.server,
-            serf_lan = agent.serf_lan,
-            serf_wan = agent.serf_wan,
+            http = port(agent.http),
+            server = port(agent.server),
+            serf_lan = port(agent.serf_lan),
+            serf_wan = port(agent.serf_wan),
         )
     }
 
@@ -363,7 +381,7 @@ ports {{
 }
 
 fn etcd_healthy() -> bool {
-    http_get(ETCD_PORT, "/health", None).is_some_and(|(status, body)| status == 200 && body.contains("true"))
+    http_get(port(ETCD_PORT), "/health", None).is_some_and(|(status, body)| status == 200 && body.contains("true"))
 }
 
 /// A path relative to the current directory when it is inside it, for shorter output.

@@ -1,9 +1,14 @@
-//! Development tasks for consulbind: `cargo xtask env up|down|status`, `test`, `e2e`, `crdgen`, `demo`.
+//! Development tasks for consulbind: `cargo xtask env up|down|status`, `test`, `e2e`, `crdgen`, `image`,
+//! `explain`, `monitoring`, `demo`.
 
+mod apt;
 mod bench;
 mod crdgen;
 mod demo;
 mod env;
+mod explain;
+mod image;
+mod monitoring;
 mod process;
 mod provision;
 mod test;
@@ -29,13 +34,14 @@ enum Command {
         #[command(subcommand)]
         action: EnvAction,
     },
-    /// Check everything: fmt, clippy, crdgen --check, unit tests, then end-to-end tests on a fresh environment.
+    /// Check everything: fmt, clippy, crdgen --check, monitoring rules, unit tests, the image, then kubectl explain
+    /// and end-to-end tests on a fresh environment.
     Test {
         /// Passed to the end-to-end test binaries, e.g. a test name filter or --nocapture.
         #[arg(last = true)]
         args: Vec<String>,
     },
-    /// Run only the end-to-end tests, against the environment that is already up.
+    /// Build the image, then run the end-to-end tests against the environment that is already up.
     E2e {
         /// Passed to the end-to-end test binaries, e.g. a test name filter or --nocapture.
         #[arg(last = true)]
@@ -46,6 +52,12 @@ enum Command {
         #[arg(long)]
         check: bool,
     },
+    /// Check on the running environment that `kubectl explain` shows every ConsulBinding field's type.
+    Explain,
+    /// Check config/monitoring/: promtool on the rules, the dashboard JSON, the kustomization.
+    Monitoring,
+    /// Build the controller image with buildah (no daemon) into target/consulbind-image.oci.tar.
+    Image,
     /// Measure the controller on the local servers and print the figures.
     Bench {
         #[command(subcommand)]
@@ -100,6 +112,9 @@ fn run(command: Command) -> Result<()> {
         Command::Test { args } => test::all(&env, &args),
         Command::E2e { args } => test::e2e_on_running(&env, &args),
         Command::Crdgen { check } => crdgen::run(check),
+        Command::Explain => env.status().and_then(|()| explain::check(&env)),
+        Command::Monitoring => monitoring::check(),
+        Command::Image => image::build(),
         Command::Demo => demo::run(&env),
         Command::Bench { bench: Bench::Rollout { bindings, rounds } } => bench::rollout(&env, bindings, rounds),
     }

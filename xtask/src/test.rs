@@ -7,7 +7,7 @@ use anyhow::{Result, bail};
 
 use crate::env::Env;
 use crate::process::{capture, catch_interrupts, interrupted, run};
-use crate::{crdgen, minutes, repo_root};
+use crate::{crdgen, explain, image, minutes, monitoring, repo_root};
 
 /// Runs every step, even after one fails, so a single run shows all problems. The environment is
 /// stopped at the end whatever happened.
@@ -19,7 +19,9 @@ pub fn all(env: &Env, e2e_args: &[String]) -> Result<()> {
         run(cargo().args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]))
     });
     report.step("crdgen --check", || crdgen::run(true));
+    report.step("config/monitoring (promtool check rules, dashboard, kustomize)", monitoring::check);
     report.step("unit tests", || run(cargo().args(["test", "--workspace", "--lib", "--bins"])));
+    report.step("controller image (cargo xtask image)", image::build);
 
     let mut guard = StopGuard { env, stopped: false };
     let up = report.step("fresh environment", || {
@@ -28,8 +30,10 @@ pub fn all(env: &Env, e2e_args: &[String]) -> Result<()> {
         env.up()
     });
     if up {
+        report.step("kubectl explain shows every field's type", || explain::check(env));
         report.step("end-to-end tests", || e2e(env, e2e_args));
     } else {
+        report.skip("kubectl explain shows every field's type");
         report.skip("end-to-end tests");
     }
     report.always("stop the environment", || guard.stop());
@@ -39,6 +43,7 @@ pub fn all(env: &Env, e2e_args: &[String]) -> Result<()> {
 /// The end-to-end tests against an environment that is already up.
 pub fn e2e_on_running(env: &Env, args: &[String]) -> Result<()> {
     env.status()?;
+    image::build()?;
     e2e(env, args)
 }
 
@@ -53,6 +58,8 @@ fn e2e(env: &Env, args: &[String]) -> Result<()> {
         .args(args)
         .envs(env.vars()?)
         .env("CONSULBIND_E2E", "1")
+        // The image tests run the controller from this archive; `image::build` writes it.
+        .env("CONSULBIND_E2E_IMAGE", image::archive())
         // The tests mostly wait on servers, each in its own namespace: run many at once.
         .env("RUST_TEST_THREADS", std::env::var("RUST_TEST_THREADS").unwrap_or_else(|_| "8".into())))
 }
@@ -153,7 +160,7 @@ impl Report {
             bail!("interrupted");
         }
         if failed > 0 {
-            bail!("{failed} step(s) failed");
+            bail!("{failed} of {} steps failed", self.steps.len());
         }
         Ok(())
     }

@@ -2,9 +2,11 @@
 
 mod binding;
 pub mod conditions;
+mod crd;
 mod duration;
 
 pub use binding::*;
+pub use crd::{DropNullable, crd};
 pub use duration::{DURATION_PATTERN, parse_duration};
 
 /// API group of every resource this project defines.

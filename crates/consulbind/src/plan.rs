@@ -94,10 +94,12 @@ pub fn plan(input: &Input<'_>, pending: &mut Option<Pending>, now: Instant) -> P
         plan.hold = Some((
             reason::KEY_MISSING,
             format!(
-                "required Consul {} {} missing; rollouts are held until {} again (or mark it optional)",
+                "required Consul {} {} {} missing; rollouts are held until {} again (or mark {} optional)",
                 if missing.len() == 1 { "key" } else { "keys" },
                 quoted(&missing),
+                if missing.len() == 1 { "is" } else { "are" },
                 if missing.len() == 1 { "it exists" } else { "they exist" },
+                if missing.len() == 1 { "it" } else { "them" },
             ),
         ));
         return plan;
@@ -209,7 +211,7 @@ pub fn status(input: &Input<'_>, plan: &Plan, outcome: &Outcome, now: &Time) -> 
     let (targets_ok, targets_reason, targets_message) = match (&target_problem, &plan.hold) {
         (Some((r, m)), _) => (false, *r, m.clone()),
         (None, Some((r, m))) if !up_to_date => (false, *r, m.clone()),
-        _ => (true, reason::UP_TO_DATE, format!("{} carry the applied content", count(targets.len(), "target"))),
+        _ => (true, reason::UP_TO_DATE, format!("{} the applied content", carry(targets.len()))),
     };
     set(conditions::TARGETS_UPDATED, Some(targets_ok), targets_reason, targets_message);
 
@@ -225,7 +227,7 @@ pub fn status(input: &Input<'_>, plan: &Plan, outcome: &Outcome, now: &Time) -> 
         }
         _ => {
             let suffix = if input.spec.suspend { " (rollouts suspended)" } else { "" };
-            (true, reason::UP_TO_DATE, format!("targets carry the current Consul content{suffix}"))
+            (true, reason::UP_TO_DATE, format!("{} the current Consul content{suffix}", carry(targets.len())))
         }
     };
     set(conditions::READY, Some(ready), ready_reason, ready_message);
@@ -310,6 +312,11 @@ pub(crate) fn condition(
 
 fn count(n: usize, noun: &str) -> String {
     if n == 1 { format!("1 {noun}") } else { format!("{n} {noun}s") }
+}
+
+/// "1 target carries", "2 targets carry", "0 targets carry".
+fn carry(targets: usize) -> String {
+    format!("{} {}", count(targets, "target"), if targets == 1 { "carries" } else { "carry" })
 }
 
 fn quoted(keys: &[&str]) -> String {
@@ -430,6 +437,50 @@ mod tests {
         let (_, baseline) = step(&spec(true), &Default::default(), &entry("v1"), &web());
         let (plan, _) = step(&spec(true), &baseline, &[], &web());
         assert_eq!(plan.roll, web());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn messages_agree_with_their_counts() {
+        let message = |status: &ConsulBindingStatus, type_| condition(status, type_).message.clone();
+        let (_, one) = step(&spec(false), &Default::default(), &entry("v1"), &web());
+        assert_eq!(message(&one, conditions::TARGETS_UPDATED), "1 target carries the applied content");
+        let (_, changed) = step(&spec(false), &one, &entry("v2"), &web());
+        assert_eq!(message(&changed, conditions::READY), "1 target carries the current Consul content");
+        let (_, held) = step(&spec(false), &one, &[], &web());
+        assert_eq!(
+            message(&held, conditions::READY),
+            "required Consul key \"app/config\" is missing; rollouts are held until it exists again (or mark it \
+             optional)"
+        );
+
+        let two = vec![web()[0].clone(), (WorkloadKind::StatefulSet, "db".into())];
+        let (_, both) = step(&spec(false), &Default::default(), &entry("v1"), &two);
+        assert_eq!(message(&both, conditions::TARGETS_UPDATED), "2 targets carry the applied content");
+        let (_, changed) = step(&spec(false), &both, &entry("v2"), &two);
+        assert_eq!(message(&changed, conditions::READY), "2 targets carry the current Consul content");
+        assert_eq!(message(&changed, conditions::CONSUL_SYNCED), "read 1 key from Consul");
+
+        let mut two_keys = spec(false);
+        two_keys.keys.push(KeySource { key: "app/other".into(), ..Default::default() });
+        let input = Input {
+            spec: &two_keys,
+            window: WINDOW,
+            generation: None,
+            previous: &both,
+            consul: Consul::Ready(two_keys.keys.iter().map(|source| KeyContent { source, entries: &[] }).collect()),
+            found: &two,
+            missing: &[],
+        };
+        let plan = plan(&input, &mut None, Instant::now());
+        assert_eq!(
+            plan.hold.as_ref().map(|(_, m)| m.as_str()),
+            Some(
+                "required Consul keys \"app/config\", \"app/other\" are missing; rollouts are held until they exist \
+                 again (or mark them optional)"
+            )
+        );
+        let status = status(&input, &plan, &Outcome::default(), &now());
+        assert_eq!(message(&status, conditions::CONSUL_SYNCED), "read 2 keys from Consul");
     }
 
     #[tokio::test(start_paused = true)]
