@@ -178,13 +178,13 @@ fn replica_sets(cmd: &mut Command) -> Result<HashMap<String, usize>> {
     Ok(counts)
 }
 
-fn rss_kib(pid: u32) -> Result<u64> {
+pub(crate) fn rss_kib(pid: u32) -> Result<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     let line = status.lines().find(|l| l.starts_with("VmRSS:")).context("no VmRSS")?;
     Ok(line.split_whitespace().nth(1).context("VmRSS value")?.parse()?)
 }
 
-fn metric(body: &str, name: &str) -> Option<f64> {
+pub(crate) fn metric(body: &str, name: &str) -> Option<f64> {
     body.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
 }
 

@@ -181,6 +181,12 @@ impl Env {
                 "--leader-elect=false".to_owned(),
                 "--secure-port=0".to_owned(),
                 "--port=0".to_owned(),
+                // The defaults (20 requests per second, 5 Deployments at a time) would make
+                // ReplicaSets lag by minutes behind the scale tests and benchmarks.
+                "--kube-api-qps=500".to_owned(),
+                "--kube-api-burst=1000".to_owned(),
+                "--concurrent-deployment-syncs=20".to_owned(),
+                "--concurrent-replicaset-syncs=20".to_owned(),
             ]),
         )?;
         // It has no health port; the serviceaccount controller's first object shows it is working.

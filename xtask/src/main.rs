@@ -11,6 +11,7 @@ mod image;
 mod monitoring;
 mod process;
 mod provision;
+mod scale;
 mod test;
 
 use std::path::{Path, PathBuf};
@@ -69,6 +70,27 @@ enum Command {
 
 #[derive(Subcommand)]
 enum Bench {
+    /// Many bindings, workloads and keys: cold start, Consul connections, change-to-rollout
+    /// latency through a watch, missed and spurious rollouts, idle writes and memory.
+    Scale {
+        #[arg(long, default_value_t = 2_000)]
+        bindings: usize,
+        /// Deployments, with `replicas: 0`, shared out among the bindings.
+        #[arg(long, default_value_t = 5_000)]
+        workloads: usize,
+        /// Distinct Consul keys, shared out among the bindings.
+        #[arg(long, default_value_t = 10_000)]
+        keys: usize,
+        /// Consul writes, one at a time, each to a key of the next binding.
+        #[arg(long, default_value_t = 1_000)]
+        changes: usize,
+        /// Seconds of nothing happening, to count the controller's writes.
+        #[arg(long, default_value_t = 60)]
+        idle: u64,
+        /// The controller's --consul-max-connections.
+        #[arg(long, default_value_t = 32)]
+        max_connections: usize,
+    },
     /// Time from one Consul write to every bound Deployment rolled, and the controller's memory.
     Rollout {
         /// Number of Deployments, each with its own binding.
@@ -117,6 +139,10 @@ fn run(command: Command) -> Result<()> {
         Command::Image => image::build(),
         Command::Demo => demo::run(&env),
         Command::Bench { bench: Bench::Rollout { bindings, rounds } } => bench::rollout(&env, bindings, rounds),
+        Command::Bench { bench: Bench::Scale { bindings, workloads, keys, changes, idle, max_connections } } => {
+            let idle = Duration::from_secs(idle);
+            scale::run(&env, scale::Sizes { bindings, workloads, keys, changes, idle, max_connections })
+        }
     }
 }
 

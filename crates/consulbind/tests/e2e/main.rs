@@ -412,7 +412,7 @@ async fn unreachable_consul_is_a_condition_not_a_rollout() {
     let synced = binding.status.unwrap().conditions.into_iter().find(|c| c.type_ == conditions::CONSUL_SYNCED).unwrap();
     assert!(synced.message.contains("cannot reach Consul") || synced.message.contains("connect"), "{}", synced.message);
     assert!(s.events_for("cfg").await.iter().any(|(r, _)| r == reason::CONSUL_UNREACHABLE));
-    assert_eq!(s.revisions(DEPLOY, "web").await, 1);
+    s.wait_revisions(DEPLOY, "web", 1).await;
     s.finish().await;
 }
 

@@ -1,0 +1,329 @@
+//! `cargo xtask bench scale`: the controller with many bindings, workloads and keys, on the real
+//! local servers, measured from outside: cold start, Consul connections, change-to-rollout
+//! latency seen through a watch on the workloads, idle writes and memory.
+
+use std::{
+    collections::HashMap,
+    process::Command,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, ensure};
+use consul_kv::{Client as Consul, ClientConfig};
+use consulbind_api::ConsulBinding;
+use futures::{StreamExt, TryStreamExt, stream};
+use k8s_openapi::api::{apps::v1::Deployment, core::v1::Namespace, events::v1::Event};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{ListParams, Patch, PatchParams, PostParams},
+    config::{KubeConfigOptions, Kubeconfig},
+    runtime::{WatchStreamExt, watcher},
+};
+use serde_json::json;
+
+use crate::{
+    bench::{metric, rss_kib},
+    env::Env,
+    process, repo_root,
+};
+
+const ADMIN_PORT: u16 = 18091;
+/// Requests of the set-up in flight at once.
+const SETUP_CONCURRENCY: usize = 32;
+/// How long one change may take to reach all its targets before it counts as missed.
+const CHANGE_TIMEOUT: Duration = Duration::from_secs(10);
+
+pub struct Sizes {
+    pub bindings: usize,
+    pub workloads: usize,
+    pub keys: usize,
+    pub changes: usize,
+    pub idle: Duration,
+    pub max_connections: usize,
+}
+
+pub fn run(env: &Env, sizes: Sizes) -> Result<()> {
+    ensure!(sizes.bindings > 0, "need at least one binding");
+    ensure!(sizes.workloads >= sizes.bindings, "need at least one workload per binding");
+    ensure!(sizes.keys >= sizes.bindings, "need at least one key per binding");
+    env.up()?;
+    println!("==> building the controller (release)");
+    process::run(Command::new(env!("CARGO")).current_dir(repo_root()).args([
+        "build",
+        "--release",
+        "--quiet",
+        "-p",
+        "consulbind",
+    ]))?;
+    let vars = env.vars()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(measure(env, &vars, &sizes))
+}
+
+/// Which workloads and keys binding `b` owns: every `bindings`-th one, from `b` on.
+fn owned(b: usize, bindings: usize, total: usize) -> impl Iterator<Item = usize> {
+    (b..total).step_by(bindings)
+}
+
+async fn measure(env: &Env, vars: &[(&'static str, String)], sizes: &Sizes) -> Result<()> {
+    let var = |name: &str| vars.iter().find(|(k, _)| *k == name).map(|(_, v)| v.clone()).context(name.to_owned());
+    let kubeconfig = Kubeconfig::read_from(var("KUBECONFIG")?)?;
+    let client =
+        Client::try_from(kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?)?;
+    let consul_addr = var("CONSUL_HTTP_ADDR")?;
+    let consul = Consul::new(ClientConfig { address: consul_addr.clone(), ..ClientConfig::default() }).await?;
+    let consul_port: u16 =
+        consul_addr.rsplit(':').next().and_then(|p| p.trim_end_matches('/').parse().ok()).context("Consul port")?;
+
+    let ns = format!("bench-scale-{}", std::process::id());
+    let Sizes { bindings, workloads, keys, .. } = *sizes;
+    println!("==> namespace {ns}: {keys} Consul keys, {workloads} Deployments (replicas 0), {bindings} bindings");
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    namespaces.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": ns}}))?).await?;
+    let key = |k: usize| format!("{ns}/k{k:05}");
+    let setup = Instant::now();
+    stream::iter(0..keys)
+        .map(|k| {
+            let consul = &consul;
+            let key = key(k);
+            async move { consul.put(&key, b"v0", None).await }
+        })
+        .buffer_unordered(SETUP_CONCURRENCY)
+        .try_collect::<Vec<_>>()
+        .await?;
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+    let apply = PatchParams::apply("consulbind-bench").force();
+    stream::iter(0..workloads)
+        .map(|w| {
+            let (deployments, apply) = (&deployments, &apply);
+            async move { deployments.patch(&format!("w{w:05}"), apply, &Patch::Apply(deployment(w))).await }
+        })
+        .buffer_unordered(SETUP_CONCURRENCY)
+        .try_collect::<Vec<_>>()
+        .await?;
+    let binding_api: Api<ConsulBinding> = Api::namespaced(client.clone(), &ns);
+    stream::iter(0..bindings)
+        .map(|b| {
+            let (binding_api, apply, key) = (&binding_api, &apply, &key);
+            let keys: Vec<_> = owned(b, bindings, keys).map(|k| json!({"key": key(k)})).collect();
+            let targets: Vec<_> = owned(b, bindings, workloads)
+                .map(|w| json!({"kind": "Deployment", "name": format!("w{w:05}")}))
+                .collect();
+            let manifest = json!({
+                "apiVersion": "consulbind.dev/v1alpha1", "kind": "ConsulBinding",
+                "metadata": {"name": format!("b{b:05}")},
+                "spec": {"keys": keys, "targets": targets, "rollout": {"quietPeriod": "0s"}},
+            });
+            async move { binding_api.patch(&format!("b{b:05}"), apply, &Patch::Apply(manifest)).await }
+        })
+        .buffer_unordered(SETUP_CONCURRENCY)
+        .try_collect::<Vec<_>>()
+        .await?;
+    println!("    set up in {:.0} s", setup.elapsed().as_secs_f64());
+
+    // Generations as a watch sees them, with the time each was first seen.
+    let seen: Arc<Mutex<HashMap<String, (i64, Instant)>>> = Arc::default();
+    let watch = tokio::spawn({
+        let (seen, deployments) = (seen.clone(), deployments.clone());
+        async move {
+            let mut events =
+                watcher(deployments, watcher::Config::default()).default_backoff().applied_objects().boxed();
+            while let Some(Ok(d)) = events.next().await {
+                let generation = d.metadata.generation.unwrap_or_default();
+                let mut seen = seen.lock().unwrap();
+                let entry = seen.entry(d.name_any()).or_insert((generation, Instant::now()));
+                if entry.0 != generation {
+                    *entry = (generation, Instant::now());
+                }
+            }
+        }
+    });
+
+    let controller = env.daemon("bench-scale-controller");
+    controller.stop()?;
+    let started = Instant::now();
+    controller.ensure_started(
+        Command::new(repo_root().join("target/release/consulbind"))
+            .args([
+                &format!("--namespaces={ns}"),
+                &format!("--admin-addr=127.0.0.1:{ADMIN_PORT}"),
+                &format!("--consul-max-connections={}", sizes.max_connections),
+            ])
+            .env("RUST_LOG", "warn")
+            .envs(vars.iter().map(|(k, v)| (*k, v))),
+    )?;
+    let pid = controller.pid().context("the controller exited at once")?;
+    let most_connections = Arc::new(AtomicUsize::new(0));
+    let sampling = Arc::new(AtomicBool::new(true));
+    let sampler = std::thread::spawn({
+        let (most, sampling) = (most_connections.clone(), sampling.clone());
+        move || {
+            while sampling.load(Ordering::Relaxed) {
+                most.fetch_max(connections(pid, consul_port), Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    });
+
+    let result = async {
+        let ready = wait_ready(&binding_api, bindings, Duration::from_secs(600)).await?;
+        let cold_start = started.elapsed();
+        println!("    every binding Ready {:.1} s after the controller started", cold_start.as_secs_f64());
+        let rss_ready = rss_kib(pid)?;
+        ensure!(ready, "not every binding became Ready");
+
+        // Changes, one at a time, each to a key of the next binding in turn.
+        let generations = seen.lock().unwrap().clone();
+        ensure!(generations.len() == workloads, "the watch saw {} of {workloads} Deployments", generations.len());
+        let mut expected: HashMap<String, i64> = generations.iter().map(|(n, (g, _))| (n.clone(), *g)).collect();
+        let mut latencies = Vec::with_capacity(sizes.changes);
+        let mut missed = 0;
+        for change in 0..sizes.changes {
+            let b = change % bindings;
+            let k = owned(b, bindings, keys).nth(change / bindings % owned(b, bindings, keys).count()).unwrap();
+            let targets: Vec<String> = owned(b, bindings, workloads).map(|w| format!("w{w:05}")).collect();
+            for t in &targets {
+                *expected.get_mut(t).unwrap() += 1;
+            }
+            let written = Instant::now();
+            consul.put(&key(k), format!("v{}", change + 1).as_bytes(), None).await?;
+            let deadline = written + CHANGE_TIMEOUT;
+            loop {
+                let done: Option<Instant> = {
+                    let seen = seen.lock().unwrap();
+                    targets.iter().map(|t| seen.get(t).filter(|(g, _)| *g >= expected[t]).map(|(_, at)| *at)).collect::<Option<Vec<_>>>().and_then(|at| at.into_iter().max())
+                };
+                if let Some(at) = done {
+                    latencies.push(at.saturating_duration_since(written));
+                    break;
+                }
+                if Instant::now() > deadline {
+                    missed += 1;
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let final_generations = seen.lock().unwrap().clone();
+        let spurious: i64 =
+            expected.iter().map(|(n, want)| (final_generations[n].0 - want).max(0)).sum();
+
+        // Idle: nothing changes; count what the controller writes.
+        let before = snapshot(&binding_api, &deployments).await?;
+        let idle_from = k8s_openapi::jiff::Timestamp::now();
+        tokio::time::sleep(sizes.idle).await;
+        let after = snapshot(&binding_api, &deployments).await?;
+        let events: Api<Event> = Api::namespaced(client.clone(), &ns);
+        let idle_events = events
+            .list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .filter(|e| e.event_time.as_ref().is_some_and(|t| t.0 >= idle_from))
+            .count();
+        let idle_writes = before.iter().filter(|(name, rv)| after.get(*name) != Some(rv)).count() + idle_events;
+        let rss_end = rss_kib(pid)?;
+        let metrics = process::http_get(ADMIN_PORT, "/metrics", None).context("reading /metrics")?.1;
+
+        latencies.sort();
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        let pct = |p: f64| latencies.get(((latencies.len() as f64 - 1.0) * p).round() as usize).map_or(f64::NAN, |d| ms(*d));
+        println!(
+            "\nresults: {bindings} bindings, {workloads} Deployments, {keys} keys, {} changes, {} cores, budget {} connections",
+            sizes.changes,
+            std::thread::available_parallelism().map_or(0, |n| n.get()),
+            sizes.max_connections
+        );
+        println!("  cold start, controller start to every binding Ready:  {:.1} s", cold_start.as_secs_f64());
+        println!("  most Consul connections held (sampled every 100 ms): {}", most_connections.load(Ordering::Relaxed));
+        println!(
+            "  blocking queries serving {} watched keys:           {}",
+            metric(&metrics, "consulbind_consul_watches").unwrap_or(f64::NAN),
+            metric(&metrics, "consulbind_consul_watch_groups").unwrap_or(f64::NAN)
+        );
+        println!(
+            "  Consul write to new generation seen by a watch:      p50 {:.1} ms  p90 {:.1} ms  p99 {:.1} ms  max {:.1} ms  ({} changes)",
+            pct(0.5),
+            pct(0.9),
+            pct(0.99),
+            latencies.last().map_or(f64::NAN, |d| ms(*d)),
+            latencies.len()
+        );
+        println!("  missed changes (no rollout within {CHANGE_TIMEOUT:?}):         {missed}");
+        println!("  spurious rollouts:                                   {spurious}");
+        for stage in ["consul_to_reconcile", "reconcile_to_patch", "patch"] {
+            let label = format!("consulbind_rollout_stage_seconds_sum{{stage=\"{stage}\"}}");
+            let count = format!("consulbind_rollout_stage_seconds_count{{stage=\"{stage}\"}}");
+            if let (Some(sum), Some(n)) = (metric(&metrics, &label), metric(&metrics, &count)) {
+                println!("    stage {stage:<20} mean {:.2} ms over {n}", sum / n * 1000.0);
+            }
+        }
+        println!("  API writes during {} s idle (status, stamps, events):  {idle_writes}", sizes.idle.as_secs());
+        println!("  resident memory: {} MiB when Ready, {} MiB at the end", rss_ready / 1024, rss_end / 1024);
+        ensure!(missed == 0 && spurious == 0, "{missed} missed and {spurious} spurious rollouts");
+        Ok(())
+    }
+    .await;
+
+    sampling.store(false, Ordering::Relaxed);
+    let _ = sampler.join();
+    watch.abort();
+    controller.stop()?;
+    let _ = namespaces.delete(&ns, &Default::default()).await;
+    result
+}
+
+fn deployment(w: usize) -> serde_json::Value {
+    let name = format!("w{w:05}");
+    json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name}, "spec": {
+        "replicas": 0,
+        "selector": {"matchLabels": {"app": name}},
+        "template": {"metadata": {"labels": {"app": name}},
+                     "spec": {"containers": [{"name": "app", "image": "example.invalid/app:1"}]}},
+    }})
+}
+
+/// Waits until every binding is Ready; false on timeout.
+async fn wait_ready(api: &Api<ConsulBinding>, bindings: usize, timeout: Duration) -> Result<bool> {
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        let list = api.list(&ListParams::default()).await?;
+        let ready = list
+            .items
+            .iter()
+            .filter(|b| {
+                let conditions = b.status.iter().flat_map(|s| &s.conditions);
+                conditions.into_iter().any(|c| c.type_ == "Ready" && c.status == "True")
+            })
+            .count();
+        if ready == bindings {
+            return Ok(true);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(false)
+}
+
+/// The resource version of every binding and the generation of every Deployment.
+async fn snapshot(bindings: &Api<ConsulBinding>, deployments: &Api<Deployment>) -> Result<HashMap<String, String>> {
+    let mut versions = HashMap::new();
+    for b in bindings.list(&ListParams::default()).await?.items {
+        versions.insert(format!("binding/{}", b.name_any()), b.resource_version().unwrap_or_default());
+    }
+    for d in deployments.list(&ListParams::default()).await?.items {
+        versions.insert(format!("deployment/{}", d.name_any()), d.metadata.generation.unwrap_or_default().to_string());
+    }
+    Ok(versions)
+}
+
+/// Established TCP connections of `pid` to `port`, as `ss` reports them.
+fn connections(pid: u32, port: u16) -> usize {
+    let out = Command::new("ss").args(["-Htnp", "state", "established", &format!("dport = :{port}")]).output();
+    let needle = format!("pid={pid},");
+    out.map(|o| String::from_utf8_lossy(&o.stdout).lines().filter(|l| l.contains(&needle)).count()).unwrap_or(0)
+}
