@@ -48,13 +48,32 @@ pub struct ConsulBindingSpec {
     pub suspend: bool,
 }
 
+/// A Consul key or prefix: `/`-separated segments, none empty, `.` or `..`; a prefix may end
+/// with `/`. Written for the API server's regular expressions, which have no look-ahead.
+pub const KEY_PATTERN: &str = r"^((?:[^/.][^/]*|\.[^/.][^/]*|\.\.[^/]+)/)*(?:[^/.][^/]*|\.[^/.][^/]*|\.\.[^/]+)?$";
+
+/// What is wrong with a key, by the rule of [`KEY_PATTERN`], for objects the schema did not check.
+pub fn key_problem(key: &str) -> Option<&'static str> {
+    if key.starts_with('/') {
+        return Some("starts with /");
+    }
+    // A trailing `/` marks a folder prefix; every other segment must be a real name.
+    let body = key.strip_suffix('/').unwrap_or(key);
+    body.split('/').find_map(|segment| match segment {
+        "" => Some("has an empty segment (//)"),
+        "." | ".." => Some("has a . or .. segment"),
+        _ => None,
+    })
+}
+
 /// One Consul key, or every key under a prefix.
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct KeySource {
     /// The Consul key, for example `app/config.json`, or a prefix such as `app/features/` when
-    /// `recurse` is true.
-    #[schemars(length(min = 1))]
+    /// `recurse` is true. Segments are separated by `/`; none may be empty, `.` or `..`, and the
+    /// key may not start with `/` (Consul would read such a key as another, or as missing).
+    #[schemars(length(min = 1), regex(pattern = KEY_PATTERN))]
     pub key: String,
 
     /// Treat `key` as a prefix and bind every key below it, recursively.

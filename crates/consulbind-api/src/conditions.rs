@@ -15,6 +15,8 @@ pub mod reason {
     pub const PENDING: &str = "ChangePending";
     pub const SUSPENDED: &str = "Suspended";
     pub const KEY_MISSING: &str = "KeyMissing";
+    /// Consul's index went backwards just as bound content became missing or empty.
+    pub const CONSUL_INDEX_RESET: &str = "ConsulIndexReset";
     pub const WAITING_FOR_CONSUL: &str = "WaitingForConsul";
     pub const ACCESS_DENIED: &str = "AccessDenied";
     pub const CONSUL_UNREACHABLE: &str = "ConsulUnreachable";

@@ -54,6 +54,10 @@ pub struct Config {
     #[arg(long, env = "CONSULBIND_CONSUL_MAX_CONNECTIONS", default_value_t = 32, value_parser = clap::value_parser!(u16).range(4..))]
     pub consul_max_connections: u16,
 
+    /// How long Consul may fail before the bindings show it. A shorter blip changes nothing.
+    #[arg(long, env = "CONSULBIND_CONSUL_FAILURE_GRACE", default_value = "5s", value_parser = duration)]
+    pub consul_failure_grace: Duration,
+
     /// Namespaces to serve, comma-separated. Empty serves every namespace.
     #[arg(long, env = "CONSULBIND_NAMESPACES", value_delimiter = ',')]
     pub namespaces: Vec<String>,

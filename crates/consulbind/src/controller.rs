@@ -62,7 +62,7 @@ pub async fn run(config: Config, shutdown: signal::Receiver<bool>) -> Result<(),
             let _ = tx.unbounded_send(binding);
         }
     });
-    let watches = Watches::new(consul, wake, metrics.clone());
+    let watches = Watches::new(consul, wake, metrics.clone(), config.consul_failure_grace);
 
     let admin = Arc::new(Admin { registry, ready: false.into(), watches: watches.clone() });
     let listener = admin::bind(config.admin_addr).await?;
@@ -178,7 +178,12 @@ async fn run_scope(
     let not_found = ctx.clone();
     let store = reader.clone();
     let in_scope = move |b: &BindingRef| scope.is_none() || b.namespace == scope;
-    let bindings = reflector::reflector(writer, watcher(api, watcher::Config::default()).default_backoff())
+    // kubectl's last-applied copy and the managed fields are most of a binding's size.
+    let events = watcher(api, watcher::Config::default()).default_backoff().modify(|binding: &mut ConsulBinding| {
+        binding.metadata.managed_fields = None;
+        binding.metadata.annotations = None;
+    });
+    let bindings = reflector::reflector(writer, events)
         .inspect_ok(move |event| match event {
             watcher::Event::Delete(binding) => forget.forget(&ObjectRef::from_obj(binding)),
             // A relist can hide deletions; drop whatever the fresh list no longer has.

@@ -23,6 +23,8 @@ pub type Workload = (WorkloadKind, String);
 pub struct KeyContent<'a> {
     pub source: &'a KeySource,
     pub entries: &'a [KvEntry],
+    /// It became missing or empty as Consul's index went backwards: lost data, not an edit.
+    pub reset_hold: bool,
 }
 
 /// What the Consul side looks like for this binding.
@@ -105,8 +107,30 @@ pub fn plan(input: &Input<'_>, pending: &mut Option<Pending>, now: Instant) -> P
         return plan;
     }
 
+    let lost: Vec<&str> = contents.iter().filter(|c| c.reset_hold).map(|c| c.source.key.as_str()).collect();
+    let spec_unchanged = input.generation.is_some() && input.generation == input.previous.observed_generation;
+    if !lost.is_empty() && spec_unchanged && input.previous.applied_checksum.as_ref() != Some(&desired) {
+        *pending = None;
+        plan.hold = Some((
+            reason::CONSUL_INDEX_RESET,
+            format!(
+                "Consul's index went backwards (a snapshot restore or a rebuilt cluster?) just as {} became \
+                 empty; rollouts are held until the content is back. To roll out the empty content, change \
+                 this binding's spec",
+                quoted(&lost)
+            ),
+        ));
+        return plan;
+    }
+
+    let on_bind = input.spec.rollout.as_ref().is_some_and(|r| r.on_bind);
     let Some(applied) = input.previous.applied_checksum.as_deref() else {
-        plan.baseline = !input.spec.rollout.as_ref().is_some_and(|r| r.on_bind);
+        if on_bind && input.spec.suspend {
+            // Suspend wins: the first rollout waits for the resume, and records nothing before.
+            plan.hold = Some((reason::SUSPENDED, "rollouts are suspended; the targets roll once on resume".into()));
+            return plan;
+        }
+        plan.baseline = !on_bind;
         if !plan.baseline {
             plan.roll = input.found.to_vec();
         }
@@ -114,7 +138,6 @@ pub fn plan(input: &Input<'_>, pending: &mut Option<Pending>, now: Instant) -> P
     };
 
     let carried = carried_checksums(input.previous);
-    let on_bind = input.spec.rollout.as_ref().is_some_and(|r| r.on_bind);
     // New workloads start with the current content, so they are only rolled when asked to.
     let behind: Vec<Workload> =
         input.found.iter().filter(|w| carried.get(*w).map_or(on_bind, |c| *c != desired)).cloned().collect();
@@ -360,12 +383,23 @@ mod tests {
         entries: &[KvEntry],
         found: &[Workload],
     ) -> (Plan, ConsulBindingStatus) {
+        step_at(spec, 3, previous, entries, false, found)
+    }
+
+    fn step_at(
+        spec: &ConsulBindingSpec,
+        generation: i64,
+        previous: &ConsulBindingStatus,
+        entries: &[KvEntry],
+        reset_hold: bool,
+        found: &[Workload],
+    ) -> (Plan, ConsulBindingStatus) {
         let input = Input {
             spec,
             window: WINDOW,
-            generation: Some(3),
+            generation: Some(generation),
             previous,
-            consul: Consul::Ready(vec![KeyContent { source: &spec.keys[0], entries }]),
+            consul: Consul::Ready(vec![KeyContent { source: &spec.keys[0], entries, reset_hold }]),
             found,
             missing: &[],
         };
@@ -391,6 +425,41 @@ mod tests {
         assert_eq!(status.keys[0].modify_index, Some(7));
         assert_eq!(status.observed_generation, Some(3));
         assert_eq!(status.last_change_time, None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn suspend_wins_over_on_bind_until_resumed() {
+        let mut spec = spec(false);
+        spec.rollout = Some(RolloutPolicy { on_bind: true, ..Default::default() });
+        spec.suspend = true;
+        let (plan, suspended) = step(&spec, &Default::default(), &entry("v1"), &web());
+        assert!(plan.roll.is_empty(), "a suspended binding rolled on bind");
+        assert_eq!(condition(&suspended, conditions::READY).reason, reason::SUSPENDED);
+        assert_eq!(suspended.applied_checksum, None);
+        spec.suspend = false;
+        let (plan, _) = step(&spec, &suspended, &entry("v1"), &web());
+        assert_eq!(plan.roll, web(), "the resume rolls once, as onBind asks");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn content_lost_in_an_index_reset_is_held_until_it_is_back_or_the_spec_changes() {
+        let optional = spec(true);
+        let (_, baseline) = step(&optional, &Default::default(), &entry("v1"), &web());
+        let (plan, held) = step_at(&optional, 3, &baseline, &[], true, &web());
+        assert!(plan.roll.is_empty(), "lost data was rolled out");
+        assert_eq!(condition(&held, conditions::READY).reason, reason::CONSUL_INDEX_RESET);
+        assert_eq!(held.applied_checksum, baseline.applied_checksum);
+        // The same content restored: nothing to roll, and Ready again.
+        let (plan, restored) = step(&optional, &held, &entry("v1"), &web());
+        assert!(plan.roll.is_empty());
+        assert_eq!(condition(&restored, conditions::READY).status, "True");
+        // A spec change is a person's say-so: the empty content rolls once.
+        let (plan, _) = step_at(&optional, 4, &held, &[], true, &web());
+        assert_eq!(plan.roll, web());
+        // A required key lost in a reset reads as missing.
+        let (_, required) = step(&spec(false), &Default::default(), &entry("v1"), &web());
+        let (_, missing) = step_at(&spec(false), 3, &required, &[], true, &web());
+        assert_eq!(condition(&missing, conditions::READY).reason, reason::KEY_MISSING);
     }
 
     #[tokio::test(start_paused = true)]
@@ -467,7 +536,9 @@ mod tests {
             window: WINDOW,
             generation: None,
             previous: &both,
-            consul: Consul::Ready(two_keys.keys.iter().map(|source| KeyContent { source, entries: &[] }).collect()),
+            consul: Consul::Ready(
+                two_keys.keys.iter().map(|source| KeyContent { source, entries: &[], reset_hold: false }).collect(),
+            ),
             found: &two,
             missing: &[],
         };
@@ -537,7 +608,7 @@ mod tests {
             window: WINDOW,
             generation: Some(3),
             previous: &baseline,
-            consul: Consul::Ready(vec![KeyContent { source: &spec.keys[0], entries: &entries }]),
+            consul: Consul::Ready(vec![KeyContent { source: &spec.keys[0], entries: &entries, reset_hold: false }]),
             found: &web(),
             missing: &[],
         };

@@ -257,6 +257,11 @@ pub fn error_policy(binding: Arc<ConsulBinding>, error: &Error, _ctx: Arc<Contex
 
 /// Checks what the schema cannot, and returns the debounce window.
 pub fn validate(spec: &ConsulBindingSpec) -> Result<Window, String> {
+    for source in &spec.keys {
+        if let Some(problem) = consulbind_api::key_problem(&source.key) {
+            return Err(format!("Consul key {:?} {problem}; Consul would read another key, or none", source.key));
+        }
+    }
     for target in &spec.targets {
         if target.name.is_some() == target.selector.is_some() {
             return Err(format!("each {} target needs exactly one of name and selector", target.kind));
@@ -348,10 +353,12 @@ fn consul_view<'a>(spec: &'a ConsulBindingSpec, states: &'a [KeyState]) -> Consu
     for (source, state) in spec.keys.iter().zip(states) {
         match state {
             KeyState::Pending => return Consul::Waiting,
-            KeyState::Failed { reason, message } => {
+            KeyState::Failed { reason, message, .. } => {
                 return Consul::Failed { reason, message: format!("reading {:?}: {message}", source.key) };
             }
-            KeyState::Ready { entries, .. } => contents.push(KeyContent { source, entries }),
+            KeyState::Ready(content) => {
+                contents.push(KeyContent { source, entries: &content.entries, reset_hold: content.reset_hold })
+            }
         }
     }
     Consul::Ready(contents)
@@ -414,7 +421,7 @@ fn latest_change(contents: &[KeyState]) -> Option<std::time::Instant> {
     contents
         .iter()
         .filter_map(|s| match s {
-            KeyState::Ready { changed_at, .. } => Some(*changed_at),
+            KeyState::Ready(content) => Some(content.changed_at),
             _ => None,
         })
         .max()
@@ -502,6 +509,24 @@ mod tests {
             validate(&spec(named(), Some(rollout))),
             Ok(Window { quiet: Duration::from_secs(60), max: Duration::from_secs(300) })
         );
+    }
+
+    #[test]
+    fn keys_that_consul_would_misread_are_refused() {
+        for bad in ["/app", "app//x", "./x", "app/../x", "app/.", "//", "a/../"] {
+            let spec = ConsulBindingSpec {
+                keys: vec![consulbind_api::KeySource { key: bad.into(), ..Default::default() }],
+                ..spec(named(), None)
+            };
+            assert!(validate(&spec).is_err(), "{bad}");
+        }
+        for good in ["app", "app/", "app/x.json", ".hidden/x", "..x/y", "a/.b/", "a/b..c"] {
+            let spec = ConsulBindingSpec {
+                keys: vec![consulbind_api::KeySource { key: good.into(), ..Default::default() }],
+                ..spec(named(), None)
+            };
+            assert!(validate(&spec).is_ok(), "{good}");
+        }
     }
 
     #[test]

@@ -16,7 +16,7 @@ use std::{
 use consul_kv::{
     Backoff, Client, ErrorKind, KvEntry, KvQuery, Token,
     group::{self, Members, WatchPath},
-    index::Cursor,
+    index::{Cursor, Progress},
     jitter,
 };
 use consulbind_api::{ConsulBinding, conditions::reason};
@@ -37,11 +37,34 @@ pub type BindingRef = ObjectRef<ConsulBinding>;
 pub enum KeyState {
     /// No answer yet.
     Pending,
-    /// Entries sorted by key; empty when the key or prefix is missing. `changed_at` is when
-    /// this content was first seen.
-    Ready { entries: Arc<[KvEntry]>, changed_at: Instant },
-    /// The last request failed; retried with backoff.
-    Failed { reason: &'static str, message: String },
+    Ready(Content),
+    /// Requests have failed for longer than the grace period; retried with backoff. `last` is
+    /// the content from before, kept so that recovery with the same content is no change.
+    Failed {
+        reason: &'static str,
+        message: String,
+        last: Option<Content>,
+    },
+}
+
+#[derive(Clone, Debug)]
+pub struct Content {
+    /// Sorted by key; empty when the key or prefix is missing.
+    pub entries: Arc<[KvEntry]>,
+    /// When this content was first seen.
+    pub changed_at: Instant,
+    /// Consul's index went backwards just as this content became missing or empty: data lost
+    /// in a restore or a rebuilt cluster, not a change anyone made.
+    pub reset_hold: bool,
+}
+
+/// What an answer did to a path.
+#[derive(Debug, PartialEq, Eq)]
+enum Update {
+    Same,
+    /// The same content as before a failure: the bindings need to hear that Consul is back.
+    Recovered,
+    Changed,
 }
 
 /// Called with each binding a watch wants reconciled.
@@ -49,7 +72,7 @@ pub type Wake = Arc<dyn Fn(BindingRef) + Send + Sync>;
 
 /// How long membership changes settle before the groups are planned again, so that a burst of
 /// new bindings costs one re-plan rather than one per binding.
-const SETTLE: Duration = Duration::from_millis(20);
+const SETTLE: Duration = Duration::from_millis(100);
 /// The wait of each blocking query while there are more groups than slots, so that the groups
 /// take turns.
 const ROTATION_WAIT: Duration = Duration::from_secs(10);
@@ -65,6 +88,8 @@ struct Shared {
     client: Client,
     wake: Wake,
     metrics: Arc<Metrics>,
+    /// How long requests may fail before the paths report it.
+    grace: Duration,
     inner: Mutex<Inner>,
     replan: Notify,
     /// More groups than blocking slots: the groups rotate with short waits.
@@ -183,12 +208,14 @@ pub struct WatchInfo {
 }
 
 impl Watches {
-    /// Starts the planner, which needs a Tokio runtime.
-    pub fn new(client: Client, wake: Wake, metrics: Arc<Metrics>) -> Self {
+    /// Starts the planner, which needs a Tokio runtime. A failing query reports its failure
+    /// only once it has lasted `grace`.
+    pub fn new(client: Client, wake: Wake, metrics: Arc<Metrics>, grace: Duration) -> Self {
         let shared = Arc::new(Shared {
             client,
             wake,
             metrics,
+            grace,
             inner: Mutex::default(),
             replan: Notify::new(),
             rotating: AtomicBool::new(false),
@@ -388,6 +415,7 @@ async fn run_group(shared: Arc<Shared>, query: KvQuery, mut roster: watch::Recei
     let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
     // The roster and the entries its paths need, as of the last answer every path was told of.
     let mut last: Option<(Arc<Roster>, Vec<KvEntry>)> = None;
+    let mut failing_since: Option<Instant> = None;
     loop {
         let index = if last.is_some() { cursor.index() } else { 0 };
         let started = Instant::now();
@@ -402,7 +430,7 @@ async fn run_group(shared: Arc<Shared>, query: KvQuery, mut roster: watch::Recei
                 Ok(()) = roster.changed(), if index != 0 => {
                     let members = roster.borrow_and_update().clone();
                     last = match shared.client.get(&query, 0).await {
-                        Ok(response) => Some(deliver(&shared, &members, response.entries, None, response.index)),
+                        Ok(response) => Some(deliver(&shared, &members, response.entries, None, false, response.index)),
                         Err(_) => None,
                     };
                 }
@@ -413,9 +441,13 @@ async fn run_group(shared: Arc<Shared>, query: KvQuery, mut roster: watch::Recei
         match result {
             Ok(response) => {
                 backoff.reset();
-                cursor.answered(response.index);
-                let seen = last.take().filter(|(seen, _)| Arc::ptr_eq(seen, &members)).map(|(_, old)| old);
-                last = Some(deliver(&shared, &members, response.entries, seen.as_deref(), response.index));
+                failing_since = None;
+                let reset = cursor.answered(response.index) == Progress::Reset;
+                if reset {
+                    warn!(key = %query.key, index = response.index, "Consul's index went backwards (a restore or a rebuilt cluster?); reading afresh");
+                }
+                let seen = last.take().filter(|(seen, _)| Arc::ptr_eq(seen, &members) && !reset).map(|(_, old)| old);
+                last = Some(deliver(&shared, &members, response.entries, seen.as_deref(), reset, response.index));
             }
             Err(error) => {
                 cursor.failed();
@@ -428,24 +460,38 @@ async fn run_group(shared: Arc<Shared>, query: KvQuery, mut roster: watch::Recei
                 let delay = backoff.next_delay();
                 warn!(key = %query.key, recurse = query.recurse, %error, retry_in = ?delay, "Consul read failed");
                 let message = error.to_string();
-                for cell in &members.cells {
-                    if set_failed(cell, reason, &message) {
-                        cell.wake(&shared.wake);
+                let report = || {
+                    for cell in &members.cells {
+                        if set_failed(cell, reason, &message) {
+                            cell.wake(&shared.wake);
+                        }
                     }
+                };
+                // A blip within the grace period shows nowhere; a longer failure shows once the
+                // grace is over, even in the middle of a backoff.
+                let due = *failing_since.get_or_insert(started) + shared.grace;
+                let retry = tokio::time::Instant::now() + delay;
+                if Instant::now() >= due {
+                    report();
+                } else if tokio::time::Instant::from_std(due) < retry {
+                    tokio::time::sleep_until(tokio::time::Instant::from_std(due)).await;
+                    report();
                 }
-                tokio::time::sleep(delay).await;
+                tokio::time::sleep_until(retry).await;
             }
         }
     }
 }
 
 /// Hands each path of `members` its part of `entries`: only the paths whose entries differ
-/// from `old`, or all of them without `old`. Wakes the bindings of paths whose content changed.
+/// from `old`, or all of them without `old`. Wakes the bindings of paths whose content changed
+/// or came back after a failure. `reset` says the index went backwards with this answer.
 fn deliver(
     shared: &Shared,
     members: &Arc<Roster>,
     entries: Vec<KvEntry>,
     old: Option<&[KvEntry]>,
+    reset: bool,
     index: u64,
 ) -> (Arc<Roster>, Vec<KvEntry>) {
     let entries = members.members.retain(entries);
@@ -455,8 +501,11 @@ fn deliver(
     };
     for i in changed {
         let path = &members.paths[i];
-        if set_ready(&members.cells[i], group::select(&entries, path)) {
+        let update = set_ready(&members.cells[i], group::select(&entries, path), reset);
+        if update == Update::Changed {
             info!(key = %path.key, recurse = path.recurse, index, "Consul content changed");
+        }
+        if update != Update::Same {
             members.cells[i].wake(&shared.wake);
         }
     }
@@ -474,29 +523,43 @@ fn group_wait(shared: &Shared, born: Instant) -> Duration {
     jitter(wait.min(born.elapsed().max(MIN_WAIT)), 0.1)
 }
 
-/// Records new entries; returns whether the content (not merely an index) changed.
-fn set_ready(path: &Path, entries: &[KvEntry]) -> bool {
-    let mut changed = false;
+/// Records new entries. Content that turns missing or empty in the same answer as an index
+/// reset is marked as lost data; it stays marked until the content is back.
+fn set_ready(path: &Path, entries: &[KvEntry], reset: bool) -> Update {
+    let mut update = Update::Same;
     path.state.send_modify(|current| {
-        let changed_at = match current {
-            KeyState::Ready { entries: old, changed_at } if same_contents(old, entries) => *changed_at,
-            _ => {
-                changed = true;
-                Instant::now()
+        let (before, was_ready) = match current {
+            KeyState::Ready(content) => (Some(&*content), true),
+            KeyState::Failed { last, .. } => (last.as_ref(), false),
+            KeyState::Pending => (None, false),
+        };
+        let same = before.filter(|b| same_contents(&b.entries, entries));
+        let content = match same {
+            Some(before) => {
+                update = if was_ready { Update::Same } else { Update::Recovered };
+                Content { entries: entries.into(), ..before.clone() }
+            }
+            None => {
+                update = Update::Changed;
+                let lost = reset && entries.is_empty() && before.is_some_and(|b| !b.entries.is_empty());
+                Content { entries: entries.into(), changed_at: Instant::now(), reset_hold: lost }
             }
         };
-        *current = KeyState::Ready { entries: entries.into(), changed_at };
+        *current = KeyState::Ready(content);
     });
-    changed
+    update
 }
 
 fn set_failed(path: &Path, reason: &'static str, message: &str) -> bool {
-    path.state.send_if_modified(|current| match current {
-        KeyState::Failed { reason: r, message: m } if *r == reason && m == message => false,
-        _ => {
-            *current = KeyState::Failed { reason, message: message.to_owned() };
-            true
-        }
+    path.state.send_if_modified(|current| {
+        let last = match current {
+            KeyState::Failed { reason: r, message: m, .. } if *r == reason && m == message => return false,
+            KeyState::Failed { last, .. } => last.take(),
+            KeyState::Ready(content) => Some(content.clone()),
+            KeyState::Pending => None,
+        };
+        *current = KeyState::Failed { reason, message: message.to_owned(), last };
+        true
     })
 }
 

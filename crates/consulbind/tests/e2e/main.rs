@@ -306,12 +306,21 @@ async fn api_server_refuses_invalid_bindings() {
             "oneOf",
         ),
         ("neither name nor selector", json!({"keys": ok_keys, "targets": [{"kind": "Deployment"}]}), "spec.targets"),
+        ("leading slash", json!({"keys": [{"key": "/app/db"}], "targets": deploy("web")}), "spec.keys.key"),
+        ("empty segment", json!({"keys": [{"key": "app//db"}], "targets": deploy("web")}), "spec.keys.key"),
+        ("dot-dot segment", json!({"keys": [{"key": "app/../db"}], "targets": deploy("web")}), "spec.keys.key"),
+        ("dot segment", json!({"keys": [{"key": "./db"}], "targets": deploy("web")}), "spec.keys.key"),
     ];
     for (case, spec, expected) in cases {
         let manifest = json!({"apiVersion": "consulbind.dev/v1alpha1", "kind": "ConsulBinding", "metadata": {"name": "bad"}, "spec": spec});
         let error = s.apply(manifest).await.expect_err(case).to_string();
         assert!(error.contains(expected), "{case}: {error}");
     }
+    // What the pattern lets through is what a folder prefix or a dotted name needs.
+    let fine =
+        json!({"keys": [{"key": "app/features/", "recurse": true}, {"key": ".hidden/x..y"}], "targets": deploy("web")});
+    let manifest = json!({"apiVersion": "consulbind.dev/v1alpha1", "kind": "ConsulBinding", "metadata": {"name": "fine"}, "spec": fine});
+    s.apply(manifest).await.expect("a prefix with a trailing slash and dotted names are valid");
     s.finish().await;
 }
 
