@@ -50,6 +50,11 @@ struct Agent {
 const CONSUL: Agent =
     Agent { name: "consul", http: 18500, server: 18510, serf_lan: 18511, serf_wan: 18512, acl: false };
 /// ACLs on with default deny, for the ACL tests.
+/// A plain agent of its own for the tests that stop, restart or wipe Consul, so that the other
+/// tests, which run at the same time, never see it go.
+const CONSUL_FAULTS: Agent =
+    Agent { name: "consul-faults", http: 18700, server: 18710, serf_lan: 18711, serf_wan: 18712, acl: false };
+const AGENTS: [&Agent; 3] = [&CONSUL, &CONSUL_ACL, &CONSUL_FAULTS];
 const CONSUL_ACL: Agent =
     Agent { name: "consul-acl", http: 18600, server: 18610, serf_lan: 18611, serf_wan: 18612, acl: true };
 
@@ -95,8 +100,9 @@ impl Env {
     }
 
     /// Every process, in start order.
-    fn daemons(&self) -> [Daemon; 5] {
-        ["etcd", "kube-apiserver", "kube-controller-manager", CONSUL.name, CONSUL_ACL.name].map(|n| self.daemon(n))
+    fn daemons(&self) -> [Daemon; 6] {
+        ["etcd", "kube-apiserver", "kube-controller-manager", CONSUL.name, CONSUL_ACL.name, CONSUL_FAULTS.name]
+            .map(|n| self.daemon(n))
     }
 
     /// Starts whatever isn't running, waits until all of it is ready, installs the CRDs and writes the
@@ -111,14 +117,11 @@ impl Env {
 
         println!("==> starting the environment in {}", self.dir.display());
         // Consul first: its agents elect themselves while Kubernetes comes up.
-        for agent in [&CONSUL, &CONSUL_ACL] {
-            let config = self.path(&format!("{}.hcl", agent.name));
-            fs::write(&config, self.consul_config(agent, &master_token))?;
-            let config = format!("-config-file={}", config.display());
-            self.daemon(agent.name).ensure_started(Command::new(&tools.consul).args(["agent", &config]))?;
+        for agent in AGENTS {
+            self.start_agent(&tools, agent, &master_token)?;
         }
         self.start_kubernetes(&tools)?;
-        for agent in [&CONSUL, &CONSUL_ACL] {
+        for agent in AGENTS {
             self.daemon(agent.name)
                 .wait_ready("serving with a leader", Duration::from_secs(60), || agent.ready(&master_token))?;
         }
@@ -128,6 +131,32 @@ impl Env {
         println!("environment up after {}; to use it from a shell:", minutes(started.elapsed()));
         println!("    source {}", shown(&self.path("env")).display());
         Ok(())
+    }
+
+    fn start_agent(&self, tools: &Tools, agent: &Agent, master_token: &str) -> Result<()> {
+        let config = self.path(&format!("{}.hcl", agent.name));
+        fs::write(&config, self.consul_config(agent, master_token))?;
+        let config = format!("-config-file={}", config.display());
+        self.daemon(agent.name).ensure_started(Command::new(&tools.consul).args(["agent", &config]))
+    }
+
+    /// Stops a Consul agent, keeps it down for `down`, optionally deletes its data (a rebuilt
+    /// cluster, or a restore that lost everything), and starts it again, ready with a leader.
+    pub fn restart_consul(&self, name: &str, empty: bool, down: Duration) -> Result<()> {
+        let agent = AGENTS.into_iter().find(|a| a.name == name).with_context(|| {
+            let names: Vec<&str> = AGENTS.iter().map(|a| a.name).collect();
+            format!("no Consul agent {name:?}; the agents are {}", names.join(", "))
+        })?;
+        let tools = provision::tools()?;
+        let master_token = self.secret("consul-acl-master-token")?;
+        let daemon = self.daemon(agent.name);
+        daemon.stop()?;
+        std::thread::sleep(down);
+        if empty {
+            remove_all(&self.path(&format!("{}-data", agent.name)))?;
+        }
+        self.start_agent(&tools, agent, &master_token)?;
+        daemon.wait_ready("serving with a leader", Duration::from_secs(60), || agent.ready(&master_token))
     }
 
     /// etcd, kube-apiserver and kube-controller-manager, each ready before the next starts.
@@ -226,6 +255,7 @@ impl Env {
             ("-".to_owned(), true),
             (CONSUL.addr(), CONSUL.ready("")),
             (CONSUL_ACL.addr(), CONSUL_ACL.ready(master_token.trim())),
+            (CONSUL_FAULTS.addr(), CONSUL_FAULTS.ready("")),
         ];
         println!("environment in {}", shown(&self.dir).display());
         let mut all_up = true;
@@ -251,6 +281,7 @@ impl Env {
             ("KUBECONFIG", self.kubeconfig().display().to_string()),
             ("CONSUL_HTTP_ADDR", CONSUL.addr()),
             ("CONSULBIND_E2E_ACL_ADDR", CONSUL_ACL.addr()),
+            ("CONSULBIND_E2E_FAULTS_ADDR", CONSUL_FAULTS.addr()),
             ("CONSULBIND_E2E_ACL_TOKEN", master_token.trim().to_owned()),
         ])
     }

@@ -110,6 +110,18 @@ enum EnvAction {
     Down,
     /// Show what is running and whether it is healthy.
     Status,
+    /// Stop a Consul agent and start it again, with its data or (--empty) without, to try faults.
+    ConsulRestart {
+        /// consul, consul-acl or consul-faults (the one the fault tests use).
+        #[arg(long, default_value = "consul")]
+        agent: String,
+        /// Delete the agent's data before it starts again, as after a rebuild.
+        #[arg(long)]
+        empty: bool,
+        /// Seconds to keep it down.
+        #[arg(long, default_value_t = 0)]
+        down: u64,
+    },
 }
 
 fn main() -> ExitCode {
@@ -130,6 +142,9 @@ fn run(command: Command) -> Result<()> {
             EnvAction::Up => env.up(),
             EnvAction::Down => env.down(),
             EnvAction::Status => env.status(),
+            EnvAction::ConsulRestart { agent, empty, down } => {
+                env.restart_consul(&agent, empty, Duration::from_secs(down))
+            }
         },
         Command::Test { args } => test::all(&env, &args),
         Command::E2e { args } => test::e2e_on_running(&env, &args),

@@ -58,6 +58,8 @@ fn e2e(env: &Env, args: &[String]) -> Result<()> {
         .args(args)
         .envs(env.vars()?)
         .env("CONSULBIND_E2E", "1")
+        // The fault tests restart their Consul agent through `cargo xtask env consul-restart`.
+        .env("CONSULBIND_XTASK", std::env::current_exe()?)
         // The image tests run the controller from this archive; `image::build` writes it.
         .env("CONSULBIND_E2E_IMAGE", image::archive())
         // The tests mostly wait on servers, each in its own namespace: run many at once.

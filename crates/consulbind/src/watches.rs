@@ -412,7 +412,8 @@ fn start_group(shared: &Arc<Shared>, query: KvQuery, roster: Roster) -> GroupHan
 async fn run_group(shared: Arc<Shared>, query: KvQuery, mut roster: watch::Receiver<Arc<Roster>>) {
     let born = Instant::now();
     let mut cursor = Cursor::default();
-    let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
+    // Capped low, so that once Consul answers again the status shows it within seconds.
+    let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(10));
     // The roster and the entries its paths need, as of the last answer every path was told of.
     let mut last: Option<(Arc<Roster>, Vec<KvEntry>)> = None;
     let mut failing_since: Option<Instant> = None;

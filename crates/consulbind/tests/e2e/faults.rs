@@ -1,0 +1,116 @@
+//! Consul going away, coming back, and coming back without its data, on an agent of its own.
+
+use std::time::Duration;
+
+use consul_kv::{Client as Consul, ClientConfig};
+use consulbind_api::conditions::{self, reason};
+use serde_json::json;
+
+use crate::support::{Scene, deploy, spec, wait_for};
+
+const DEPLOY: &str = "Deployment";
+const GRACE: &str = "--consul-failure-grace=6s";
+
+/// `cargo xtask env consul-restart` on the fault tests' own agent.
+fn restart(empty: bool, down: Duration) {
+    let xtask =
+        std::env::var("CONSULBIND_XTASK").expect("CONSULBIND_XTASK names the xtask binary; run `cargo xtask e2e`");
+    let mut cmd = std::process::Command::new(xtask);
+    cmd.args(["env", "consul-restart", "--agent=consul-faults", &format!("--down={}", down.as_secs())]);
+    if empty {
+        cmd.arg("--empty");
+    }
+    let out = cmd.output().expect("running xtask");
+    assert!(
+        out.status.success(),
+        "consul-restart: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+async fn faults_consul() -> Consul {
+    let addr = std::env::var("CONSULBIND_E2E_FAULTS_ADDR")
+        .expect("CONSULBIND_E2E_FAULTS_ADDR must be set; run `cargo xtask e2e`");
+    Consul::new(ClientConfig { address: addr, ..ClientConfig::default() }).await.unwrap()
+}
+
+fn ready_reason(binding: &consulbind_api::ConsulBinding) -> Option<(String, String)> {
+    let c = binding.status.as_ref()?.conditions.iter().find(|c| c.type_ == conditions::READY)?;
+    Some((c.status.clone(), c.reason.clone()))
+}
+
+/// One test, so that its phases never restart the agent under each other.
+#[tokio::test]
+async fn consul_blips_restarts_and_data_loss_roll_nothing_and_show_within_seconds() {
+    let consul = faults_consul().await;
+    let addr = format!("--consul-http-addr={}", std::env::var("CONSULBIND_E2E_FAULTS_ADDR").unwrap());
+    let Some(s) = Scene::with_args("faults", &[&addr, GRACE]).await else {
+        return;
+    };
+    let (key, prefix) = (s.key("config"), s.key("features/"));
+    consul.put(&key, b"v1", None).await.unwrap();
+    consul.put(&format!("{prefix}a"), b"on", None).await.unwrap();
+    s.workload(DEPLOY, "web", json!({})).await;
+    s.workload(DEPLOY, "api", json!({})).await;
+    s.wait_revisions(DEPLOY, "web", 1).await;
+    s.wait_revisions(DEPLOY, "api", 1).await;
+    s.binding("required", spec(json!([{"key": key}]), deploy("web"), "0s")).await;
+    s.binding("optional", spec(json!([{"key": prefix, "recurse": true, "optional": true}]), deploy("api"), "0s")).await;
+    s.wait_condition("required", conditions::READY, "True", reason::BASELINED).await;
+    s.wait_condition("optional", conditions::READY, "True", reason::BASELINED).await;
+
+    // A blip shorter than the grace period: no status write, no event.
+    let versions = |s: &Scene| {
+        let api = s.bindings();
+        async move {
+            let list = api.list(&Default::default()).await.unwrap();
+            list.items.iter().map(|b| b.metadata.resource_version.clone().unwrap()).collect::<Vec<_>>()
+        }
+    };
+    let before = versions(&s).await;
+    let events_before = s.events_for("required").await.len() + s.events_for("optional").await.len();
+    restart(false, Duration::ZERO);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(versions(&s).await, before, "a blip within the grace period wrote a status\n{}", s.log());
+    let events_after = s.events_for("required").await.len() + s.events_for("optional").await.len();
+    assert_eq!(events_after, events_before, "a blip within the grace period raised an event");
+
+    // Down for longer than the grace: reported, then Ready again within 15 s, no rollout.
+    let outage = tokio::task::spawn_blocking(|| restart(false, Duration::from_secs(10)));
+    s.wait_condition("required", conditions::CONSUL_SYNCED, "False", reason::CONSUL_UNREACHABLE).await;
+    outage.await.unwrap();
+    let back = tokio::time::Instant::now();
+    s.wait_condition("required", conditions::READY, "True", reason::UP_TO_DATE).await;
+    s.wait_condition("optional", conditions::READY, "True", reason::UP_TO_DATE).await;
+    assert!(back.elapsed() < Duration::from_secs(15), "Ready {:?} after Consul answered", back.elapsed());
+    s.wait_revisions(DEPLOY, "web", 1).await;
+    s.wait_revisions(DEPLOY, "api", 1).await;
+    consul.put(&key, b"v2", None).await.unwrap();
+    s.wait_revisions(DEPLOY, "web", 2).await;
+
+    // Restarted empty: the required key shows as missing, the optional prefix is not rolled to
+    // empty, and restoring the same content rolls nothing.
+    tokio::task::spawn_blocking(|| restart(true, Duration::from_secs(1))).await.unwrap();
+    let back = tokio::time::Instant::now();
+    let reasons = || async {
+        let required = ready_reason(&s.get_binding("required").await);
+        let optional = ready_reason(&s.get_binding("optional").await);
+        Ok(required.is_some_and(|r| r.1 == reason::KEY_MISSING)
+            && optional.is_some_and(|r| r.0 == "False" && r.1 == reason::CONSUL_INDEX_RESET))
+    };
+    if let Err(error) = wait_for("KeyMissing and ConsulIndexReset", Duration::from_secs(15), reasons).await {
+        panic!("{error} {:?} after Consul answered\n{}", back.elapsed(), s.log());
+    }
+    s.wait_revisions(DEPLOY, "api", 1).await;
+    consul.put(&key, b"v2", None).await.unwrap();
+    consul.put(&format!("{prefix}a"), b"on", None).await.unwrap();
+    s.wait_condition("required", conditions::READY, "True", reason::UP_TO_DATE).await;
+    s.wait_condition("optional", conditions::READY, "True", reason::UP_TO_DATE).await;
+    s.wait_revisions(DEPLOY, "web", 2).await;
+    s.wait_revisions(DEPLOY, "api", 1).await;
+    // The next real change rolls exactly once.
+    consul.put(&format!("{prefix}a"), b"off", None).await.unwrap();
+    s.wait_revisions(DEPLOY, "api", 2).await;
+    s.finish().await;
+}
