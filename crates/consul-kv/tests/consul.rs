@@ -2,8 +2,8 @@
 //!
 //! - `CONSUL_HTTP_ADDR`: a dev agent (`consul agent -dev`). Unset means skip,
 //!   unless `CI=true` or `CONSULBIND_E2E=1`, which make it required.
-//! - `CONSULBIND_E2E_ACL_ADDR` and `CONSULBIND_E2E_ACL_TOKEN`: optionally, a
-//!   second agent with ACLs in default-deny mode and its management token.
+//! - `CONSULBIND_E2E_ACL_ADDR` and `CONSULBIND_E2E_ACL_TOKEN`: a second agent with
+//!   ACLs in default-deny mode and its management token; required like the first.
 //!
 //! Each test writes under its own prefix, so they can run in parallel.
 
@@ -212,6 +212,12 @@ async fn missing_key_watch_wakes_on_unrelated_write() {
 async fn acl_agent() -> Option<(Client, Token)> {
     let var = |name| std::env::var(name).ok().filter(|v: &String| !v.is_empty());
     let (Some(address), Some(token)) = (var("CONSULBIND_E2E_ACL_ADDR"), var("CONSULBIND_E2E_ACL_TOKEN")) else {
+        let required = var("CI").as_deref() == Some("true") || var("CONSULBIND_E2E").as_deref() == Some("1");
+        assert!(
+            !required,
+            "CONSULBIND_E2E_ACL_ADDR and CONSULBIND_E2E_ACL_TOKEN are not set, but CI=true or CONSULBIND_E2E=1 \
+             requires the ACL tests: run them through `cargo xtask test`"
+        );
         eprintln!("skipping: set CONSULBIND_E2E_ACL_ADDR and CONSULBIND_E2E_ACL_TOKEN for ACL tests");
         return None;
     };

@@ -429,7 +429,8 @@ async fn unreachable_consul_is_a_condition_not_a_rollout() {
 #[tokio::test]
 async fn acl_token_from_secret_syncs_and_a_bad_one_is_denied_without_leaking() {
     let Some((acl_addr, master)) = support::acl_consul() else {
-        assert!(std::env::var("CI").is_err(), "CONSULBIND_E2E_ACL_ADDR and CONSULBIND_E2E_ACL_TOKEN must be set in CI");
+        let required = std::env::var("CI").is_ok_and(|v| v == "true") || std::env::var_os("CONSULBIND_E2E").is_some();
+        assert!(!required, "CONSULBIND_E2E_ACL_ADDR and CONSULBIND_E2E_ACL_TOKEN must be set; run `cargo xtask e2e`");
         return;
     };
     let addr_flag = format!("--consul-http-addr={acl_addr}");

@@ -116,11 +116,23 @@ async fn every_granted_rule_is_needed() {
         fewer.remove(i);
         set_rules(&fewer, &lease_rules).await;
         let result = scenario(&s, kubeconfig, &format!("without-{i}")).await;
-        assert!(result.is_err(), "removing {rule:?} broke nothing");
+        let error = result.expect_err(&format!("removing {rule:?} broke nothing"));
+        assert_forbidden(&error, &format!("{rule:?}"));
     }
     set_rules(&cluster_rules, &[]).await;
-    assert!(scenario(&s, kubeconfig, "without-lease").await.is_err(), "removing the Lease rule broke nothing");
+    let error = scenario(&s, kubeconfig, "without-lease").await.expect_err("removing the Lease rule broke nothing");
+    assert_forbidden(&error, "the Lease rule");
     set_rules(&cluster_rules, &lease_rules).await;
     scenario(&s, kubeconfig, "restored").await.expect("the core path with the rules restored");
     s.finish().await;
+}
+
+/// The scenario failed because the API server said 403 to the controller, not for another reason.
+fn assert_forbidden(error: &anyhow::Error, rule: &str) {
+    let text = format!("{error:#}");
+    assert!(
+        // The API server words every 403 as "<resource> is forbidden: User ... cannot <verb>".
+        text.contains("is forbidden"),
+        "without {rule} the controller failed, but never saw a 403 Forbidden:\n{text}"
+    );
 }
