@@ -1,7 +1,7 @@
 //! The HTTP client: TLS setup, requests, and turning statuses into errors.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use reqwest::header::{HeaderMap, HeaderValue};
@@ -29,11 +29,16 @@ pub struct Client {
 }
 
 struct Inner {
-    http: reqwest::Client,
+    /// Rebuilt by [`Client::reload`] when the TLS files change.
+    http: RwLock<reqwest::Client>,
+    /// The TLS files as last read, to notice a rotation.
+    tls_files: Mutex<Vec<u8>>,
+    config: ClientConfig,
+    idle: usize,
     /// Where requests go; its host is the TLS server name when one is configured.
     base: Url,
     address: String,
-    token: Option<Token>,
+    token: RwLock<Option<Token>>,
     wait: Duration,
     /// Every request in flight holds one.
     requests: Semaphore,
@@ -62,36 +67,49 @@ impl Client {
             return Err(Error::Config(format!("max_connections must be at least {MIN_CONNECTIONS}")));
         }
         let budget = Budget::of(config.max_connections);
-        let mut base = parse_address(&config.address)?;
-        let builder = reqwest::Client::builder()
-            .user_agent(concat!("consulbind-consul-kv/", env!("CARGO_PKG_VERSION")))
-            .http1_only()
-            .connect_timeout(Duration::from_secs(5))
-            // Detect dead peers on long polls that carry no data for minutes.
-            .tcp_keepalive(Duration::from_secs(30))
-            .pool_max_idle_per_host(budget.idle)
-            // A redirect could carry the token to another host.
-            .redirect(reqwest::redirect::Policy::none());
-        let mut builder = with_tls(builder, &config)?;
-        if let (Some(name), "https") = (&config.tls_server_name, base.scheme()) {
-            let addrs = resolve(&base, &config.address).await?;
-            builder = builder.resolve_to_addrs(name, &addrs);
-            base.set_host(Some(name)).map_err(|e| Error::Config(format!("bad TLS server name {name:?}: {e}")))?;
-        }
-
-        let http = builder.build().map_err(|e| Error::Config(format!("cannot build HTTP client: {}", chain(&e))))?;
+        let (http, base) = build_http(&config, budget.idle).await?;
         Ok(Self {
             inner: Arc::new(Inner {
-                http,
+                http: RwLock::new(http),
+                tls_files: Mutex::new(tls_files(&config)?),
+                idle: budget.idle,
                 base,
-                address: config.address,
-                token: config.token,
+                address: config.address.clone(),
+                token: RwLock::new(config.token.clone()),
                 wait: config.wait,
+                config,
                 requests: Semaphore::new(budget.requests),
                 blocking: Semaphore::new(budget.blocking),
                 blocking_slots: budget.blocking,
             }),
         })
+    }
+
+    /// Reads the token file and the TLS files again, and takes what changed: Vault Agent and
+    /// cert-manager rotate them in place. Requests in flight finish on the old connections.
+    /// Returns whether anything changed.
+    pub async fn reload(&self) -> Result<bool, Error> {
+        let mut changed = false;
+        if let Some(path) = &self.inner.config.token_file {
+            let token = read_token_file(path)?;
+            let mut current = self.inner.token.write().unwrap();
+            if *current != token {
+                *current = token;
+                changed = true;
+            }
+        }
+        let files = tls_files(&self.inner.config)?;
+        if files != *self.inner.tls_files.lock().unwrap() {
+            let (http, _) = build_http(&self.inner.config, self.inner.idle).await?;
+            *self.inner.http.write().unwrap() = http;
+            *self.inner.tls_files.lock().unwrap() = files;
+            changed = true;
+        }
+        Ok(changed)
+    }
+
+    fn default_token(&self) -> Option<Token> {
+        self.inner.token.read().unwrap().clone()
     }
 
     /// How many blocking queries may be in flight at once; more wait for a slot.
@@ -126,7 +144,8 @@ impl Client {
         };
         let _permit = self.permit().await;
         let url = kv_url(&self.inner.base, query, index, wait);
-        let token = query.token.as_ref().or(self.inner.token.as_ref());
+        let token = query.token.clone().or_else(|| self.default_token());
+        let token = token.as_ref();
         let response = self.send(Method::GET, url, token, request_timeout(blocking), None).await?;
         let status = response.status();
         tracing::trace!(key = %query.key, index, status = status.as_u16(), "consul kv get");
@@ -166,7 +185,8 @@ impl Client {
         body: Option<Vec<u8>>,
         token: Option<&Token>,
     ) -> Result<(), Error> {
-        let token = token.or(self.inner.token.as_ref());
+        let token = token.cloned().or_else(|| self.default_token());
+        let token = token.as_ref();
         let _permit = self.permit().await;
         let response = self.send(method, url, token, request_timeout(None), body).await?;
         if response.status() != StatusCode::OK {
@@ -195,7 +215,8 @@ impl Client {
         timeout: Duration,
         body: Option<Vec<u8>>,
     ) -> Result<Response, Error> {
-        let mut request = self.inner.http.request(method, url).timeout(timeout);
+        let http = self.inner.http.read().unwrap().clone();
+        let mut request = http.request(method, url).timeout(timeout);
         if let Some(token) = token {
             let mut value = HeaderValue::from_str(token.expose())
                 .map_err(|_| Error::Config("the ACL token has characters not allowed in an HTTP header".into()))?;
@@ -255,6 +276,55 @@ impl Budget {
         let idle = (max_connections / 8).max(1);
         let requests = max_connections - idle;
         Self { idle, requests, blocking: requests - idle }
+    }
+}
+
+/// The HTTP client and the base URL for `config`.
+async fn build_http(config: &ClientConfig, idle: usize) -> Result<(reqwest::Client, Url), Error> {
+    let mut base = parse_address(&config.address)?;
+    let builder = reqwest::Client::builder()
+        .user_agent(concat!("consulbind-consul-kv/", env!("CARGO_PKG_VERSION")))
+        .http1_only()
+        .connect_timeout(Duration::from_secs(5))
+        // Detect dead peers on long polls that carry no data for minutes.
+        .tcp_keepalive(Duration::from_secs(30))
+        .pool_max_idle_per_host(idle)
+        // A redirect could carry the token to another host.
+        .redirect(reqwest::redirect::Policy::none());
+    let mut builder = with_tls(builder, config)?;
+    if let (Some(name), "https") = (&config.tls_server_name, base.scheme()) {
+        let addrs = resolve(&base, &config.address).await?;
+        builder = builder.resolve_to_addrs(name, &addrs);
+        base.set_host(Some(name)).map_err(|e| Error::Config(format!("bad TLS server name {name:?}: {e}")))?;
+    }
+    let http = builder.build().map_err(|e| Error::Config(format!("cannot build HTTP client: {}", chain(&e))))?;
+    Ok((http, base))
+}
+
+/// The bytes of every configured TLS file, in order.
+fn tls_files(config: &ClientConfig) -> Result<Vec<u8>, Error> {
+    let mut bytes = Vec::new();
+    let files = [
+        ("CA certificate", &config.ca_cert),
+        ("client certificate", &config.client_cert),
+        ("client key", &config.client_key),
+    ];
+    for (what, path) in files {
+        if let Some(path) = path {
+            bytes.extend(read_pem(what, path)?);
+        }
+        bytes.push(0);
+    }
+    Ok(bytes)
+}
+
+/// The token in a token file: none when the file is missing or empty, as when an optional
+/// Secret is not there.
+fn read_token_file(path: &std::path::Path) -> Result<Option<Token>, Error> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => Ok(Some(text.trim()).filter(|t| !t.is_empty()).map(Token::new)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(Error::Config(format!("cannot read token file {path:?}: {e}"))),
     }
 }
 
@@ -402,6 +472,67 @@ mod tests {
         let err = client.get(&query, 0).await.unwrap_err();
         assert_eq!(err.kind(), crate::ErrorKind::Config);
         assert!(!format!("{err} {err:?}").contains("s3cr3t"));
+    }
+
+    /// A one-shot HTTP server on loopback: answers every request with `response` and sends the
+    /// request head of each connection it accepted.
+    async fn serve(response: String) -> (std::net::SocketAddr, tokio::sync::mpsc::UnboundedReceiver<String>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let mut head = vec![0; 8192];
+                let n = socket.read(&mut head).await.unwrap_or(0);
+                let _ = tx.send(String::from_utf8_lossy(&head[..n]).into_owned());
+                let _ = socket.write_all(response.as_bytes()).await;
+            }
+        });
+        (addr, rx)
+    }
+
+    #[tokio::test]
+    async fn redirects_are_not_followed_so_the_token_stays_home() {
+        let (elsewhere, mut reached) =
+            serve("HTTP/1.1 404 Not Found\r\nX-Consul-Index: 1\r\nContent-Length: 0\r\n\r\n".into()).await;
+        let redirect = format!(
+            "HTTP/1.1 307 Temporary Redirect\r\nLocation: http://{elsewhere}/v1/kv/k\r\nContent-Length: 0\r\n\r\n"
+        );
+        let (consul, mut asked) = serve(redirect).await;
+        let config =
+            ClientConfig { address: consul.to_string(), token: Some(Token::new("s3cr3t")), ..Default::default() };
+        let client = Client::new(config).await.unwrap();
+        let err = client.get(&KvQuery::exact("k"), 0).await.unwrap_err();
+        assert!(matches!(err, Error::Server { status: 307, .. }), "{err}");
+        assert!(!err.to_string().contains("s3cr3t"));
+        assert!(asked.recv().await.unwrap().to_lowercase().contains("x-consul-token: s3cr3t"));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(reached.try_recv().is_err(), "the redirect target was asked");
+    }
+
+    #[tokio::test]
+    async fn a_rotated_token_file_is_picked_up_by_reload() {
+        let (consul, mut asked) =
+            serve("HTTP/1.1 404 Not Found\r\nX-Consul-Index: 1\r\nContent-Length: 0\r\n\r\n".into()).await;
+        let path = std::env::temp_dir().join(format!("consul-kv-rotate-{}", std::process::id()));
+        std::fs::write(&path, "first\n").unwrap();
+        let config = ClientConfig {
+            address: consul.to_string(),
+            token: Some(Token::new("first")),
+            token_file: Some(path.clone()),
+            ..Default::default()
+        };
+        let client = Client::new(config).await.unwrap();
+        assert!(!client.reload().await.unwrap(), "nothing changed yet");
+        std::fs::write(&path, "second\n").unwrap();
+        assert!(client.reload().await.unwrap());
+        client.get(&KvQuery::exact("k"), 0).await.unwrap();
+        assert!(asked.recv().await.unwrap().to_lowercase().contains("x-consul-token: second"));
+        std::fs::remove_file(&path).unwrap();
+        assert!(client.reload().await.unwrap(), "a removed file means no token");
+        client.get(&KvQuery::exact("k"), 0).await.unwrap();
+        assert!(!asked.recv().await.unwrap().to_lowercase().contains("x-consul-token"));
     }
 
     #[tokio::test]

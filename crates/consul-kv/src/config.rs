@@ -40,6 +40,8 @@ pub struct ClientConfig {
     pub address: String,
     /// Sent when a query carries no token of its own.
     pub token: Option<Token>,
+    /// Where `token` came from; [`crate::Client::reload`] reads it again.
+    pub token_file: Option<PathBuf>,
     /// PEM CA bundle. When set, it replaces the built-in roots, as in Consul's own client.
     pub ca_cert: Option<PathBuf>,
     /// PEM client certificate; needs `client_key`.
@@ -62,6 +64,7 @@ impl Default for ClientConfig {
         Self {
             address: "http://127.0.0.1:8500".to_owned(),
             token: None,
+            token_file: None,
             ca_cert: None,
             client_cert: None,
             client_key: None,
@@ -102,7 +105,10 @@ impl ClientConfig {
 
         config.token = match (var("CONSUL_HTTP_TOKEN"), var("CONSUL_HTTP_TOKEN_FILE")) {
             (Some(token), _) => Some(Token::new(token.trim())),
-            (None, Some(path)) => Some(read_token_file(&path)?),
+            (None, Some(path)) => {
+                config.token_file = Some(PathBuf::from(&path));
+                Some(read_token_file(&path)?)
+            }
             (None, None) => None,
         };
         config.ca_cert = var("CONSUL_CACERT").map(PathBuf::from);

@@ -127,6 +127,8 @@ impl Config {
         Ok(ClientConfig {
             address: self.consul_http_addr.clone(),
             token: token.filter(|t| !t.is_empty()).map(Token::new),
+            // Re-read while running, unless a token given directly wins.
+            token_file: self.consul_http_token_file.clone().filter(|_| self.consul_http_token.is_none()),
             ca_cert: self.consul_cacert.clone(),
             client_cert: self.consul_client_cert.clone(),
             client_key: self.consul_client_key.clone(),

@@ -42,6 +42,7 @@ const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 pub async fn run(config: Config, shutdown: signal::Receiver<bool>) -> Result<(), Error> {
     let client = Client::try_default().await?;
     let consul = consul_kv::Client::new(config.consul()?).await?;
+    tokio::spawn(reload_consul_files(consul.clone()));
     let mut registry = Registry::default();
     let metrics = Arc::new(Metrics::new(&mut registry));
 
@@ -121,6 +122,19 @@ pub async fn run(config: Config, shutdown: signal::Receiver<bool>) -> Result<(),
     }
     info!("stopped");
     Ok(())
+}
+
+/// Picks up a rotated token file, CA, client certificate or key (Vault Agent, cert-manager).
+async fn reload_consul_files(consul: consul_kv::Client) {
+    const EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+    loop {
+        tokio::time::sleep(EVERY).await;
+        match consul.reload().await {
+            Ok(true) => info!("reloaded the Consul token file or TLS files"),
+            Ok(false) => {}
+            Err(error) => warn!(%error, "could not reload the Consul token or TLS files; keeping the old ones"),
+        }
+    }
 }
 
 /// What one controller serves: every namespace, or one of `--namespaces`.

@@ -483,6 +483,34 @@ async fn acl_token_from_secret_syncs_and_a_bad_one_is_denied_without_leaking() {
     s.finish().await;
 }
 
+#[tokio::test]
+async fn a_rotated_default_token_file_is_picked_up_without_a_restart() {
+    let (acl_addr, master) =
+        support::acl_consul().expect("CONSULBIND_E2E_ACL_ADDR and CONSULBIND_E2E_ACL_TOKEN must be set");
+    let Some(mut s) = Scene::without_controller("rotate").await else {
+        return;
+    };
+    let key = s.key("config");
+    let acl = acl::Acl::new(&acl_addr, master.clone());
+    acl.put(&key, "v1").await;
+    let good = acl.read_token(&format!("{}/", s.ns)).await;
+    let file = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{}.token", s.ns));
+    std::fs::write(&file, "00000000-1111-2222-3333-444444444444\n").unwrap();
+    let (addr_flag, file_flag) =
+        (format!("--consul-http-addr={acl_addr}"), format!("--consul-http-token-file={}", file.display()));
+    s.start_controller(&[&addr_flag, &file_flag]).await;
+    s.workload(DEPLOY, "web", json!({})).await;
+    s.binding("cfg", spec(json!([{"key": key}]), deploy("web"), "0s")).await;
+    s.wait_condition("cfg", conditions::CONSUL_SYNCED, "False", reason::ACCESS_DENIED).await;
+
+    // As Vault Agent does: the file is replaced in place, and the controller keeps running.
+    std::fs::write(&file, format!("{good}\n")).unwrap();
+    s.wait_condition("cfg", conditions::READY, "True", reason::BASELINED).await;
+    assert!(s.log().contains("reloaded the Consul token file"), "{}", s.log());
+    assert!(!s.log().contains(&good), "the token reached the log");
+    s.finish().await;
+}
+
 mod acl {
     use consul_kv::{Client, ClientConfig, Token};
     use serde_json::{Value, json};
