@@ -147,12 +147,23 @@ fn common_prefix<'a>(a: &'a str, b: &str) -> &'a str {
 
 /// The entries of sorted `entries` that `path` covers.
 pub fn select<'a>(entries: &'a [KvEntry], path: &WatchPath) -> &'a [KvEntry] {
+    &entries[span(entries, path)]
+}
+
+fn span(entries: &[KvEntry], path: &WatchPath) -> Range<usize> {
     let start = entries.partition_point(|e| e.key.as_str() < path.key.as_str());
     let end = match path.recurse {
         true => start + entries[start..].partition_point(|e| e.key.starts_with(&path.key)),
         false => start + usize::from(entries.get(start).is_some_and(|e| e.key == path.key)),
     };
-    &entries[start..end]
+    start..end
+}
+
+/// Replaces what sorted `entries` hold for `path` with `fresh`, a read of that path alone, so
+/// that a path new to a group needs no read of the whole group.
+pub fn merge(entries: &mut Vec<KvEntry>, path: &WatchPath, fresh: Vec<KvEntry>) {
+    let span = span(entries, path);
+    entries.splice(span, fresh);
 }
 
 /// The paths one group serves, indexed to find which of them an entry belongs to.
@@ -345,6 +356,19 @@ mod tests {
         assert_eq!(common_prefix("aé", "aè"), "a");
         assert_eq!(common_prefix("abc", "abd"), "ab");
         assert_eq!(common_prefix("", "x"), "");
+    }
+
+    #[test]
+    fn merge_replaces_one_path_and_keeps_the_order() {
+        let mut entries = vec![entry("a", "1", 1), entry("b/x", "2", 1), entry("b/y", "3", 1), entry("c", "4", 1)];
+        merge(&mut entries, &path("b/", true), vec![entry("b/y", "new", 9), entry("b/z", "5", 9)]);
+        let keys: Vec<&str> = entries.iter().map(|e| e.key.as_str()).collect();
+        assert_eq!(keys, ["a", "b/y", "b/z", "c"]);
+        merge(&mut entries, &path("bb", false), vec![entry("bb", "6", 9)]);
+        assert_eq!(select(&entries, &path("bb", false)), &[entry("bb", "6", 9)]);
+        assert!(entries.is_sorted_by(|a, b| a.key < b.key));
+        merge(&mut entries, &path("a", false), vec![]);
+        assert_eq!(entries[0].key, "b/y");
     }
 
     #[test]

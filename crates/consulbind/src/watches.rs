@@ -62,6 +62,8 @@ pub struct Content {
 #[derive(Debug, PartialEq, Eq)]
 enum Update {
     Same,
+    /// The first answer for the path.
+    First,
     /// The same content as before a failure: the bindings need to hear that Consul is back.
     Recovered,
     Changed,
@@ -123,8 +125,12 @@ struct Roster {
 }
 
 impl Roster {
-    fn same_as(&self, other: &Roster) -> bool {
-        self.paths == other.paths && self.cells.iter().zip(&other.cells).all(|(a, b)| Arc::ptr_eq(a, b))
+    fn new(paths: Vec<WatchPath>, cells: Vec<Arc<Path>>) -> Self {
+        Self { members: Members::new(&paths), paths, cells }
+    }
+
+    fn serves(&self, paths: &[WatchPath], cells: &[Arc<Path>]) -> bool {
+        self.paths == paths && self.cells.iter().zip(cells).all(|(a, b)| Arc::ptr_eq(a, b))
     }
 }
 
@@ -354,9 +360,8 @@ fn plan(shared: &Arc<Shared>) {
         let current = current.remove(&scope).unwrap_or_default();
         for group in group::assign(&watch_paths, &current, share) {
             let paths: Vec<WatchPath> = group.members.iter().map(|&i| watch_paths[i].clone()).collect();
-            let cells = group.members.iter().map(|&i| cells[i].clone()).collect();
-            let roster = Roster { members: Members::new(&paths), paths, cells };
-            groups.insert(scope.query(group.key, group.recurse), roster);
+            let cells: Vec<Arc<Path>> = group.members.iter().map(|&i| cells[i].clone()).collect();
+            groups.insert(scope.query(group.key, group.recurse), (paths, cells));
         }
     }
 
@@ -375,15 +380,15 @@ fn plan(shared: &Arc<Shared>) {
     shared.metrics.consul_watch_groups_over_budget.set(groups.len().saturating_sub(slots) as i64);
 
     let mut running = std::mem::take(&mut inner.groups);
-    for (query, roster) in groups {
+    for (query, (paths, cells)) in groups {
         let handle = match running.remove(&query) {
             Some(handle) => {
-                if !handle.roster.borrow().same_as(&roster) {
-                    handle.roster.send_replace(Arc::new(roster));
+                if !handle.roster.borrow().serves(&paths, &cells) {
+                    handle.roster.send_replace(Arc::new(Roster::new(paths, cells)));
                 }
                 handle
             }
-            None => start_group(shared, query.clone(), roster),
+            None => start_group(shared, query.clone(), Roster::new(paths, cells)),
         };
         inner.groups.insert(query, handle);
     }
@@ -424,18 +429,23 @@ async fn run_group(shared: Arc<Shared>, query: KvQuery, mut roster: watch::Recei
         tokio::pin!(request);
         let result = loop {
             tokio::select! {
-                result = &mut request => break result,
-                // New paths need their content now. A short read gives it to them; the blocking
-                // query goes on, since one given up keeps a connection busy on the Consul agent
-                // until its wait runs out.
+                result = &mut request => break Some(result),
+                // New paths need their content now. Short reads of just those paths give it to
+                // them; the blocking query goes on, since one given up keeps a connection busy
+                // on the Consul agent until its wait runs out.
                 Ok(()) = roster.changed(), if index != 0 => {
                     let members = roster.borrow_and_update().clone();
-                    last = match shared.client.get(&query, 0).await {
-                        Ok(response) => Some(deliver(&shared, &members, response.entries, None, false, response.index)),
-                        Err(_) => None,
-                    };
+                    let Some((before, entries)) = last.take() else { break None };
+                    match read_new_paths(&shared, &query, &before, &members, entries).await {
+                        Some(entries) => last = Some((members, entries)),
+                        None => break None,
+                    }
                 }
             }
+        };
+        let Some(result) = result else {
+            // A new path could not be read alone: read the whole group afresh instead.
+            continue;
         };
         shared.metrics.consul_request(result.as_ref().err().map(|e| e.kind()), started.elapsed());
         let members = roster.borrow_and_update().clone();
@@ -482,6 +492,37 @@ async fn run_group(shared: Arc<Shared>, query: KvQuery, mut roster: watch::Recei
             }
         }
     }
+}
+
+/// Reads the paths of `members` that `before` did not have, each alone, and merges them into
+/// `entries`. `None` when a read failed.
+async fn read_new_paths(
+    shared: &Shared,
+    query: &KvQuery,
+    before: &Roster,
+    members: &Roster,
+    mut entries: Vec<KvEntry>,
+) -> Option<Vec<KvEntry>> {
+    let new: Vec<usize> = {
+        // Addresses as numbers: raw pointers cannot be held across an await.
+        let known: HashSet<usize> = before.cells.iter().map(|c| Arc::as_ptr(c) as usize).collect();
+        (0..members.cells.len()).filter(|&i| !known.contains(&(Arc::as_ptr(&members.cells[i]) as usize))).collect()
+    };
+    let reads = new.iter().map(|&i| {
+        let path = &members.paths[i];
+        let query = KvQuery { key: path.key.clone(), recurse: path.recurse, ..query.clone() };
+        async move { shared.client.get(&query, 0).await }
+    });
+    let reads = futures::future::join_all(reads).await;
+    for (&i, read) in new.iter().zip(reads) {
+        let response = read.ok()?;
+        let path = &members.paths[i];
+        group::merge(&mut entries, path, response.entries);
+        if set_ready(&members.cells[i], group::select(&entries, path), false) != Update::Same {
+            members.cells[i].wake(&shared.wake);
+        }
+    }
+    Some(entries)
 }
 
 /// Hands each path of `members` its part of `entries`: only the paths whose entries differ
@@ -541,7 +582,7 @@ fn set_ready(path: &Path, entries: &[KvEntry], reset: bool) -> Update {
                 Content { entries: entries.into(), ..before.clone() }
             }
             None => {
-                update = Update::Changed;
+                update = if before.is_some() { Update::Changed } else { Update::First };
                 let lost = reset && entries.is_empty() && before.is_some_and(|b| !b.entries.is_empty());
                 Content { entries: entries.into(), changed_at: Instant::now(), reset_hold: lost }
             }
