@@ -103,6 +103,7 @@ pub async fn run(config: Config, shutdown: signal::Receiver<bool>) -> Result<(),
             pending: Default::default(),
             ready: Arc::clone(&ready_states),
             written: Default::default(),
+            stamped: Default::default(),
         });
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
         caches_ready.push(ready_rx);

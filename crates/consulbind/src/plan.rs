@@ -47,8 +47,33 @@ pub struct Input<'a> {
     pub consul: Consul<'a>,
     /// Workloads found for the targets, sorted and unique.
     pub found: &'a [Workload],
+    /// What the found workloads carry in the binding's pod-template annotation.
+    pub live: &'a BTreeMap<Workload, Live>,
     /// A sentence for each target that matched nothing.
     pub missing: &'a [String],
+}
+
+/// The binding's annotation as a workload carries it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Live {
+    pub value: String,
+    /// The binding's own field manager set it. Otherwise someone else did: a rollout undo, a
+    /// hand edit, a copy of the manifest.
+    pub owned: bool,
+}
+
+impl Live {
+    /// The checksum in the value, without a [`forced`] suffix.
+    pub fn checksum(&self) -> &str {
+        self.value.split_once('~').map_or(&self.value, |(c, _)| c)
+    }
+}
+
+/// The annotation value that rolls a workload whose template already carries `checksum` (put
+/// back by a rollout undo): the same checksum with a counter, so the template changes.
+pub fn forced(checksum: &str, live: &Live) -> String {
+    let n: u32 = live.value.split_once('~').and_then(|(_, n)| n.parse().ok()).unwrap_or(0);
+    format!("{checksum}~{}", n + 1)
 }
 
 /// What to do, before any of it is done.
@@ -59,6 +84,8 @@ pub struct Plan {
     pub keys: Vec<KeyStatus>,
     /// Workloads to stamp with `desired`.
     pub roll: Vec<Workload>,
+    /// The annotation value for the workloads of `roll` that need other than `desired`.
+    pub values: BTreeMap<Workload, String>,
     /// Why the content is not being rolled out now: a reason and a message.
     pub hold: Option<(&'static str, String)>,
     /// Reconcile again at this time to finish a debounce.
@@ -137,11 +164,23 @@ pub fn plan(input: &Input<'_>, pending: &mut Option<Pending>, now: Instant) -> P
         return plan;
     };
 
+    // Decide from what each workload carries. The binding's own stamp says what its pods run;
+    // a value someone else set (a rollout undo, a hand edit) or none at all says nothing, so such
+    // a workload is rolled at the next change of content, never for the drift alone.
     let carried = carried_checksums(input.previous);
-    // New workloads start with the current content, so they are only rolled when asked to.
-    let behind: Vec<Workload> =
-        input.found.iter().filter(|w| carried.get(*w).map_or(on_bind, |c| *c != desired)).cloned().collect();
-    if applied == desired && behind.is_empty() {
+    let content_changed = applied != desired;
+    let behind: Vec<Workload> = input
+        .found
+        .iter()
+        .filter(|w| match input.live.get(*w) {
+            Some(live) if live.owned => live.checksum() != desired,
+            // New workloads start with the current content, so they are only rolled when asked to.
+            None if !carried.contains_key(*w) => on_bind,
+            _ => content_changed,
+        })
+        .cloned()
+        .collect();
+    if !content_changed && behind.is_empty() {
         *pending = None;
         return plan;
     }
@@ -152,6 +191,11 @@ pub fn plan(input: &Input<'_>, pending: &mut Option<Pending>, now: Instant) -> P
     match Pending::observe(pending, &desired, now, input.window) {
         Decision::RollNow => {
             *pending = None;
+            for w in &behind {
+                if let Some(live) = input.live.get(w).filter(|l| l.checksum() == desired) {
+                    plan.values.insert(w.clone(), forced(&desired, live));
+                }
+            }
             plan.roll = behind;
         }
         Decision::WaitUntil(at) => {
@@ -182,9 +226,12 @@ pub fn status(input: &Input<'_>, plan: &Plan, outcome: &Outcome, now: &Time) -> 
         .iter()
         .filter_map(|w| {
             let old = previous.targets.iter().find(|t| t.kind == w.0 && t.name == w.1);
+            let live = input.live.get(w).filter(|l| l.owned);
             let (checksum, last_rolled_time) = match old {
                 _ if outcome.rolled.contains(w) => (desired?.to_owned(), Some(now.clone())),
-                Some(old) => (old.checksum.clone(), old.last_rolled_time.clone()),
+                Some(old) => {
+                    (live.map_or(old.checksum.clone(), |l| l.checksum().to_owned()), old.last_rolled_time.clone())
+                }
                 // Found now and not rolled: it started with the content of today.
                 None => (desired.or(previous.applied_checksum.as_deref())?.to_owned(), None),
             };
@@ -401,12 +448,66 @@ mod tests {
             previous,
             consul: Consul::Ready(vec![KeyContent { source: &spec.keys[0], entries, reset_hold }]),
             found,
+            live: &BTreeMap::new(),
             missing: &[],
         };
         let plan = plan(&input, &mut None, Instant::now());
         let outcome = Outcome { rolled: plan.roll.clone(), failed: vec![] };
         let status = status(&input, &plan, &outcome, &now());
         (plan, status)
+    }
+
+    /// One plan with the workloads carrying `live`.
+    fn step_live(previous: &ConsulBindingStatus, entries: &[KvEntry], live: &[(&str, bool)]) -> Plan {
+        let spec = spec(false);
+        let found = web();
+        let live: BTreeMap<Workload, Live> = live
+            .iter()
+            .map(|(value, owned)| (found[0].clone(), Live { value: value.to_string(), owned: *owned }))
+            .collect();
+        let input = Input {
+            spec: &spec,
+            window: WINDOW,
+            generation: Some(3),
+            previous,
+            consul: Consul::Ready(vec![KeyContent { source: &spec.keys[0], entries, reset_hold: false }]),
+            found: &found,
+            live: &live,
+            missing: &[],
+        };
+        plan(&input, &mut None, Instant::now())
+    }
+
+    fn checksum_of(value: &str) -> String {
+        checksum::checksum(&[Source::Key { key: "app/config", value: Some(value.as_bytes()) }])
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn what_the_workload_carries_decides() {
+        let (_, at_v1) = step(&spec(false), &Default::default(), &entry("v1"), &web());
+        let (v1, v2) = (checksum_of("v1"), checksum_of("v2"));
+
+        // A crash right after stamping v2, and the content back at v1 meanwhile: the pods run v2.
+        let plan = step_live(&at_v1, &entry("v1"), &[(&v2, true)]);
+        assert_eq!(plan.roll, web(), "the targets must end on the current content");
+        assert!(plan.values.is_empty());
+
+        // Our own stamp of the current content: nothing to do.
+        assert!(step_live(&at_v1, &entry("v1"), &[(&v1, true)]).roll.is_empty());
+
+        // A rollout undo or a hand edit put another value there: no rollout for that alone...
+        assert!(step_live(&at_v1, &entry("v1"), &[(&v2, false)]).roll.is_empty());
+        assert!(step_live(&at_v1, &entry("v1"), &[]).roll.is_empty(), "a removed annotation");
+        // ...but the next change rolls it, with a value that changes the template even when
+        // the undo already put the new checksum there.
+        let plan = step_live(&at_v1, &entry("v2"), &[(&v2, false)]);
+        assert_eq!(plan.roll, web());
+        assert_eq!(plan.values[&web()[0]], format!("{v2}~1"));
+        let plan = step_live(&at_v1, &entry("v2"), &[(&format!("{v2}~1"), false)]);
+        assert_eq!(plan.values[&web()[0]], format!("{v2}~2"));
+        // A forced value counts as its checksum once it is ours.
+        let (_, at_v2) = step(&spec(false), &at_v1, &entry("v2"), &web());
+        assert!(step_live(&at_v2, &entry("v2"), &[(&format!("{v2}~1"), true)]).roll.is_empty());
     }
 
     fn condition<'a>(status: &'a ConsulBindingStatus, type_: &str) -> &'a Condition {
@@ -540,6 +641,7 @@ mod tests {
                 two_keys.keys.iter().map(|source| KeyContent { source, entries: &[], reset_hold: false }).collect(),
             ),
             found: &two,
+            live: &BTreeMap::new(),
             missing: &[],
         };
         let plan = plan(&input, &mut None, Instant::now());
@@ -586,6 +688,7 @@ mod tests {
             previous: &baseline,
             consul: Consul::Failed { reason: reason::ACCESS_DENIED, message: "Consul denied access".into() },
             found: &web(),
+            live: &BTreeMap::new(),
             missing: &[],
         };
         let plan = plan(&input, &mut None, Instant::now());
@@ -610,6 +713,7 @@ mod tests {
             previous: &baseline,
             consul: Consul::Ready(vec![KeyContent { source: &spec.keys[0], entries: &entries, reset_hold: false }]),
             found: &web(),
+            live: &BTreeMap::new(),
             missing: &[],
         };
         let plan = plan(&input, &mut None, Instant::now());

@@ -29,7 +29,7 @@ use crate::{
     interest::Interest,
     metrics::{Metrics, ReadyLabels, RolloutLabels},
     names,
-    plan::{self, Consul, Input, KeyContent, Outcome},
+    plan::{self, Consul, Input, KeyContent, Live, Outcome},
     tokens::{Lookup, TOKEN_LABEL, Tokens},
     watches::{BindingRef, KeyState, Watches},
     workloads::{self, Workloads},
@@ -75,6 +75,9 @@ pub struct Context {
     pub pending: Mutex<HashMap<BindingRef, Pending>>,
     /// Ready state of every binding this replica serves, across scopes, for the metric.
     pub ready: Arc<Mutex<HashMap<BindingRef, &'static str>>>,
+    /// What this replica last stamped on each workload, and the generation that came of it, for
+    /// as long as the workload cache has not caught up.
+    pub stamped: Mutex<HashMap<(String, plan::Workload), (i64, String)>>,
     /// The status this replica last wrote, by binding uid. Only the leader writes status, so it
     /// is never older than the cache, which may not have seen the write yet when a Consul
     /// change wakes the binding again.
@@ -159,7 +162,8 @@ async fn reconcile_inner(binding: &ConsulBinding, ctx: &Context) -> Result<Actio
             consul_view(spec, &contents)
         }
     };
-    let resolved = ctx.workloads.resolve(&namespace, &spec.targets);
+    let mut resolved = ctx.workloads.resolve(&namespace, &spec.targets, &names::annotation_key(&name));
+    trust_own_stamps(ctx, &namespace, &mut resolved);
     ctx.interest.lock().unwrap().set(&oref, spec, &resolved.found);
     if matches!(consul, Consul::Waiting) {
         // Consul answers within moments, and its first answer wakes the binding: writing
@@ -174,6 +178,7 @@ async fn reconcile_inner(binding: &ConsulBinding, ctx: &Context) -> Result<Actio
         previous: &previous,
         consul,
         found: &resolved.found,
+        live: &resolved.live,
         missing: &resolved.missing,
     };
 
@@ -193,7 +198,7 @@ async fn reconcile_inner(binding: &ConsulBinding, ctx: &Context) -> Result<Actio
                 ctx.metrics.stage("consul_to_reconcile", started.saturating_duration_since(seen));
             }
             ctx.metrics.stage("reconcile_to_patch", started.elapsed());
-            stamp_all(ctx, &namespace, &name, &plan.roll, desired).await
+            stamp_all(ctx, &namespace, &name, &plan, desired).await
         }
         _ => Outcome::default(),
     };
@@ -217,23 +222,37 @@ async fn reconcile_inner(binding: &ConsulBinding, ctx: &Context) -> Result<Actio
     })
 }
 
-/// Stamps `desired` on every workload, a few at a time.
-async fn stamp_all(
-    ctx: &Context,
-    namespace: &str,
-    binding: &str,
-    workloads: &[plan::Workload],
-    desired: &str,
-) -> Outcome {
+/// The workload cache can lag behind a stamp this replica just made; until it catches up, what
+/// was stamped is what the workload carries.
+fn trust_own_stamps(ctx: &Context, namespace: &str, resolved: &mut workloads::Resolved) {
+    let mut stamped = ctx.stamped.lock().unwrap();
+    for workload in &resolved.found {
+        let key = (namespace.to_owned(), workload.clone());
+        let Some((generation, value)) = stamped.get(&key) else { continue };
+        if resolved.generations.get(workload).is_some_and(|cached| cached < generation) {
+            resolved.live.insert(workload.clone(), Live { value: value.clone(), owned: true });
+        } else {
+            stamped.remove(&key);
+        }
+    }
+}
+
+/// Stamps the planned value on every workload, a few at a time.
+async fn stamp_all(ctx: &Context, namespace: &str, binding: &str, plan: &plan::Plan, desired: &str) -> Outcome {
     let annotation = names::annotation_key(binding);
     let manager = names::field_manager(binding);
     let (annotation, manager) = (&annotation, &manager);
-    let results: Vec<_> = futures::stream::iter(workloads.iter().cloned())
+    let results: Vec<_> = futures::stream::iter(plan.roll.iter().cloned())
         .map(|workload| async move {
             let started = std::time::Instant::now();
-            let result = workloads::stamp(&ctx.client, namespace, &workload, annotation, desired, manager).await;
+            let value = plan.values.get(&workload).map_or(desired, String::as_str);
+            let result = workloads::stamp(&ctx.client, namespace, &workload, annotation, value, manager).await;
             ctx.metrics.stage("patch", started.elapsed());
-            (workload, result)
+            if let Ok(generation) = &result {
+                let key = (namespace.to_owned(), workload.clone());
+                ctx.stamped.lock().unwrap().insert(key, (*generation, value.to_owned()));
+            }
+            (workload, result.map(drop))
         })
         .buffer_unordered(STAMP_CONCURRENCY)
         .collect()

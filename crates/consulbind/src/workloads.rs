@@ -1,10 +1,14 @@
-//! The workloads bindings roll: metadata-only caches to find them, and the stamp that rolls them.
+//! The workloads bindings roll: small caches to find them and to see what they carry, and the stamp
+//! that rolls them.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 
 use consulbind_api::{TargetRef, WorkloadKind};
-use futures::{Stream, StreamExt};
-use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
+use futures::{Stream, StreamExt, TryStreamExt};
+use k8s_openapi::{
+    api::apps::v1::{DaemonSet, Deployment, StatefulSet},
+    apimachinery::pkg::apis::meta::v1::ObjectMeta,
+};
 use kube::{
     Api, Client, Resource, ResourceExt,
     api::{Patch, PatchParams},
@@ -19,7 +23,10 @@ use kube::{
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
-use crate::plan::Workload;
+use crate::{
+    names,
+    plan::{Live, Workload},
+};
 
 /// Metadata caches of the three workload kinds in one scope (a namespace, or all).
 #[derive(Clone)]
@@ -37,10 +44,14 @@ pub struct Touched {
     pub labels: std::collections::BTreeMap<String, String>,
 }
 
-/// Which targets exist.
+/// Which targets exist, and what they carry.
 #[derive(Debug, Default)]
 pub struct Resolved {
     pub found: Vec<Workload>,
+    /// The binding's annotation on each found workload that has it.
+    pub live: BTreeMap<Workload, Live>,
+    /// The generation of each found workload, as cached.
+    pub generations: BTreeMap<Workload, i64>,
     pub missing: Vec<String>,
 }
 
@@ -60,25 +71,28 @@ impl Workloads {
         self.daemonsets.wait_until_ready().await
     }
 
-    /// The workloads in `namespace` that `targets` name or select.
-    pub fn resolve(&self, namespace: &str, targets: &[TargetRef]) -> Resolved {
-        let mut found = BTreeSet::new();
+    /// The workloads in `namespace` that `targets` name or select, with what each carries in
+    /// the pod-template annotation `annotation`.
+    pub fn resolve(&self, namespace: &str, targets: &[TargetRef], annotation: &str) -> Resolved {
+        let mut found = BTreeMap::new();
         let mut missing = Vec::new();
         for target in targets {
-            let names = match target.kind {
-                WorkloadKind::Deployment => select(&self.deployments, namespace, target),
-                WorkloadKind::StatefulSet => select(&self.statefulsets, namespace, target),
-                WorkloadKind::DaemonSet => select(&self.daemonsets, namespace, target),
+            let live = match target.kind {
+                WorkloadKind::Deployment => select(&self.deployments, namespace, target, annotation),
+                WorkloadKind::StatefulSet => select(&self.statefulsets, namespace, target, annotation),
+                WorkloadKind::DaemonSet => select(&self.daemonsets, namespace, target, annotation),
             };
-            if names.is_empty() {
+            if live.is_empty() {
                 missing.push(match (&target.name, &target.selector) {
                     (Some(name), _) => format!("{} {name:?} not found", target.kind),
                     (None, _) => format!("no {} matches the selector", target.kind),
                 });
             }
-            found.extend(names.into_iter().map(|n| (target.kind, n)));
+            found.extend(live.into_iter().map(|(name, live, generation)| ((target.kind, name), (live, generation))));
         }
-        Resolved { found: found.into_iter().collect(), missing }
+        let live = found.iter().filter_map(|(w, (l, _))| Some((w.clone(), l.clone()?))).collect();
+        let generations = found.iter().map(|(w, (_, g))| (w.clone(), *g)).collect();
+        Resolved { found: found.into_keys().collect(), live, generations, missing }
     }
 }
 
@@ -89,6 +103,7 @@ fn cache<K>(
 ) -> (Store<PartialObjectMeta<K>>, futures::stream::BoxStream<'static, Touched>)
 where
     K: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
+        + Template
         + Clone
         + DeserializeOwned
         + std::fmt::Debug
@@ -96,19 +111,20 @@ where
         + Sync
         + 'static,
 {
-    let api: Api<PartialObjectMeta<K>> = match namespace {
+    let api: Api<K> = match namespace {
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     };
     let (reader, writer) = reflector::store();
     let mut seen = std::collections::HashMap::new();
-    // Names and labels are all the caches need; the rest would cost memory per workload.
-    let stream = watcher(api, watcher::Config::default()).default_backoff().modify(strip::<PartialObjectMeta<K>>);
+    // Whole objects arrive, for the pod template's annotations; what is kept is their name,
+    // labels and this controller's annotations, so memory stays small per workload.
+    let stream = watcher(api, watcher::Config::default()).default_backoff().map_ok(|event| event_of(event, live_meta));
     let stream = reflector::reflector(writer, stream)
         .filter_map(move |event| {
             let touched = match event {
                 Ok(watcher::Event::Apply(obj) | watcher::Event::InitApply(obj)) => {
-                    let signature = (obj.uid(), obj.labels().clone());
+                    let signature = (obj.uid(), obj.labels().clone(), obj.annotations().clone());
                     (seen.insert(ObjectRef::from_obj(&obj), signature.clone()) != Some(signature)).then_some(obj)
                 }
                 Ok(watcher::Event::Delete(obj)) => {
@@ -132,6 +148,81 @@ where
     (reader, stream)
 }
 
+fn event_of<K, M>(event: watcher::Event<K>, f: impl Fn(K) -> M) -> watcher::Event<M> {
+    match event {
+        watcher::Event::Apply(obj) => watcher::Event::Apply(f(obj)),
+        watcher::Event::Delete(obj) => watcher::Event::Delete(f(obj)),
+        watcher::Event::Init => watcher::Event::Init,
+        watcher::Event::InitApply(obj) => watcher::Event::InitApply(f(obj)),
+        watcher::Event::InitDone => watcher::Event::InitDone,
+    }
+}
+
+/// A workload's pod template annotations.
+pub trait Template {
+    fn template_annotations(&self) -> Option<&BTreeMap<String, String>>;
+}
+
+macro_rules! template {
+    ($($kind:ty),*) => {$(
+        impl Template for $kind {
+            fn template_annotations(&self) -> Option<&BTreeMap<String, String>> {
+                self.spec.as_ref()?.template.metadata.as_ref()?.annotations.as_ref()
+            }
+        }
+    )*};
+}
+template!(Deployment, StatefulSet, DaemonSet);
+
+/// Marks, in a cached workload's annotations, that the binding's own field manager set the
+/// annotation after it; anything else (a rollout undo, a hand edit) set the live value.
+const OWNED: &str = "owned.";
+
+/// What the caches keep of a workload: name, namespace, uid and labels, and as annotations this
+/// controller's pod-template annotations, each with an [`OWNED`] mark when the binding's field
+/// manager holds it.
+fn live_meta<K: Resource<DynamicType = ()> + Template>(obj: K) -> PartialObjectMeta<K> {
+    let meta = obj.meta();
+    let ours: BTreeMap<String, String> = obj
+        .template_annotations()
+        .into_iter()
+        .flatten()
+        .filter(|(key, _)| key.starts_with(names::ANNOTATION_PREFIX))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let mut annotations = BTreeMap::new();
+    for (key, value) in ours {
+        if owned_by_its_binding(meta, &key) {
+            annotations.insert(format!("{OWNED}{key}"), String::new());
+        }
+        annotations.insert(key, value);
+    }
+    let metadata = ObjectMeta {
+        name: meta.name.clone(),
+        namespace: meta.namespace.clone(),
+        uid: meta.uid.clone(),
+        generation: meta.generation,
+        labels: meta.labels.clone(),
+        annotations: Some(annotations).filter(|a| !a.is_empty()),
+        ..ObjectMeta::default()
+    };
+    PartialObjectMeta { types: None, metadata, _phantom: Default::default() }
+}
+
+/// Whether the field manager of the binding that owns `annotation` manages it, from the
+/// object's managed fields.
+fn owned_by_its_binding(meta: &ObjectMeta, annotation: &str) -> bool {
+    let Some(part) = annotation.strip_prefix(names::ANNOTATION_PREFIX).and_then(|p| p.strip_prefix('/')) else {
+        return false;
+    };
+    let manager = format!("consulbind-{part}");
+    let field = format!("f:{annotation}");
+    meta.managed_fields.iter().flatten().filter(|m| m.manager.as_deref() == Some(manager.as_str())).any(|m| {
+        let fields = m.fields_v1.as_ref().map(|f| &f.0);
+        fields.is_some_and(|f| !f["f:spec"]["f:template"]["f:metadata"]["f:annotations"][&field].is_null())
+    })
+}
+
 /// Drops what no cache reads: annotations (with kubectl's last-applied copy), managed fields,
 /// owner references and finalizers.
 pub fn strip<K: Resource>(obj: &mut K) {
@@ -142,29 +233,44 @@ pub fn strip<K: Resource>(obj: &mut K) {
     meta.finalizers = None;
 }
 
-fn select<K>(store: &Store<PartialObjectMeta<K>>, namespace: &str, target: &TargetRef) -> Vec<String>
+fn generation<K: Resource>(obj: &K) -> i64 {
+    obj.meta().generation.unwrap_or_default()
+}
+
+fn select<K>(
+    store: &Store<PartialObjectMeta<K>>,
+    namespace: &str,
+    target: &TargetRef,
+    annotation: &str,
+) -> Vec<(String, Option<Live>, i64)>
 where
     K: Resource<DynamicType = ()> + Clone,
 {
+    let live = |obj: &PartialObjectMeta<K>| {
+        let annotations = obj.annotations();
+        let value = annotations.get(annotation)?.clone();
+        Some(Live { value, owned: annotations.contains_key(&format!("{OWNED}{annotation}")) })
+    };
     if let Some(name) = &target.name {
         let key = ObjectRef::<PartialObjectMeta<K>>::new(name).within(namespace);
-        return store.get(&key).map(|_| vec![name.clone()]).unwrap_or_default();
+        return store.get(&key).map(|obj| vec![(name.clone(), live(&obj), generation(&*obj))]).unwrap_or_default();
     }
     let Some(selector) = target.selector.clone().and_then(|s| Selector::try_from(s).ok()) else {
         return Vec::new();
     };
-    let mut names: Vec<String> = store
+    let mut found: Vec<(String, Option<Live>, i64)> = store
         .state()
         .iter()
         .filter(|obj| obj.namespace().as_deref() == Some(namespace) && selector.matches(obj.labels()))
-        .map(|obj| obj.name_any())
+        .map(|obj| (obj.name_any(), live(obj), generation(&**obj)))
         .collect();
-    names.sort();
-    names
+    found.sort_by(|a, b| a.0.cmp(&b.0));
+    found
 }
 
 /// Sets the binding's annotation on the workload's pod template, and nothing else, by
 /// server-side apply as the binding's own field manager. Kubernetes then rolls the workload.
+/// Returns the workload's generation after the patch.
 pub async fn stamp(
     client: &Client,
     namespace: &str,
@@ -172,7 +278,7 @@ pub async fn stamp(
     annotation: &str,
     checksum: &str,
     field_manager: &str,
-) -> kube::Result<()> {
+) -> kube::Result<i64> {
     let body = json!({
         "apiVersion": "apps/v1",
         "kind": kind.as_str(),
@@ -193,14 +299,15 @@ async fn apply<K>(
     name: &str,
     params: &PatchParams,
     body: &serde_json::Value,
-) -> kube::Result<()>
+) -> kube::Result<i64>
 where
     K: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
         + Clone
         + DeserializeOwned
         + std::fmt::Debug,
 {
-    Api::<K>::namespaced(client.clone(), namespace).patch(name, params, &Patch::Apply(body)).await.map(drop)
+    let patched = Api::<K>::namespaced(client.clone(), namespace).patch(name, params, &Patch::Apply(body)).await?;
+    Ok(generation(&patched))
 }
 
 /// Whether `selector` is usable, for spec validation.

@@ -135,10 +135,7 @@ async fn a_crash_between_stamp_and_status_rolls_only_once() {
     s.put(&key, "v2").await;
     // What the controller stamps for v2, as if it had crashed right after the patch.
     let stamped = checksum::checksum(&[checksum::Source::Key { key: &key, value: Some(b"v2") }]);
-    let patch = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
-        "spec": {"template": {"metadata": {"annotations": {names::annotation_key("cfg"): stamped}}}}});
-    let pp = PatchParams::apply(&names::field_manager("cfg")).force();
-    Api::<Deployment>::namespaced(s.client.clone(), &s.ns).patch("web", &pp, &Patch::Apply(&patch)).await.unwrap();
+    stamp_as_the_controller(&s, "cfg", &stamped).await;
     s.wait_revisions(DEPLOY, "web", 2).await;
 
     s.start_controller(&[]).await;
@@ -146,6 +143,72 @@ async fn a_crash_between_stamp_and_status_rolls_only_once() {
     assert_eq!(binding.status.unwrap().applied_checksum, Some(stamped));
     s.wait_revisions(DEPLOY, "web", 2).await;
     s.finish().await;
+}
+
+#[tokio::test]
+async fn a_crash_after_stamping_with_the_content_reverted_meanwhile_ends_on_the_current_content() {
+    let Some(mut s) = Scene::new("crash-revert").await else { return };
+    let key = s.key("config");
+    bound_deployment(&s, &key, "0s").await;
+    s.stop_controller().await;
+    // Stamped v2 and crashed before the status; then the content went back to v1.
+    s.put(&key, "v2").await;
+    let v2 = checksum::checksum(&[checksum::Source::Key { key: &key, value: Some(b"v2") }]);
+    stamp_as_the_controller(&s, "cfg", &v2).await;
+    s.wait_revisions(DEPLOY, "web", 2).await;
+    s.put(&key, "v1").await;
+
+    s.start_controller(&[]).await;
+    s.wait_revisions(DEPLOY, "web", 3).await;
+    let v1 = checksum::checksum(&[checksum::Source::Key { key: &key, value: Some(b"v1") }]);
+    assert_eq!(s.template_annotations(DEPLOY, "web").await.get(&names::annotation_key("cfg")), Some(&v1));
+    s.wait_condition("cfg", conditions::READY, "True", reason::UP_TO_DATE).await;
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn a_rollout_undo_then_a_change_back_to_the_undone_content_rolls_exactly_once() {
+    let Some(s) = Scene::new("undo").await else { return };
+    let key = s.key("config");
+    bound_deployment(&s, &key, "0s").await;
+    s.put(&key, "b").await;
+    s.wait_revisions(DEPLOY, "web", 2).await;
+    s.put(&key, "c").await;
+    s.wait_revisions(DEPLOY, "web", 3).await;
+    let generation = || async {
+        let deployment = Api::<Deployment>::namespaced(s.client.clone(), &s.ns).get("web").await.unwrap();
+        deployment.metadata.generation.unwrap()
+    };
+    // The template goes back to b's checksum; its new pods read c.
+    s.kubectl(&["rollout", "undo", "deployment/web"]);
+    let b = checksum::checksum(&[checksum::Source::Key { key: &key, value: Some(b"b") }]);
+    let annotation = names::annotation_key("cfg");
+    support::wait("the undo", || async {
+        Ok(s.template_annotations(DEPLOY, "web").await.get(&annotation) == Some(&b))
+    })
+    .await
+    .unwrap();
+    let after_undo = generation().await;
+    tokio::time::sleep(support::SETTLE).await;
+    assert_eq!(generation().await, after_undo, "the undo alone made the controller roll\n{}", s.log());
+
+    // Back to b in Consul: the pods run c, so exactly one rollout.
+    s.put(&key, "b").await;
+    support::wait("a rollout", || async { Ok(generation().await > after_undo) }).await.unwrap();
+    tokio::time::sleep(support::SETTLE).await;
+    assert_eq!(generation().await, after_undo + 1, "more than one rollout\n{}", s.log());
+    let carried = s.template_annotations(DEPLOY, "web").await[&annotation].clone();
+    assert_eq!(carried, format!("{b}~1"));
+    s.wait_condition("cfg", conditions::READY, "True", reason::UP_TO_DATE).await;
+    s.finish().await;
+}
+
+/// Sets the binding's annotation as the controller's own field manager would.
+async fn stamp_as_the_controller(s: &Scene, binding: &str, value: &str) {
+    let patch = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
+        "spec": {"template": {"metadata": {"annotations": {names::annotation_key(binding): value}}}}});
+    let pp = PatchParams::apply(&names::field_manager(binding)).force();
+    Api::<Deployment>::namespaced(s.client.clone(), &s.ns).patch("web", &pp, &Patch::Apply(&patch)).await.unwrap();
 }
 
 #[tokio::test]
