@@ -153,7 +153,7 @@ async fn measure(env: &Env, vars: &[(&'static str, String)], sizes: &Sizes) -> R
                 &format!("--admin-addr=127.0.0.1:{ADMIN_PORT}"),
                 &format!("--consul-max-connections={}", sizes.max_connections),
             ])
-            .env("RUST_LOG", "warn")
+            .env("RUST_LOG", std::env::var("CONSULBIND_BENCH_LOG").unwrap_or_else(|_| "warn".into()))
             .envs(vars.iter().map(|(k, v)| (*k, v))),
     )?;
     let pid = controller.pid().context("the controller exited at once")?;
@@ -288,25 +288,25 @@ fn deployment(w: usize) -> serde_json::Value {
     }})
 }
 
-/// Waits until every binding is Ready; false on timeout.
+/// Waits until every binding is Ready; false on timeout. Follows a watch rather than listing
+/// thousands of bindings again and again, which would load the API server it measures.
 async fn wait_ready(api: &Api<ConsulBinding>, bindings: usize, timeout: Duration) -> Result<bool> {
-    let start = Instant::now();
-    while start.elapsed() < timeout {
-        let list = api.list(&ListParams::default()).await?;
-        let ready = list
-            .items
-            .iter()
-            .filter(|b| {
-                let conditions = b.status.iter().flat_map(|s| &s.conditions);
-                conditions.into_iter().any(|c| c.type_ == "Ready" && c.status == "True")
-            })
-            .count();
-        if ready == bindings {
-            return Ok(true);
+    let mut ready = std::collections::HashSet::new();
+    let mut events = watcher(api.clone(), watcher::Config::default()).default_backoff().applied_objects().boxed();
+    let follow = async {
+        while let Some(binding) = events.try_next().await? {
+            let conditions = binding.status.iter().flat_map(|s| &s.conditions);
+            match conditions.into_iter().any(|c| c.type_ == "Ready" && c.status == "True") {
+                true => ready.insert(binding.name_any()),
+                false => ready.remove(&binding.name_any()),
+            };
+            if ready.len() == bindings {
+                return Ok::<_, anyhow::Error>(true);
+            }
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    Ok(false)
+        Ok(false)
+    };
+    tokio::time::timeout(timeout, follow).await.unwrap_or(Ok(false))
 }
 
 /// The resource version of every binding and the generation of every Deployment.

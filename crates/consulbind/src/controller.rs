@@ -37,6 +37,9 @@ use crate::{
 pub type Error = Box<dyn std::error::Error + Send + Sync>;
 
 const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+/// Reconciles in flight at once. Most of a reconcile is waiting on the API server, so a cold
+/// start of thousands of bindings wants many; the API server's own limits stay far away.
+const RECONCILE_CONCURRENCY: u16 = 32;
 
 /// Runs until `shutdown` turns true.
 pub async fn run(config: Config, shutdown: signal::Receiver<bool>) -> Result<(), Error> {
@@ -215,7 +218,7 @@ async fn run_scope(
         }
     };
     let controller = Controller::for_stream(bindings, reader)
-        .with_config(ControllerConfig::default().concurrency(8))
+        .with_config(ControllerConfig::default().concurrency(RECONCILE_CONCURRENCY))
         .reconcile_on(wakes)
         .reconcile_on(touched_rx)
         .graceful_shutdown_on(stop)
