@@ -40,14 +40,7 @@ pub fn rollout(env: &Env, bindings: usize, rounds: usize) -> Result<()> {
         )
     };
 
-    println!("==> building the controller (release)");
-    process::run(Command::new(env!("CARGO")).current_dir(repo_root()).args([
-        "build",
-        "--release",
-        "--quiet",
-        "-p",
-        "consulbind",
-    ]))?;
+    build_release()?;
 
     println!("==> {bindings} Deployments and bindings in namespace {ns}");
     process::run(&mut kubectl(&["create", "namespace", &ns]))?;
@@ -176,6 +169,18 @@ fn replica_sets(cmd: &mut Command) -> Result<HashMap<String, usize>> {
         *counts.entry(owner.to_owned()).or_default() += 1;
     }
     Ok(counts)
+}
+
+/// The release controller the benchmarks run.
+pub(crate) fn build_release() -> Result<()> {
+    println!("==> building the controller (release)");
+    process::run(Command::new(env!("CARGO")).current_dir(repo_root()).args([
+        "build",
+        "--release",
+        "--quiet",
+        "-p",
+        "consulbind",
+    ]))
 }
 
 pub(crate) fn rss_kib(pid: u32) -> Result<u64> {

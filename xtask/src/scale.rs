@@ -51,14 +51,7 @@ pub fn run(env: &Env, sizes: Sizes) -> Result<()> {
     ensure!(sizes.workloads >= sizes.bindings, "need at least one workload per binding");
     ensure!(sizes.keys >= sizes.bindings, "need at least one key per binding");
     env.up()?;
-    println!("==> building the controller (release)");
-    process::run(Command::new(env!("CARGO")).current_dir(repo_root()).args([
-        "build",
-        "--release",
-        "--quiet",
-        "-p",
-        "consulbind",
-    ]))?;
+    crate::bench::build_release()?;
     let vars = env.vars()?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(measure(env, &vars, &sizes))
