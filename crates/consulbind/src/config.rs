@@ -62,7 +62,7 @@ pub struct Config {
     #[arg(long, env = "CONSULBIND_NAMESPACES", value_delimiter = ',')]
     pub namespaces: Vec<String>,
 
-    /// Address of the HTTP server for /metrics, /livez, /readyz and /debug/watches.
+    /// Address of the HTTP server for /metrics, /livez, /readyz and /debug/watches (loopback only).
     #[arg(long, env = "CONSULBIND_ADMIN_ADDR", default_value = "0.0.0.0:8080")]
     pub admin_addr: SocketAddr,
 

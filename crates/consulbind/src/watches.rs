@@ -480,7 +480,7 @@ async fn run_group(shared: Arc<Shared>, query: KvQuery, mut roster: watch::Recei
                 };
                 // A blip within the grace period shows nowhere; a longer failure shows once the
                 // grace is over, even in the middle of a backoff.
-                let due = *failing_since.get_or_insert(started) + shared.grace;
+                let due = *failing_since.get_or_insert_with(Instant::now) + shared.grace;
                 let retry = tokio::time::Instant::now() + delay;
                 if Instant::now() >= due {
                     report();
