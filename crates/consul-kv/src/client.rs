@@ -261,9 +261,10 @@ impl Client {
 
 const MIN_CONNECTIONS: usize = 4;
 
-/// How a connection budget is split. Idle connections count against Consul's limit too, so
-/// requests in flight plus the idle pool never exceed the budget; blocking queries leave
-/// room for short requests.
+/// How a connection budget is split. Idle connections count against Consul's limit too, and a
+/// connection on its way back to the pool is neither in use nor idle for a moment, in which a
+/// new request may open another. So requests in flight, the idle pool and as much again as
+/// slack stay within the budget; blocking queries leave room for short requests.
 #[derive(Debug, PartialEq, Eq)]
 struct Budget {
     idle: usize,
@@ -274,7 +275,7 @@ struct Budget {
 impl Budget {
     fn of(max_connections: usize) -> Self {
         let idle = (max_connections / 8).max(1);
-        let requests = max_connections - idle;
+        let requests = max_connections - 2 * idle;
         Self { idle, requests, blocking: requests - idle }
     }
 }
@@ -426,10 +427,10 @@ mod tests {
     fn budget_is_never_exceeded_and_leaves_room_for_short_requests() {
         for max in MIN_CONNECTIONS..500 {
             let budget = Budget::of(max);
-            assert!(budget.requests + budget.idle <= max, "{max}: {budget:?}");
+            assert!(budget.requests + 2 * budget.idle <= max, "{max}: {budget:?}");
             assert!(budget.blocking >= 1 && budget.blocking < budget.requests, "{max}: {budget:?}");
         }
-        assert_eq!(Budget::of(32), Budget { idle: 4, requests: 28, blocking: 24 });
+        assert_eq!(Budget::of(32), Budget { idle: 4, requests: 24, blocking: 20 });
     }
 
     #[tokio::test]

@@ -137,11 +137,20 @@ impl Roster {
 struct GroupHandle {
     roster: watch::Sender<Arc<Roster>>,
     task: JoinHandle<()>,
+    born: Instant,
 }
+
+/// A group younger than this, when no longer needed, finishes its request (its wait is no
+/// longer than its age) instead of dropping it: a dropped request leaves a socket closing
+/// outside the connection budget for a moment, and cold starts replace many young groups.
+const RETIRE_YOUNG: Duration = Duration::from_secs(30);
 
 impl Drop for GroupHandle {
     fn drop(&mut self) {
-        self.task.abort();
+        // Dropping the roster sender tells the task to stop once its request is done.
+        if self.born.elapsed() >= RETIRE_YOUNG {
+            self.task.abort();
+        }
     }
 }
 
@@ -408,7 +417,7 @@ fn shares(sizes: &[usize], slots: usize) -> Vec<usize> {
 fn start_group(shared: &Arc<Shared>, query: KvQuery, roster: Roster) -> GroupHandle {
     let (tx, rx) = watch::channel(Arc::new(roster));
     let task = tokio::spawn(run_group(shared.clone(), query, rx));
-    GroupHandle { roster: tx, task }
+    GroupHandle { roster: tx, task, born: Instant::now() }
 }
 
 /// Follows one group's query with blocking requests until aborted, and hands each path its
@@ -423,6 +432,9 @@ async fn run_group(shared: Arc<Shared>, query: KvQuery, mut roster: watch::Recei
     let mut last: Option<(Arc<Roster>, Vec<KvEntry>)> = None;
     let mut failing_since: Option<Instant> = None;
     loop {
+        if roster.has_changed().is_err() {
+            return;
+        }
         let index = if last.is_some() { cursor.index() } else { 0 };
         let started = Instant::now();
         let request = shared.client.get_wait(&query, index, group_wait(&shared, born));
@@ -433,7 +445,12 @@ async fn run_group(shared: Arc<Shared>, query: KvQuery, mut roster: watch::Recei
                 // New paths need their content now. Short reads of just those paths give it to
                 // them; the blocking query goes on, since one given up keeps a connection busy
                 // on the Consul agent until its wait runs out.
-                Ok(()) = roster.changed(), if index != 0 => {
+                changed = roster.changed(), if index != 0 => {
+                    if changed.is_err() {
+                        // Retired: finish the request, tell no one.
+                        let _ = (&mut request).await;
+                        return;
+                    }
                     let members = roster.borrow_and_update().clone();
                     let Some((before, entries)) = last.take() else { break None };
                     match read_new_paths(&shared, &query, &before, &members, entries).await {
@@ -447,6 +464,10 @@ async fn run_group(shared: Arc<Shared>, query: KvQuery, mut roster: watch::Recei
             // A new path could not be read alone: read the whole group afresh instead.
             continue;
         };
+        if roster.has_changed().is_err() {
+            // Retired while reading: another group serves these paths now.
+            return;
+        }
         shared.metrics.consul_request(result.as_ref().err().map(|e| e.kind()), started.elapsed());
         let members = roster.borrow_and_update().clone();
         match result {
