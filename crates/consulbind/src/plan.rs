@@ -30,8 +30,6 @@ pub struct KeyContent<'a> {
 /// What the Consul side looks like for this binding.
 pub enum Consul<'a> {
     Ready(Vec<KeyContent<'a>>),
-    /// A watch has not answered yet.
-    Waiting,
     /// The keys cannot be read; the reason is one of [`conditions::reason`].
     Failed {
         reason: &'static str,
@@ -97,13 +95,6 @@ pub struct Plan {
 pub fn plan(input: &Input<'_>, pending: &mut Option<Pending>, now: Instant) -> Plan {
     let contents = match &input.consul {
         Consul::Ready(contents) => contents,
-        Consul::Waiting => {
-            return Plan {
-                keys: input.previous.keys.clone(),
-                hold: Some((reason::WAITING_FOR_CONSUL, "waiting for the first answer from Consul".into())),
-                ..Plan::default()
-            };
-        }
         Consul::Failed { reason, message } => {
             return Plan {
                 keys: input.previous.keys.clone(),
@@ -261,12 +252,6 @@ pub fn status(input: &Input<'_>, plan: &Plan, outcome: &Outcome, now: &Time) -> 
             Some(true),
             reason::SYNCED,
             format!("read {} from Consul", count(contents.len(), "key")),
-        ),
-        Consul::Waiting => set(
-            conditions::CONSUL_SYNCED,
-            None,
-            reason::WAITING_FOR_CONSUL,
-            "waiting for the first answer from Consul".into(),
         ),
         Consul::Failed { reason, message } => set(conditions::CONSUL_SYNCED, Some(false), reason, message.clone()),
     }

@@ -159,18 +159,18 @@ async fn reconcile_inner(binding: &ConsulBinding, ctx: &Context) -> Result<Actio
         }
         source => {
             contents = subscribe(ctx, &oref, &queries(spec, source.into_token()));
-            consul_view(spec, &contents)
+            match consul_view(spec, &contents) {
+                Some(consul) => consul,
+                // Consul answers within moments, and its first answer wakes the binding: writing
+                // "waiting" first would double the writes of a cold start, and after a restart
+                // would flap Ready.
+                None => return Ok(Action::requeue(RETRY)),
+            }
         }
     };
     let mut resolved = ctx.workloads.resolve(&namespace, &spec.targets, &names::annotation_key(&name));
     trust_own_stamps(ctx, &namespace, &mut resolved);
     ctx.interest.lock().unwrap().set(&oref, spec, &resolved.found);
-    if matches!(consul, Consul::Waiting) {
-        // Consul answers within moments, and its first answer wakes the binding: writing
-        // "waiting" first would double the writes of a cold start, and after a restart would
-        // flap Ready.
-        return Ok(Action::requeue(RETRY));
-    }
     let input = Input {
         spec,
         window,
@@ -367,20 +367,21 @@ fn queries(spec: &ConsulBindingSpec, token: Option<Token>) -> Vec<KvQuery> {
         .collect()
 }
 
-fn consul_view<'a>(spec: &'a ConsulBindingSpec, states: &'a [KeyState]) -> Consul<'a> {
+/// What Consul says for the binding; `None` while a key has had no answer yet.
+fn consul_view<'a>(spec: &'a ConsulBindingSpec, states: &'a [KeyState]) -> Option<Consul<'a>> {
     let mut contents = Vec::with_capacity(states.len());
     for (source, state) in spec.keys.iter().zip(states) {
         match state {
-            KeyState::Pending => return Consul::Waiting,
+            KeyState::Pending => return None,
             KeyState::Failed { reason, message, .. } => {
-                return Consul::Failed { reason, message: format!("reading {:?}: {message}", source.key) };
+                return Some(Consul::Failed { reason, message: format!("reading {:?}: {message}", source.key) });
             }
             KeyState::Ready(content) => {
                 contents.push(KeyContent { source, entries: &content.entries, reset_hold: content.reset_hold })
             }
         }
     }
-    Consul::Ready(contents)
+    Some(Consul::Ready(contents))
 }
 
 fn invalid_status(binding: &ConsulBinding, previous: &ConsulBindingStatus, message: &str) -> ConsulBindingStatus {
@@ -466,8 +467,7 @@ async fn report(
             }),
         );
         let is_new_problem = new.status == "False" && old.as_ref().is_none_or(|o| o.reason != new.reason);
-        let quiet =
-            [conditions::reason::PENDING, conditions::reason::SUSPENDED, conditions::reason::WAITING_FOR_CONSUL];
+        let quiet = [conditions::reason::PENDING, conditions::reason::SUSPENDED];
         if is_new_problem && !quiet.contains(&new.reason.as_str()) {
             warn!(binding = %oref, reason = %new.reason, message = %new.message, "binding not ready");
             publish(ctx, binding.object_ref(&()), EventType::Warning, &new.reason, new.message.clone());
