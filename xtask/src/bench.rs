@@ -63,7 +63,7 @@ pub fn rollout(env: &Env, bindings: usize, rounds: usize) -> Result<()> {
     let started = Instant::now();
     controller.ensure_started(
         Command::new(repo_root().join("target/release/consulbind"))
-            .args([&format!("--namespaces={ns}"), &format!("--admin-addr={ADMIN_ADDR}")])
+            .args([&format!("--namespaces={ns}"), &format!("--admin-addr={ADMIN_ADDR}"), "--default-token-prefixes=*"])
             .env("RUST_LOG", "warn")
             .envs(vars.iter().map(|(k, v)| (*k, v))),
     )?;

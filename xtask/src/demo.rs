@@ -52,7 +52,12 @@ pub fn run(env: &Env) -> Result<()> {
     controller.stop()?;
     controller.ensure_started(
         Command::new(&binary)
-            .args([&format!("--namespaces={NAMESPACE}"), &format!("--admin-addr={ADMIN_ADDR}")])
+            .args([
+                &format!("--namespaces={NAMESPACE}"),
+                &format!("--admin-addr={ADMIN_ADDR}"),
+                // What the example binding reads, and nothing else, with the default token.
+                "--default-token-prefixes=demo/",
+            ])
             .envs(vars.iter().map(|(k, v)| (*k, v))),
     )?;
     let status_has = |field: &str| {

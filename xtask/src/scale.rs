@@ -145,6 +145,7 @@ async fn measure(env: &Env, vars: &[(&'static str, String)], sizes: &Sizes) -> R
                 &format!("--namespaces={ns}"),
                 &format!("--admin-addr=127.0.0.1:{ADMIN_PORT}"),
                 &format!("--consul-max-connections={}", sizes.max_connections),
+                "--default-token-prefixes=*",
             ])
             .env("RUST_LOG", std::env::var("CONSULBIND_BENCH_LOG").unwrap_or_else(|_| "warn".into()))
             .envs(vars.iter().map(|(k, v)| (*k, v))),

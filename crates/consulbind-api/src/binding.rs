@@ -26,12 +26,13 @@ use serde::{Deserialize, Serialize};
 )]
 #[serde(rename_all = "camelCase")]
 pub struct ConsulBindingSpec {
-    /// Consul keys or key prefixes whose content drives the targets.
-    #[schemars(length(min = 1))]
+    /// Consul keys or key prefixes whose content drives the targets; at most 64.
+    #[schemars(length(min = 1, max = 64))]
     pub keys: Vec<KeySource>,
 
-    /// Workloads in this namespace to roll when the content changes.
-    #[schemars(length(min = 1))]
+    /// Workloads in this namespace to roll when the content changes; at most 32 entries (a
+    /// selector may match many workloads).
+    #[schemars(length(min = 1, max = 32))]
     pub targets: Vec<TargetRef>,
 
     /// Per-binding Consul settings. Anything left out uses the controller's defaults.
@@ -146,8 +147,10 @@ pub struct ConsulSettings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub partition: Option<String>,
 
-    /// A Secret in this namespace holding the ACL token to read the keys with. Without it the
-    /// controller's default token is used.
+    /// A Secret in this namespace holding the ACL token to read the keys with. The Secret must
+    /// carry the label `consulbind.dev/token=true`. Without it the controller's default token is
+    /// used, for the key prefixes that the namespace's `consulbind.dev/default-token-prefixes`
+    /// annotation (or the controller's `--default-token-prefixes`) allows.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_secret_ref: Option<SecretKeyRef>,
 }
@@ -251,7 +254,7 @@ pub struct KeyStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub entries: Option<u32>,
 
-    /// Checksum of this key's content alone.
+    /// Keyed checksum (HMAC) of this key's content alone.
     pub checksum: String,
 
     /// Consul's ModifyIndex of the key (for a prefix: the highest below it).

@@ -17,11 +17,12 @@ pub mod reason {
     pub const KEY_MISSING: &str = "KeyMissing";
     /// Consul's index went backwards just as bound content became missing or empty.
     pub const CONSUL_INDEX_RESET: &str = "ConsulIndexReset";
-    pub const WAITING_FOR_CONSUL: &str = "WaitingForConsul";
     pub const ACCESS_DENIED: &str = "AccessDenied";
     pub const CONSUL_UNREACHABLE: &str = "ConsulUnreachable";
     pub const CONSUL_ERROR: &str = "ConsulError";
     pub const TOKEN_SECRET_INVALID: &str = "TokenSecretInvalid";
+    /// The binding has no token of its own, and the default token may not read its keys there.
+    pub const DEFAULT_TOKEN_FORBIDDEN: &str = "DefaultTokenForbidden";
     pub const INVALID_SPEC: &str = "InvalidSpec";
     pub const TARGET_MISSING: &str = "TargetMissing";
     pub const PATCH_FAILED: &str = "PatchFailed";

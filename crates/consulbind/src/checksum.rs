@@ -1,6 +1,7 @@
-//! The content checksum stamped on workloads.
+//! The content checksum stamped on workloads and shown in the status.
 //!
-//! Format v1: SHA-256, in lowercase hex, over
+//! It is an HMAC-SHA-256, in lowercase hex, keyed by the cluster's checksum [`Key`], over this
+//! encoding:
 //!
 //! ```text
 //! "consulbind-checksum-v1\0"
@@ -10,9 +11,12 @@
 //! where lp(x) = len(x):u64be x
 //! ```
 //!
-//! Indexes, flags and the order of the spec's lists play no part. Changing any of this would
-//! roll every bound workload on upgrade, so the format is pinned by a test vector.
+//! Without the key, a checksum cannot be checked against a guessed value. Indexes, flags and
+//! the order of the spec's lists play no part. Changing any of this would roll every bound
+//! workload on upgrade, so the format is pinned by a test vector. Releases before the key
+//! stamped the plain SHA-256 of the same encoding; [`legacy`] recognises those values.
 
+use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
 
 const HEADER: &[u8] = b"consulbind-checksum-v1\0";
@@ -75,10 +79,49 @@ pub fn encode(sources: &[Source<'_>]) -> Vec<u8> {
     out
 }
 
+/// The secret that keys every checksum of a cluster.
+#[derive(Clone)]
+pub struct Key([u8; KEY_LEN]);
+
+pub const KEY_LEN: usize = 32;
+
+impl Key {
+    pub fn new(bytes: [u8; KEY_LEN]) -> Self {
+        Self(bytes)
+    }
+
+    /// A fresh random key, from the kernel's generator.
+    pub fn generate() -> std::io::Result<Self> {
+        let mut bytes = [0; KEY_LEN];
+        std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom")?, &mut bytes)?;
+        Ok(Self(bytes))
+    }
+
+    pub fn bytes(&self) -> &[u8; KEY_LEN] {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Key {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Key(<redacted>)")
+    }
+}
+
 /// The checksum of a set of sources, as 64 lowercase hex digits.
-pub fn checksum(sources: &[Source<'_>]) -> String {
-    let digest = Sha256::digest(encode(sources));
-    digest.iter().map(|b| format!("{b:02x}")).collect()
+pub fn checksum(key: &Key, sources: &[Source<'_>]) -> String {
+    let mut mac = Hmac::<Sha256>::new_from_slice(&key.0).expect("HMAC takes keys of any length");
+    mac.update(&encode(sources));
+    hex(&mac.finalize().into_bytes())
+}
+
+/// The plain SHA-256 that releases before the key stamped, for recognising such values once.
+pub fn legacy(sources: &[Source<'_>]) -> String {
+    hex(&Sha256::digest(encode(sources)))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The first characters of a checksum, for columns and messages.
@@ -101,10 +144,24 @@ mod tests {
         ]
     }
 
+    fn key() -> Key {
+        Key::new(std::array::from_fn(|i| i as u8))
+    }
+
     #[test]
     fn pinned_test_vector() {
-        // Computed independently from the documented format. Changing it rolls every bound workload.
-        assert_eq!(checksum(&vector()), "b14a888965cdb9657b5b5370cd112364a9b33a0f4e36dd7023c686add0556d26");
+        // Computed independently from the documented format (Python's hmac, key bytes 0..=31).
+        // Changing it rolls every bound workload.
+        assert_eq!(checksum(&key(), &vector()), "c50a65401a32ead7db3a91504cf0067ac6d94b62f7e5bbf8d4140bbfba2d4453");
+        assert_eq!(legacy(&vector()), "b14a888965cdb9657b5b5370cd112364a9b33a0f4e36dd7023c686add0556d26");
+    }
+
+    #[test]
+    fn another_key_gives_another_checksum() {
+        let other = Key::new([7; KEY_LEN]);
+        assert_ne!(checksum(&other, &vector()), checksum(&key(), &vector()));
+        assert_ne!(checksum(&key(), &vector()), legacy(&vector()));
+        assert_eq!(format!("{:?}", key()), "Key(<redacted>)");
     }
 
     #[test]
@@ -123,28 +180,28 @@ mod tests {
         if let Source::Prefix { entries, .. } = &mut reversed[0] {
             entries.reverse();
         }
-        assert_eq!(checksum(&reversed), checksum(&vector()));
+        assert_eq!(checksum(&key(), &reversed), checksum(&key(), &vector()));
     }
 
     #[test]
     fn duplicate_sources_count_once() {
         let mut doubled = vector();
         doubled.push(vector()[0].clone());
-        assert_eq!(checksum(&doubled), checksum(&vector()));
+        assert_eq!(checksum(&key(), &doubled), checksum(&key(), &vector()));
     }
 
     #[test]
     fn distinguishes_missing_empty_and_boundaries() {
-        let missing = checksum(&[Source::Key { key: "k", value: None }]);
-        let empty = checksum(&[Source::Key { key: "k", value: Some(b"") }]);
+        let missing = legacy(&[Source::Key { key: "k", value: None }]);
+        let empty = legacy(&[Source::Key { key: "k", value: Some(b"") }]);
         assert_ne!(missing, empty);
         // Moving bytes between a key and its value must change the checksum.
-        let a = checksum(&[Source::Prefix { prefix: "p/", entries: vec![("p/ab", b"c")] }]);
-        let b = checksum(&[Source::Prefix { prefix: "p/", entries: vec![("p/a", b"bc")] }]);
+        let a = legacy(&[Source::Prefix { prefix: "p/", entries: vec![("p/ab", b"c")] }]);
+        let b = legacy(&[Source::Prefix { prefix: "p/", entries: vec![("p/a", b"bc")] }]);
         assert_ne!(a, b);
         // An exact key and a prefix with the same name are different sources.
-        let key = checksum(&[Source::Key { key: "p", value: Some(b"") }]);
-        let prefix = checksum(&[Source::Prefix { prefix: "p", entries: vec![] }]);
+        let key = legacy(&[Source::Key { key: "p", value: Some(b"") }]);
+        let prefix = legacy(&[Source::Prefix { prefix: "p", entries: vec![] }]);
         assert_ne!(key, prefix);
     }
 }

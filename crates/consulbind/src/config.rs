@@ -58,6 +58,12 @@ pub struct Config {
     #[arg(long, env = "CONSULBIND_CONSUL_FAILURE_GRACE", default_value = "5s", value_parser = duration)]
     pub consul_failure_grace: Duration,
 
+    /// Consul key prefixes that bindings may read with the default token, comma-separated (`*`
+    /// allows every key), in every namespace without the `consulbind.dev/default-token-prefixes`
+    /// annotation. Unset, the default token serves only namespaces whose annotation allows it.
+    #[arg(long, env = "CONSULBIND_DEFAULT_TOKEN_PREFIXES")]
+    pub default_token_prefixes: Option<String>,
+
     /// Namespaces to serve, comma-separated. Empty serves every namespace.
     #[arg(long, env = "CONSULBIND_NAMESPACES", value_delimiter = ',')]
     pub namespaces: Vec<String>,
@@ -69,6 +75,12 @@ pub struct Config {
     /// Log format.
     #[arg(long, env = "CONSULBIND_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+
+    /// The Secret that holds the key of every checksum, made on first start: `name` in the
+    /// controller's own namespace, or `namespace/name`. Back it up: without it, every bound
+    /// workload rolls once.
+    #[arg(long, env = "CONSULBIND_CHECKSUM_KEY_SECRET", default_value = "consulbind-checksum-key")]
+    pub checksum_key_secret: String,
 
     /// Elect a leader through a Lease, so that only one replica acts.
     #[arg(long, env = "CONSULBIND_LEADER_ELECT", default_value_t = false, action = clap::ArgAction::Set)]
@@ -109,7 +121,22 @@ fn duration(text: &str) -> Result<Duration, String> {
     consulbind_api::parse_duration(text)
 }
 
+/// The namespace the controller runs in: its pod's, else the kubeconfig's.
+pub fn own_namespace(client: &kube::Client) -> String {
+    std::fs::read_to_string("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+        .map(|ns| ns.trim().to_owned())
+        .unwrap_or_else(|_| client.default_namespace().to_owned())
+}
+
 impl Config {
+    /// The namespace and name of the checksum key Secret.
+    pub fn checksum_key_secret(&self, client: &kube::Client) -> (String, String) {
+        match self.checksum_key_secret.split_once('/') {
+            Some((ns, name)) => (ns.to_owned(), name.to_owned()),
+            None => (own_namespace(client), self.checksum_key_secret.clone()),
+        }
+    }
+
     pub fn consul(&self) -> Result<ClientConfig, String> {
         let token = match (&self.consul_http_token, &self.consul_http_token_file) {
             (Some(token), _) => Some(token.expose().trim().to_owned()),

@@ -24,10 +24,12 @@ use tracing::{debug, info, warn};
 
 use crate::{
     admin::{self, Admin},
+    checksum_key,
     config::Config,
     interest::Interest,
     lease,
     metrics::Metrics,
+    policy::{Allowed, Policy},
     reconcile::{self, Context},
     tokens::{SecretTouched, Tokens},
     watches::{BindingRef, Wake, Watches},
@@ -84,6 +86,9 @@ pub async fn run(config: Config, shutdown: signal::Receiver<bool>) -> Result<(),
         None
     };
 
+    let (key_namespace, key_name) = config.checksum_key_secret(&client);
+    let checksum_key = checksum_key::load_or_create(&client, &key_namespace, &key_name).await?;
+    let default_prefixes = config.default_token_prefixes.as_deref().map(Allowed::parse);
     let reporter = Reporter { controller: "consulbind".into(), instance: config.identity.clone() };
     let recorder = Recorder::new(client.clone(), reporter);
     let ready_states = Arc::default();
@@ -93,6 +98,7 @@ pub async fn run(config: Config, shutdown: signal::Receiver<bool>) -> Result<(),
     for (scope, wakes) in scopes.into_iter().zip(receivers) {
         let (workloads, touched) = Workloads::start(&client, scope.as_deref());
         let (tokens, secrets_touched) = Tokens::start(&client, scope.as_deref());
+        let (policy, namespaces_touched) = Policy::start(&client, scope.as_deref(), default_prefixes.clone());
         let (reader, writer) = reflector::store::<ConsulBinding>();
         let ctx = Arc::new(Context {
             client: client.clone(),
@@ -100,6 +106,8 @@ pub async fn run(config: Config, shutdown: signal::Receiver<bool>) -> Result<(),
             watches: watches.clone(),
             workloads,
             tokens,
+            policy,
+            checksum_key: checksum_key.clone(),
             bindings: reader,
             interest: interest.clone(),
             metrics: metrics.clone(),
@@ -110,7 +118,7 @@ pub async fn run(config: Config, shutdown: signal::Receiver<bool>) -> Result<(),
         });
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
         caches_ready.push(ready_rx);
-        let scope = Scope { name: scope, writer, touched, secrets_touched, wakes, ready: ready_tx };
+        let scope = Scope { name: scope, writer, touched, secrets_touched, namespaces_touched, wakes, ready: ready_tx };
         scopes_started.push(tokio::spawn(run_scope(client.clone(), scope, ctx, shutdown.clone())));
     }
     // Ready once every scope's caches have listed; a scope that cannot list stays not ready.
@@ -142,11 +150,12 @@ async fn reload_consul_files(consul: consul_kv::Client) {
 }
 
 /// What one controller serves: every namespace, or one of `--namespaces`.
-struct Scope<T, S> {
+struct Scope<T, S, N> {
     name: Option<String>,
     writer: reflector::store::Writer<ConsulBinding>,
     touched: T,
     secrets_touched: S,
+    namespaces_touched: N,
     wakes: mpsc::UnboundedReceiver<BindingRef>,
     ready: tokio::sync::oneshot::Sender<()>,
 }
@@ -156,11 +165,12 @@ async fn run_scope(
     scope: Scope<
         impl futures::Stream<Item = Touched> + Send + 'static,
         impl futures::Stream<Item = SecretTouched> + Send + 'static,
+        impl futures::Stream<Item = String> + Send + 'static,
     >,
     ctx: Arc<Context>,
     mut shutdown: signal::Receiver<bool>,
 ) -> Result<(), Error> {
-    let Scope { name: scope, writer, touched, secrets_touched, wakes, ready } = scope;
+    let Scope { name: scope, writer, touched, secrets_touched, namespaces_touched, wakes, ready } = scope;
     let api: Api<ConsulBinding> = match &scope {
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
@@ -171,6 +181,7 @@ async fn run_scope(
     // complete before the first reconcile, or a present target would look missing.
     let (touched_tx, touched_rx) = mpsc::unbounded();
     let secret_tx = touched_tx.clone();
+    let namespace_tx = touched_tx.clone();
     let interest = ctx.interest.clone();
     tokio::spawn(touched.for_each(move |t| {
         for binding in interest.lock().unwrap().workload(&t.namespace, t.kind, &t.name, &t.labels) {
@@ -185,8 +196,20 @@ async fn run_scope(
         }
         futures::future::ready(())
     }));
+    // A namespace's rule changes rarely; every binding there is looked at again.
+    let bindings = ctx.bindings.clone();
+    tokio::spawn(namespaces_touched.for_each(move |namespace| {
+        for binding in bindings.state().iter().filter(|b| b.metadata.namespace.as_ref() == Some(&namespace)) {
+            let _ = namespace_tx.unbounded_send(ObjectRef::from_obj(&**binding));
+        }
+        futures::future::ready(())
+    }));
     tokio::select! {
-        ready = async { ctx.workloads.wait_until_ready().await?; ctx.tokens.wait_until_ready().await } => ready?,
+        ready = async {
+            ctx.workloads.wait_until_ready().await?;
+            ctx.tokens.wait_until_ready().await?;
+            ctx.policy.wait_until_ready().await
+        } => ready?,
         _ = shutdown.wait_for(|stop| *stop) => return Ok(()),
     }
     debug!(scope = scope.as_deref().unwrap_or("*"), "workload caches ready");

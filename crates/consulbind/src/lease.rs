@@ -46,9 +46,7 @@ pub async fn acquire(
     }
     let namespace = match &config.lease_namespace {
         Some(ns) => ns.clone(),
-        None => std::fs::read_to_string("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-            .map(|ns| ns.trim().to_owned())
-            .unwrap_or_else(|_| client.default_namespace().to_owned()),
+        None => crate::config::own_namespace(client),
     };
     let identity = config.identity.clone().unwrap_or_else(hostname);
     let api: Api<Lease> = Api::namespaced(client.clone(), &namespace);

@@ -7,6 +7,7 @@
 
 pub mod admin;
 pub mod checksum;
+pub mod checksum_key;
 pub mod config;
 pub mod controller;
 pub mod debounce;
@@ -15,6 +16,7 @@ pub mod lease;
 pub mod metrics;
 pub mod names;
 pub mod plan;
+pub mod policy;
 pub mod reconcile;
 pub mod tokens;
 pub mod watches;

@@ -39,6 +39,8 @@ pub enum Consul<'a> {
 
 pub struct Input<'a> {
     pub spec: &'a ConsulBindingSpec,
+    /// Keys every checksum.
+    pub key: &'a checksum::Key,
     pub window: Window,
     pub generation: Option<i64>,
     pub previous: &'a ConsulBindingStatus,
@@ -103,8 +105,8 @@ pub fn plan(input: &Input<'_>, pending: &mut Option<Pending>, now: Instant) -> P
             };
         }
     };
-    let keys: Vec<KeyStatus> = contents.iter().map(key_status).collect();
-    let desired = checksum::checksum(&contents.iter().map(source).collect::<Vec<_>>());
+    let keys: Vec<KeyStatus> = contents.iter().map(|c| key_status(input.key, c)).collect();
+    let desired = checksum::checksum(input.key, &contents.iter().map(source).collect::<Vec<_>>());
     let mut plan = Plan { desired: Some(desired.clone()), keys, ..Plan::default() };
 
     let missing: Vec<&str> =
@@ -197,6 +199,50 @@ pub fn plan(input: &Input<'_>, pending: &mut Option<Pending>, now: Instant) -> P
         }
     }
     plan
+}
+
+/// What the status and the workloads say, with values from before checksums were keyed read
+/// as what they mean.
+pub struct Upgraded {
+    pub previous: ConsulBindingStatus,
+    pub live: BTreeMap<Workload, Live>,
+}
+
+/// Releases before the checksum key stamped the plain SHA-256 of the content. Where such a value
+/// is that of the current content, it stands for the keyed checksum of the same content, so an
+/// upgrade rolls nothing and the status shows no plain digest; the workload keeps the old value
+/// until the content next changes. `None` when there is nothing to read differently.
+pub fn upgrade_legacy(input: &Input<'_>) -> Option<Upgraded> {
+    let Consul::Ready(contents) = &input.consul else { return None };
+    let sources: Vec<Source<'_>> = contents.iter().map(source).collect();
+    let desired = checksum::checksum(input.key, &sources);
+    let previous = input.previous;
+    let settled = previous.applied_checksum.as_deref().is_none_or(|c| c == desired)
+        && previous.targets.iter().all(|t| t.checksum == desired)
+        && input.live.values().all(|l| l.checksum() == desired);
+    if settled {
+        return None;
+    }
+    let legacy = checksum::legacy(&sources);
+    let mut upgraded = Upgraded { previous: previous.clone(), live: input.live.clone() };
+    let mut found = false;
+    let mut read = |value: &mut String| {
+        if *value == legacy {
+            *value = desired.clone();
+            found = true;
+        }
+    };
+    if let Some(applied) = &mut upgraded.previous.applied_checksum {
+        read(applied);
+    }
+    upgraded.previous.targets.iter_mut().for_each(|t| read(&mut t.checksum));
+    for live in upgraded.live.values_mut() {
+        if live.checksum() == legacy {
+            live.value = live.value.replacen(&legacy, &desired, 1);
+            found = true;
+        }
+    }
+    found.then_some(upgraded)
 }
 
 /// The outcome of stamping the planned workloads.
@@ -320,7 +366,7 @@ fn source<'a>(content: &KeyContent<'a>) -> Source<'a> {
     }
 }
 
-fn key_status(content: &KeyContent<'_>) -> KeyStatus {
+fn key_status(key: &checksum::Key, content: &KeyContent<'_>) -> KeyStatus {
     let entries = match content.entries.iter().position(|e| e.key == content.source.key) {
         _ if content.source.recurse => content.entries,
         Some(i) => &content.entries[i..=i],
@@ -331,7 +377,7 @@ fn key_status(content: &KeyContent<'_>) -> KeyStatus {
         recurse: content.source.recurse,
         present: !entries.is_empty(),
         entries: content.source.recurse.then(|| u32::try_from(entries.len()).unwrap_or(u32::MAX)),
-        checksum: checksum::checksum(&[source(content)]),
+        checksum: checksum::checksum(key, &[source(content)]),
         modify_index: entries.iter().map(|e| e.modify_index).max(),
     }
 }
@@ -427,6 +473,7 @@ mod tests {
         found: &[Workload],
     ) -> (Plan, ConsulBindingStatus) {
         let input = Input {
+            key: &key(),
             spec,
             window: WINDOW,
             generation: Some(generation),
@@ -451,6 +498,7 @@ mod tests {
             .map(|(value, owned)| (found[0].clone(), Live { value: value.to_string(), owned: *owned }))
             .collect();
         let input = Input {
+            key: &key(),
             spec: &spec,
             window: WINDOW,
             generation: Some(3),
@@ -463,8 +511,12 @@ mod tests {
         plan(&input, &mut None, Instant::now())
     }
 
+    fn key() -> checksum::Key {
+        checksum::Key::new([42; checksum::KEY_LEN])
+    }
+
     fn checksum_of(value: &str) -> String {
-        checksum::checksum(&[Source::Key { key: "app/config", value: Some(value.as_bytes()) }])
+        checksum::checksum(&key(), &[Source::Key { key: "app/config", value: Some(value.as_bytes()) }])
     }
 
     #[tokio::test(start_paused = true)]
@@ -493,6 +545,57 @@ mod tests {
         // A forced value counts as its checksum once it is ours.
         let (_, at_v2) = step(&spec(false), &at_v1, &entry("v2"), &web());
         assert!(step_live(&at_v2, &entry("v2"), &[(&format!("{v2}~1"), true)]).roll.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn plain_checksums_of_an_older_release_roll_nothing_and_leave_the_status() {
+        let legacy_of =
+            |value: &str| checksum::legacy(&[Source::Key { key: "app/config", value: Some(value.as_bytes()) }]);
+        let (_, mut old) = step(&spec(false), &Default::default(), &entry("v1"), &web());
+        let legacy = legacy_of("v1");
+        old.applied_checksum = Some(legacy.clone());
+        old.targets[0].checksum = legacy.clone();
+        let spec = spec(false);
+        let found = web();
+        let upgrade = |previous: &ConsulBindingStatus, value: &str, live: &str| {
+            let entries = entry(value);
+            let live: BTreeMap<Workload, Live> = [(found[0].clone(), Live { value: live.into(), owned: true })].into();
+            let input = Input {
+                key: &key(),
+                spec: &spec,
+                window: WINDOW,
+                generation: Some(3),
+                previous,
+                consul: Consul::Ready(vec![KeyContent { source: &spec.keys[0], entries: &entries, reset_hold: false }]),
+                found: &found,
+                live: &live,
+                missing: &[],
+            };
+            let upgraded = upgrade_legacy(&input);
+            let input = match &upgraded {
+                Some(u) => Input { previous: &u.previous, live: &u.live, ..input },
+                None => input,
+            };
+            let plan = plan(&input, &mut None, Instant::now());
+            let outcome = Outcome { rolled: plan.roll.clone(), failed: vec![] };
+            (plan.roll.clone(), status(&input, &plan, &outcome, &now()))
+        };
+
+        // Same content: nothing rolls, and the status shows only keyed checksums.
+        let (roll, status) = upgrade(&old, "v1", &legacy);
+        assert!(roll.is_empty());
+        let text = serde_json::to_string(&status).unwrap();
+        assert!(!text.contains(&legacy), "{text}");
+        assert_eq!(status.applied_checksum, Some(checksum_of("v1")));
+        assert_eq!(status.targets[0].checksum, checksum_of("v1"));
+        // The workload keeps its old value until the content changes; that stays quiet too.
+        assert!(upgrade(&status, "v1", &legacy).0.is_empty());
+        assert!(upgrade(&old, "v1", &format!("{legacy}~2")).0.is_empty());
+
+        // Content that changed while the old release was gone rolls, once.
+        let (roll, status) = upgrade(&old, "v2", &legacy);
+        assert_eq!(roll, web());
+        assert_eq!(status.applied_checksum, Some(checksum_of("v2")));
     }
 
     fn condition<'a>(status: &'a ConsulBindingStatus, type_: &str) -> &'a Condition {
@@ -618,6 +721,7 @@ mod tests {
         let mut two_keys = spec(false);
         two_keys.keys.push(KeySource { key: "app/other".into(), ..Default::default() });
         let input = Input {
+            key: &key(),
             spec: &two_keys,
             window: WINDOW,
             generation: None,
@@ -667,6 +771,7 @@ mod tests {
         let (_, baseline) = step(&spec(false), &Default::default(), &entry("v1"), &web());
         let spec = spec(false);
         let input = Input {
+            key: &key(),
             spec: &spec,
             window: WINDOW,
             generation: Some(3),
@@ -692,6 +797,7 @@ mod tests {
         let spec = spec(false);
         let entries = entry("v2");
         let input = Input {
+            key: &key(),
             spec: &spec,
             window: WINDOW,
             generation: Some(3),

@@ -30,6 +30,7 @@ use crate::{
     metrics::{Metrics, ReadyLabels, RolloutLabels},
     names,
     plan::{self, Consul, Input, KeyContent, Live, Outcome},
+    policy::Policy,
     tokens::{Lookup, TOKEN_LABEL, Tokens},
     watches::{BindingRef, KeyState, Watches},
     workloads::{self, Workloads},
@@ -68,6 +69,10 @@ pub struct Context {
     pub watches: Watches,
     pub workloads: Workloads,
     pub tokens: Tokens,
+    /// What the default token may read in each namespace.
+    pub policy: Policy,
+    /// Keys every checksum, so that none can be checked against a guessed value.
+    pub checksum_key: checksum::Key,
     pub bindings: Store<ConsulBinding>,
     /// Which bindings a workload or Secret event wakes.
     pub interest: Arc<Mutex<Interest>>,
@@ -152,10 +157,22 @@ async fn reconcile_inner(binding: &ConsulBinding, ctx: &Context) -> Result<Actio
     };
 
     let mut contents = Vec::new();
-    let consul = match token(ctx, &namespace, spec) {
+    let source = match token(ctx, &namespace, spec) {
+        TokenSource::Default => match ctx.policy.check(&namespace, spec) {
+            Ok(()) => TokenSource::Default,
+            Err(message) => TokenSource::Forbidden(message),
+        },
+        source => source,
+    };
+    let consul = match source {
         TokenSource::Invalid(message) => {
             ctx.watches.release(&oref);
             Consul::Failed { reason: conditions::reason::TOKEN_SECRET_INVALID, message }
+        }
+        // Refused before Consul is asked: the token would have read it.
+        TokenSource::Forbidden(message) => {
+            ctx.watches.release(&oref);
+            Consul::Failed { reason: conditions::reason::DEFAULT_TOKEN_FORBIDDEN, message }
         }
         source => {
             contents = subscribe(ctx, &oref, &queries(spec, source.into_token()));
@@ -172,6 +189,7 @@ async fn reconcile_inner(binding: &ConsulBinding, ctx: &Context) -> Result<Actio
     trust_own_stamps(ctx, &namespace, &mut resolved);
     ctx.interest.lock().unwrap().set(&oref, spec, &resolved.found);
     let input = Input {
+        key: &ctx.checksum_key,
         spec,
         window,
         generation: binding.metadata.generation,
@@ -180,6 +198,11 @@ async fn reconcile_inner(binding: &ConsulBinding, ctx: &Context) -> Result<Actio
         found: &resolved.found,
         live: &resolved.live,
         missing: &resolved.missing,
+    };
+    let upgraded = plan::upgrade_legacy(&input);
+    let input = match &upgraded {
+        Some(upgraded) => Input { previous: &upgraded.previous, live: &upgraded.live, ..input },
+        None => input,
     };
 
     let plan = {
@@ -302,6 +325,8 @@ enum TokenSource {
     Secret(Token),
     /// A problem with the Secret that a person must fix.
     Invalid(String),
+    /// The default token may not read these keys for this namespace.
+    Forbidden(String),
 }
 
 impl TokenSource {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use consulbind_api::conditions::{self, reason};
 use k8s_openapi::api::{
-    core::v1::ServiceAccount,
+    core::v1::{Secret, ServiceAccount},
     rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding},
 };
 use kube::{
@@ -19,12 +19,21 @@ use serde_json::{Value, json};
 use crate::support::{Controller, SYSTEM_NS, Scene, install_config, kubeconfig_for, wait_for};
 
 const PROBE: &str = "consulbind-rbac-probe";
-const LEASE_ROLE: &str = "consulbind-leader-election";
+const OWN_ROLE: &str = "consulbind-own-namespace";
+const KEY_SECRET: &str = "consulbind-checksum-key";
 const STEP: Duration = Duration::from_secs(20);
 
 /// The core path: a token from a Secret, a baseline, a rollout, an event, the status.
 async fn scenario(s: &Scene, kubeconfig: &str, tag: &str) -> Result<()> {
-    let args = ["--leader-elect=true", &format!("--lease-namespace={SYSTEM_NS}"), &format!("--lease-name={PROBE}")];
+    // A checksum key of its own, made afresh each time, so that creating it is part of the path.
+    let secrets: Api<Secret> = Api::namespaced(s.client.clone(), SYSTEM_NS);
+    let _ = secrets.delete(PROBE, &Default::default()).await;
+    let args = [
+        "--leader-elect=true",
+        &format!("--lease-namespace={SYSTEM_NS}"),
+        &format!("--lease-name={PROBE}"),
+        &format!("--checksum-key-secret={SYSTEM_NS}/{PROBE}"),
+    ];
     let controller = Controller::start_with_env(&s.ns, &args, &[("KUBECONFIG", kubeconfig)]).await?;
     let result = async {
         let (key, web, binding) = (s.key(tag), format!("web-{tag}"), format!("cfg-{tag}"));
@@ -76,18 +85,24 @@ async fn every_granted_rule_is_needed() {
     let cluster_roles: Api<ClusterRole> = Api::all(s.client.clone());
     let roles: Api<Role> = Api::namespaced(s.client.clone(), SYSTEM_NS);
     let cluster_rules = cluster_roles.get("consulbind").await.unwrap().rules.unwrap();
-    let lease_rules = roles.get(LEASE_ROLE).await.unwrap().rules.unwrap();
-    assert_eq!(lease_rules.len(), 1);
+    // The same rules, with the checksum key Secret's name swapped for the probe's own.
+    let mut own_rules = roles.get(OWN_ROLE).await.unwrap().rules.unwrap();
+    for name in own_rules.iter_mut().flat_map(|r| r.resource_names.iter_mut().flatten()) {
+        if name == KEY_SECRET {
+            *name = PROBE.to_owned();
+        }
+    }
+    assert!(own_rules.iter().any(|r| r.resource_names.as_ref().is_some_and(|n| n.contains(&PROBE.to_owned()))));
 
     // A twin of the controller's ServiceAccount, bound to copies of its roles.
     let subject = json!([{"kind": "ServiceAccount", "name": PROBE, "namespace": SYSTEM_NS}]);
-    let set_rules = |cluster: &[_], lease: &[_]| {
+    let set_rules = |cluster: &[_], own: &[_]| {
         let cluster = rbac("ClusterRole", PROBE, None, json!({"rules": cluster}));
-        let lease = rbac("Role", PROBE, Some(SYSTEM_NS), json!({"rules": lease}));
+        let own = rbac("Role", PROBE, Some(SYSTEM_NS), json!({"rules": own}));
         let (cluster_roles, roles, pp) = (cluster_roles.clone(), roles.clone(), pp.clone());
         async move {
             cluster_roles.patch(PROBE, &pp, &Patch::Apply(&cluster)).await.unwrap();
-            roles.patch(PROBE, &pp, &Patch::Apply(&lease)).await.unwrap();
+            roles.patch(PROBE, &pp, &Patch::Apply(&own)).await.unwrap();
         }
     };
     let account =
@@ -106,7 +121,7 @@ async fn every_granted_rule_is_needed() {
         .patch(PROBE, &pp, &Patch::Apply(&binding))
         .await
         .unwrap();
-    set_rules(&cluster_rules, &lease_rules).await;
+    set_rules(&cluster_rules, &own_rules).await;
     let kubeconfig = kubeconfig_for(PROBE);
     let kubeconfig = kubeconfig.to_str().unwrap();
 
@@ -114,15 +129,20 @@ async fn every_granted_rule_is_needed() {
     for (i, rule) in cluster_rules.iter().enumerate() {
         let mut fewer = cluster_rules.clone();
         fewer.remove(i);
-        set_rules(&fewer, &lease_rules).await;
+        set_rules(&fewer, &own_rules).await;
         let result = scenario(&s, kubeconfig, &format!("without-{i}")).await;
         let error = result.expect_err(&format!("removing {rule:?} broke nothing"));
         assert_forbidden(&error, &format!("{rule:?}"));
     }
-    set_rules(&cluster_rules, &[]).await;
-    let error = scenario(&s, kubeconfig, "without-lease").await.expect_err("removing the Lease rule broke nothing");
-    assert_forbidden(&error, "the Lease rule");
-    set_rules(&cluster_rules, &lease_rules).await;
+    for (i, rule) in own_rules.iter().enumerate() {
+        let mut fewer = own_rules.clone();
+        fewer.remove(i);
+        set_rules(&cluster_rules, &fewer).await;
+        let result = scenario(&s, kubeconfig, &format!("without-own-{i}")).await;
+        let error = result.expect_err(&format!("removing {rule:?} broke nothing"));
+        assert_forbidden(&error, &format!("{rule:?}"));
+    }
+    set_rules(&cluster_rules, &own_rules).await;
     scenario(&s, kubeconfig, "restored").await.expect("the core path with the rules restored");
     s.finish().await;
 }

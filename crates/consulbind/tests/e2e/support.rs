@@ -12,6 +12,7 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 use consul_kv::{Client as Consul, ClientConfig, Token};
+use consulbind::policy::PREFIXES_ANNOTATION;
 use consulbind_api::ConsulBinding;
 use k8s_openapi::api::{
     apps::v1::{ControllerRevision, DaemonSet, Deployment, ReplicaSet, StatefulSet},
@@ -70,9 +71,9 @@ impl Scene {
         let api: Api<Namespace> = Api::all(client.clone());
         let _ = api.delete(&ns, &DeleteParams::default()).await;
         wait("old namespace to go", || async { Ok(api.get_opt(&ns).await?.is_none()) }).await.unwrap();
-        api.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap())
-            .await
-            .unwrap();
+        // A cluster admin's rule: bindings here may read any key with the default token.
+        let namespace = json!({"metadata": {"name": ns, "annotations": {(PREFIXES_ANNOTATION): "*"}}});
+        api.create(&PostParams::default(), &serde_json::from_value(namespace).unwrap()).await.unwrap();
         Some(Self { client, consul, ns, controller: None })
     }
 
@@ -364,6 +365,8 @@ pub fn kubeconfig_for(account: &str) -> PathBuf {
     let admin = std::fs::read_to_string(std::env::var("KUBECONFIG").unwrap()).unwrap();
     let mut config: serde_yaml::Value = serde_yaml::from_str(&admin).unwrap();
     config["users"][0]["user"] = serde_yaml::to_value(json!({ "token": token.trim() })).unwrap();
+    // As in a pod: the account's own namespace is the default one.
+    config["contexts"][0]["context"]["namespace"] = serde_yaml::Value::from(SYSTEM_NS);
     let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{account}.kubeconfig"));
     std::fs::write(&path, serde_yaml::to_string(&config).unwrap()).unwrap();
     path
