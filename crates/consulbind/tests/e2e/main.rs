@@ -8,7 +8,7 @@ mod rbac;
 mod scale;
 mod support;
 
-use consulbind::{checksum, names};
+use consulbind::names;
 use consulbind_api::conditions::{self, reason};
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::{
@@ -134,7 +134,7 @@ async fn a_crash_between_stamp_and_status_rolls_only_once() {
     s.stop_controller().await;
     s.put(&key, "v2").await;
     // What the controller stamps for v2, as if it had crashed right after the patch.
-    let stamped = checksum::checksum(&[checksum::Source::Key { key: &key, value: Some(b"v2") }]);
+    let stamped = s.checksum_of(&key, b"v2").await;
     stamp_as_the_controller(&s, "cfg", &stamped).await;
     s.wait_revisions(DEPLOY, "web", 2).await;
 
@@ -153,14 +153,14 @@ async fn a_crash_after_stamping_with_the_content_reverted_meanwhile_ends_on_the_
     s.stop_controller().await;
     // Stamped v2 and crashed before the status; then the content went back to v1.
     s.put(&key, "v2").await;
-    let v2 = checksum::checksum(&[checksum::Source::Key { key: &key, value: Some(b"v2") }]);
+    let v2 = s.checksum_of(&key, b"v2").await;
     stamp_as_the_controller(&s, "cfg", &v2).await;
     s.wait_revisions(DEPLOY, "web", 2).await;
     s.put(&key, "v1").await;
 
     s.start_controller(&[]).await;
     s.wait_revisions(DEPLOY, "web", 3).await;
-    let v1 = checksum::checksum(&[checksum::Source::Key { key: &key, value: Some(b"v1") }]);
+    let v1 = s.checksum_of(&key, b"v1").await;
     assert_eq!(s.template_annotations(DEPLOY, "web").await.get(&names::annotation_key("cfg")), Some(&v1));
     s.wait_condition("cfg", conditions::READY, "True", reason::UP_TO_DATE).await;
     s.finish().await;
@@ -181,7 +181,7 @@ async fn a_rollout_undo_then_a_change_back_to_the_undone_content_rolls_exactly_o
     };
     // The template goes back to b's checksum; its new pods read c.
     s.kubectl(&["rollout", "undo", "deployment/web"]);
-    let b = checksum::checksum(&[checksum::Source::Key { key: &key, value: Some(b"b") }]);
+    let b = s.checksum_of(&key, b"b").await;
     let annotation = names::annotation_key("cfg");
     support::wait("the undo", || async {
         Ok(s.template_annotations(DEPLOY, "web").await.get(&annotation) == Some(&b))

@@ -12,11 +12,11 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 use consul_kv::{Client as Consul, ClientConfig, Token};
-use consulbind::policy::PREFIXES_ANNOTATION;
+use consulbind::{checksum, checksum_key, policy::PREFIXES_ANNOTATION};
 use consulbind_api::ConsulBinding;
 use k8s_openapi::api::{
     apps::v1::{ControllerRevision, DaemonSet, Deployment, ReplicaSet, StatefulSet},
-    core::v1::Namespace,
+    core::v1::{Namespace, Secret},
 };
 use kube::{
     Api, Client, ResourceExt,
@@ -175,6 +175,16 @@ impl Scene {
         // Exactly: give a duplicate rollout time to show up.
         tokio::time::sleep(SETTLE).await;
         assert_eq!(self.revisions(kind, name).await, want, "{kind} {name} rolled more than once\n{}", self.log());
+    }
+
+    /// The checksum the controller stamps for `value` under one exact `key`: keyed with the
+    /// cluster's checksum key, which the first controller made.
+    pub async fn checksum_of(&self, key: &str, value: &[u8]) -> String {
+        let secrets = Api::<Secret>::namespaced(self.client.clone(), SYSTEM_NS);
+        let secret = secrets.get(CHECKSUM_KEY_SECRET).await.expect("the checksum key Secret");
+        let bytes = secret.data.unwrap()[checksum_key::DATA_KEY].0.clone();
+        let key_bytes = checksum::Key::new(bytes.try_into().expect("a 32-byte key"));
+        checksum::checksum(&key_bytes, &[checksum::Source::Key { key, value: Some(value) }])
     }
 
     /// The pod-template annotations of a workload.
@@ -336,6 +346,9 @@ impl Controller {
         assert!(exited.is_ok(), "controller did not exit within 15 s of SIGTERM\n{}", self.log());
     }
 }
+
+/// The checksum key Secret every test's controller shares, in [`SYSTEM_NS`].
+pub const CHECKSUM_KEY_SECRET: &str = "consulbind-checksum-key";
 
 /// The namespace `kubectl apply -k config/` installs the controller into.
 pub const SYSTEM_NS: &str = "consulbind-system";
