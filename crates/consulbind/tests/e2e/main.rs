@@ -7,6 +7,7 @@ mod operations;
 mod rbac;
 mod scale;
 mod support;
+mod tenant;
 
 use consulbind::names;
 use consulbind_api::conditions::{self, reason};

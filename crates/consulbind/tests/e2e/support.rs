@@ -180,11 +180,15 @@ impl Scene {
     /// The checksum the controller stamps for `value` under one exact `key`: keyed with the
     /// cluster's checksum key, which the first controller made.
     pub async fn checksum_of(&self, key: &str, value: &[u8]) -> String {
+        checksum::checksum(&self.checksum_key().await, &[checksum::Source::Key { key, value: Some(value) }])
+    }
+
+    /// The cluster's checksum key, which the first controller made.
+    pub async fn checksum_key(&self) -> checksum::Key {
         let secrets = Api::<Secret>::namespaced(self.client.clone(), SYSTEM_NS);
         let secret = secrets.get(CHECKSUM_KEY_SECRET).await.expect("the checksum key Secret");
         let bytes = secret.data.unwrap()[checksum_key::DATA_KEY].0.clone();
-        let key_bytes = checksum::Key::new(bytes.try_into().expect("a 32-byte key"));
-        checksum::checksum(&key_bytes, &[checksum::Source::Key { key, value: Some(value) }])
+        checksum::Key::new(bytes.try_into().expect("a 32-byte key"))
     }
 
     /// The pod-template annotations of a workload.
@@ -374,13 +378,18 @@ pub fn install_config() {
 /// token from the TokenRequest API.
 pub fn kubeconfig_for(account: &str) -> PathBuf {
     install_config();
-    let token = kubectl(&["-n", SYSTEM_NS, "create", "token", account, "--duration=2h"]).unwrap();
+    kubeconfig_in(SYSTEM_NS, account)
+}
+
+/// A kubeconfig that authenticates as ServiceAccount `account` of namespace `ns`.
+pub fn kubeconfig_in(ns: &str, account: &str) -> PathBuf {
+    let token = kubectl(&["-n", ns, "create", "token", account, "--duration=2h"]).unwrap();
     let admin = std::fs::read_to_string(std::env::var("KUBECONFIG").unwrap()).unwrap();
     let mut config: serde_yaml::Value = serde_yaml::from_str(&admin).unwrap();
     config["users"][0]["user"] = serde_yaml::to_value(json!({ "token": token.trim() })).unwrap();
     // As in a pod: the account's own namespace is the default one.
-    config["contexts"][0]["context"]["namespace"] = serde_yaml::Value::from(SYSTEM_NS);
-    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{account}.kubeconfig"));
+    config["contexts"][0]["context"]["namespace"] = serde_yaml::Value::from(ns);
+    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{ns}-{account}.kubeconfig"));
     std::fs::write(&path, serde_yaml::to_string(&config).unwrap()).unwrap();
     path
 }

@@ -1,0 +1,246 @@
+//! Many teams, one controller: a namespace user reaches only what a cluster admin allowed, and
+//! nothing the controller shows can be checked against a guessed value.
+
+use std::io::Write as _;
+use std::process::Stdio;
+
+use consulbind::{checksum, names, policy::PREFIXES_ANNOTATION};
+use consulbind_api::conditions::{self, reason};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::{
+    Api,
+    api::{Patch, PatchParams},
+};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+use crate::support::{Scene, deploy, kubeconfig_in, spec, workload};
+
+const DEPLOY: &str = "Deployment";
+
+/// A namespace user: may manage bindings, workloads and Secrets in its namespace, nothing else.
+fn tenant(s: &Scene) -> std::path::PathBuf {
+    let ns = &s.ns;
+    let objects = json!({"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "tenant", "namespace": ns}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+         "metadata": {"name": "tenant", "namespace": ns},
+         "rules": [
+            {"apiGroups": ["consulbind.dev"], "resources": ["consulbindings"], "verbs": ["*"]},
+            {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["*"]},
+            {"apiGroups": [""], "resources": ["secrets"], "verbs": ["*"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+         "metadata": {"name": "tenant", "namespace": ns},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "tenant"},
+         "subjects": [{"kind": "ServiceAccount", "name": "tenant", "namespace": ns}]}]});
+    kubectl_apply(None, &objects).unwrap();
+    kubeconfig_in(ns, "tenant")
+}
+
+/// `kubectl apply --server-side` of `manifest`, as the user of `kubeconfig` (else the admin).
+fn kubectl_apply(kubeconfig: Option<&std::path::Path>, manifest: &Value) -> Result<(), String> {
+    let mut command = std::process::Command::new("kubectl");
+    if let Some(path) = kubeconfig {
+        command.arg("--kubeconfig").arg(path);
+    }
+    let mut child = command
+        .args(["apply", "--server-side", "--force-conflicts", "-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(manifest.to_string().as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    match out.status.success() {
+        true => Ok(()),
+        false => Err(String::from_utf8_lossy(&out.stderr).into_owned()),
+    }
+}
+
+fn binding(ns: &str, name: &str, spec: Value) -> Value {
+    json!({"apiVersion": "consulbind.dev/v1alpha1", "kind": "ConsulBinding",
+        "metadata": {"name": name, "namespace": ns}, "spec": spec})
+}
+
+async fn set_rule(s: &Scene, rule: Option<&str>) {
+    let patch = json!({"metadata": {"annotations": {(PREFIXES_ANNOTATION): rule}}});
+    Api::<Namespace>::all(s.client.clone()).patch(&s.ns, &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+}
+
+/// Whether the controller watches `key` in Consul.
+async fn watched(s: &Scene, key: &str) -> bool {
+    let watches: Value = serde_json::from_str(&s.controller().get("/debug/watches").await).unwrap();
+    watches.as_array().unwrap().iter().any(|w| w["key"] == key)
+}
+
+#[tokio::test]
+async fn a_tenant_reads_only_the_prefixes_its_namespace_allows() {
+    let Some(mut s) = Scene::without_controller("tenant").await else { return };
+    let (allowed, other) = (s.key("allowed/config"), s.key("other/config"));
+    set_rule(&s, Some(&format!("{}/allowed/", s.ns))).await;
+    s.put(&allowed, "a").await;
+    s.put(&other, "b").await;
+    s.start_controller(&[]).await;
+    let as_tenant = tenant(&s);
+    let ns = s.ns.clone();
+
+    let mut web = workload(DEPLOY, "web", json!({}));
+    web["metadata"]["namespace"] = json!(ns);
+    kubectl_apply(Some(&as_tenant), &web).unwrap();
+    kubectl_apply(Some(&as_tenant), &binding(&ns, "inside", spec(json!([{"key": allowed}]), deploy("web"), "0s")))
+        .unwrap();
+    kubectl_apply(Some(&as_tenant), &binding(&ns, "outside", spec(json!([{"key": other}]), deploy("web"), "0s")))
+        .unwrap();
+    // A prefix above the allowed one reads more than it may.
+    let above = spec(json!([{"key": ns, "recurse": true}]), deploy("web"), "0s");
+    kubectl_apply(Some(&as_tenant), &binding(&ns, "above", above)).unwrap();
+
+    s.wait_condition("inside", conditions::READY, "True", reason::BASELINED).await;
+    for name in ["outside", "above"] {
+        let refused = s.wait_condition(name, conditions::READY, "False", reason::DEFAULT_TOKEN_FORBIDDEN).await;
+        let ready = refused.status.unwrap().conditions.into_iter().find(|c| c.type_ == conditions::READY).unwrap();
+        assert!(ready.message.contains(PREFIXES_ANNOTATION), "{}", ready.message);
+        assert!(ready.message.contains("tokenSecretRef"), "{}", ready.message);
+    }
+    // Refused before Consul was asked: the controller never watched those keys.
+    assert!(watched(&s, &allowed).await);
+    assert!(!watched(&s, &other).await && !watched(&s, &ns).await);
+    crate::support::wait("a DefaultTokenForbidden event", || async {
+        Ok(s.events_for("outside").await.iter().any(|(r, _)| r == reason::DEFAULT_TOKEN_FORBIDDEN))
+    })
+    .await
+    .unwrap();
+
+    // The tenant cannot widen its own rule.
+    let namespace = json!({"apiVersion": "v1", "kind": "Namespace",
+        "metadata": {"name": ns, "annotations": {(PREFIXES_ANNOTATION): "*"}}});
+    let error = kubectl_apply(Some(&as_tenant), &namespace).unwrap_err();
+    assert!(error.contains("forbidden"), "{error}");
+
+    // A Secret without the token label serves no binding, whatever it holds.
+    let secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "stolen", "namespace": ns},
+        "stringData": {"token": "anything"}});
+    kubectl_apply(Some(&as_tenant), &secret).unwrap();
+    let mut with_secret = spec(json!([{"key": other}]), deploy("web"), "0s");
+    with_secret["consul"] = json!({"tokenSecretRef": {"name": "stolen"}});
+    kubectl_apply(Some(&as_tenant), &binding(&ns, "unlabelled", with_secret)).unwrap();
+    let refused = s.wait_condition("unlabelled", conditions::READY, "False", reason::TOKEN_SECRET_INVALID).await;
+    let message = &refused.status.unwrap().conditions.into_iter().find(|c| c.type_ == conditions::READY).unwrap().message;
+    assert!(message.contains("consulbind.dev/token=true"), "{message}");
+    assert!(!message.contains("anything"));
+
+    // A cluster admin widens the rule: picked up without a restart.
+    set_rule(&s, Some(&format!("{ns}/allowed/,{ns}/other/"))).await;
+    s.wait_condition("outside", conditions::READY, "True", reason::BASELINED).await;
+    s.wait_condition("above", conditions::READY, "False", reason::DEFAULT_TOKEN_FORBIDDEN).await;
+    s.wait_revisions(DEPLOY, "web", 1).await;
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn without_a_rule_the_default_token_serves_no_binding_until_the_flag_allows_it() {
+    let Some(mut s) = Scene::without_controller("no-rule").await else { return };
+    set_rule(&s, None).await;
+    let key = s.key("config");
+    s.put(&key, "v1").await;
+    s.start_controller(&[]).await;
+    s.workload(DEPLOY, "web", json!({})).await;
+    s.binding("cfg", spec(json!([{"key": key}]), deploy("web"), "0s")).await;
+    let refused = s.wait_condition("cfg", conditions::READY, "False", reason::DEFAULT_TOKEN_FORBIDDEN).await;
+    let message = &refused.status.unwrap().conditions.into_iter().find(|c| c.type_ == conditions::READY).unwrap().message;
+    assert!(message.contains("--default-token-prefixes"), "{message}");
+    assert!(!watched(&s, &key).await);
+
+    s.stop_controller().await;
+    s.start_controller(&[&format!("--default-token-prefixes={}/", s.ns)]).await;
+    s.wait_condition("cfg", conditions::READY, "True", reason::BASELINED).await;
+    s.finish().await;
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[tokio::test]
+async fn no_status_field_or_annotation_holds_a_plain_digest_of_a_bound_value() {
+    let Some(s) = Scene::new("digest").await else { return };
+    let (key, prefix) = (s.key("pin"), s.key("flags/"));
+    s.put(&key, "1234").await;
+    s.put(&format!("{prefix}a"), "on").await;
+    s.workload(DEPLOY, "web", json!({})).await;
+    s.binding("cfg", spec(json!([{"key": key}, {"key": prefix, "recurse": true}]), deploy("web"), "0s")).await;
+    s.wait_condition("cfg", conditions::READY, "True", reason::BASELINED).await;
+    s.put(&key, "4321").await;
+    s.wait_revisions(DEPLOY, "web", 2).await;
+    s.wait_condition("cfg", conditions::READY, "True", reason::UP_TO_DATE).await;
+
+    let status = serde_json::to_string(&s.get_binding("cfg").await.status).unwrap();
+    let annotations = format!("{:?}", s.template_annotations(DEPLOY, "web").await);
+    let stamped = s.template_annotations(DEPLOY, "web").await[&names::annotation_key("cfg")].clone();
+    let flags_key = format!("{prefix}a");
+    let pin = checksum::Source::Key { key: &key, value: Some(b"4321") };
+    let flags = checksum::Source::Prefix { prefix: &prefix, entries: vec![(&flags_key, b"on")] };
+    assert_eq!(stamped, checksum::checksum(&s.checksum_key().await, &[pin, flags]));
+    let guesses = [
+        sha256_hex(b"1234"),
+        sha256_hex(b"4321"),
+        sha256_hex(b"on"),
+        checksum::legacy(&[checksum::Source::Key { key: &key, value: Some(b"4321") }]),
+        checksum::legacy(&[checksum::Source::Prefix { prefix: &prefix, entries: vec![(&flags_key, b"on")] }]),
+        checksum::legacy(&[
+            checksum::Source::Key { key: &key, value: Some(b"4321") },
+            checksum::Source::Prefix { prefix: &prefix, entries: vec![(&flags_key, b"on")] },
+        ]),
+    ];
+    for guess in guesses {
+        // Even a prefix of a digest would let a guess be checked.
+        let start = &guess[..12];
+        assert!(!status.contains(start), "status holds {guess}: {status}");
+        assert!(!annotations.contains(start), "annotations hold {guess}: {annotations}");
+    }
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn an_upgrade_from_plain_checksums_rolls_nothing_and_rewrites_the_status() {
+    let Some(mut s) = Scene::new("upgrade").await else { return };
+    let key = s.key("config");
+    s.put(&key, "v1").await;
+    s.workload(DEPLOY, "web", json!({})).await;
+    s.binding("cfg", spec(json!([{"key": key}]), deploy("web"), "0s")).await;
+    s.wait_condition("cfg", conditions::READY, "True", reason::BASELINED).await;
+    s.stop_controller().await;
+
+    // What the release before keyed checksums left behind: its stamp (a rollout) and its status.
+    let legacy = checksum::legacy(&[checksum::Source::Key { key: &key, value: Some(b"v1") }]);
+    let patch = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
+        "spec": {"template": {"metadata": {"annotations": {names::annotation_key("cfg"): legacy}}}}});
+    let pp = PatchParams::apply(&names::field_manager("cfg")).force();
+    Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(s.client.clone(), &s.ns)
+        .patch("web", &pp, &Patch::Apply(&patch))
+        .await
+        .unwrap();
+    s.wait_revisions(DEPLOY, "web", 2).await;
+    let status = json!({"status": {"appliedChecksum": legacy, "shortChecksum": &legacy[..12],
+        "targets": [{"kind": "Deployment", "name": "web", "checksum": legacy}]}});
+    s.bindings().patch_status("cfg", &PatchParams::default(), &Patch::Merge(&status)).await.unwrap();
+
+    s.start_controller(&[]).await;
+    let keyed = s.checksum_of(&key, b"v1").await;
+    crate::support::wait("the status to show the keyed checksum", || async {
+        let status = s.get_binding("cfg").await.status.unwrap_or_default();
+        Ok(status.applied_checksum.as_ref() == Some(&keyed) && status.targets.iter().all(|t| t.checksum == keyed))
+    })
+    .await
+    .unwrap();
+    s.wait_revisions(DEPLOY, "web", 2).await;
+    assert!(!serde_json::to_string(&s.get_binding("cfg").await.status).unwrap().contains(&legacy[..12]));
+
+    // The next change moves the workload to keyed checksums, with one rollout.
+    s.put(&key, "v2").await;
+    s.wait_revisions(DEPLOY, "web", 3).await;
+    let v2 = s.checksum_of(&key, b"v2").await;
+    assert_eq!(s.template_annotations(DEPLOY, "web").await.get(&names::annotation_key("cfg")), Some(&v2));
+    s.finish().await;
+}
