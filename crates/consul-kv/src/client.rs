@@ -131,11 +131,19 @@ impl Client {
     /// blocking query that returns once Consul's index passes `index` or the
     /// configured wait runs out. Compute the index with [`crate::index::next`].
     pub async fn get(&self, query: &KvQuery, index: u64) -> Result<KvResponse, Error> {
-        self.get_wait(query, index, self.inner.wait).await
+        self.get_wait(query, index, self.inner.wait, u64::MAX).await
     }
 
-    /// [`Client::get`] with a wait of its own for a blocking query, capped at the configured one.
-    pub async fn get_wait(&self, query: &KvQuery, index: u64, wait: Duration) -> Result<KvResponse, Error> {
+    /// [`Client::get`] with a wait of its own for a blocking query, capped at the configured one,
+    /// and a limit on the bytes of the answer: past it, the rest is not read and the answer is
+    /// [`Error::TooLarge`].
+    pub async fn get_wait(
+        &self,
+        query: &KvQuery,
+        index: u64,
+        wait: Duration,
+        max_bytes: u64,
+    ) -> Result<KvResponse, Error> {
         let wait = wait.clamp(Duration::from_millis(1), self.inner.wait);
         let blocking = (index >= 1).then_some(wait);
         let _slot = match blocking {
@@ -153,7 +161,7 @@ impl Client {
             StatusCode::OK | StatusCode::NOT_FOUND => {
                 let index = parse_index(response.headers())?;
                 let entries = match status {
-                    StatusCode::OK => parse_entries(&self.body(response).await?)?,
+                    StatusCode::OK => parse_entries(&self.body_within(response, &query.key, max_bytes).await?)?,
                     _ => Vec::new(),
                 };
                 Ok(KvResponse { index, entries })
@@ -228,6 +236,22 @@ impl Client {
             request = request.body(body);
         }
         request.send().await.map_err(|e| self.unreachable(&e))
+    }
+
+    /// The body, read a chunk at a time so that an answer over `limit` is never held whole.
+    async fn body_within(&self, mut response: Response, key: &str, limit: u64) -> Result<Vec<u8>, Error> {
+        let too_large = || Error::TooLarge { key: key.to_owned(), limit };
+        if response.content_length().is_some_and(|n| n > limit) {
+            return Err(too_large());
+        }
+        let mut body = Vec::new();
+        while let Some(chunk) = response.chunk().await.map_err(|e| self.unreachable(&e))? {
+            if (body.len() + chunk.len()) as u64 > limit {
+                return Err(too_large());
+            }
+            body.extend_from_slice(&chunk);
+        }
+        Ok(body)
     }
 
     async fn body(&self, response: Response) -> Result<Vec<u8>, Error> {
@@ -510,6 +534,27 @@ mod tests {
         assert!(asked.recv().await.unwrap().to_lowercase().contains("x-consul-token: s3cr3t"));
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert!(reached.try_recv().is_err(), "the redirect target was asked");
+    }
+
+    #[tokio::test]
+    async fn an_answer_over_the_limit_is_refused_with_or_without_a_length() {
+        let entries = r#"[{"Key":"p/a","Value":"aGVsbG8=","ModifyIndex":3}]"#;
+        let sized =
+            format!("HTTP/1.1 200 OK\r\nX-Consul-Index: 3\r\nContent-Length: {}\r\n\r\n{entries}", entries.len());
+        let chunked = format!(
+            "HTTP/1.1 200 OK\r\nX-Consul-Index: 3\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{entries}\r\n0\r\n\r\n",
+            entries.len()
+        );
+        for response in [sized, chunked] {
+            let (consul, _) = serve(response).await;
+            let client = Client::new(ClientConfig { address: consul.to_string(), ..Default::default() }).await.unwrap();
+            let query = KvQuery::prefix("p/");
+            let err = client.get_wait(&query, 0, Duration::from_secs(1), 10).await.unwrap_err();
+            assert!(matches!(err, Error::TooLarge { limit: 10, .. }), "{err}");
+            assert_eq!(err.to_string(), r#"Consul's answer for "p/" is larger than 10 bytes"#);
+            let read = client.get_wait(&query, 0, Duration::from_secs(1), entries.len() as u64).await.unwrap();
+            assert_eq!(read.entries[0].value, b"hello");
+        }
     }
 
     #[tokio::test]

@@ -33,6 +33,10 @@ pub enum Error {
         body: String,
     },
 
+    /// The answer outgrew the reader's limit; the rest was never read.
+    #[error("Consul's answer for {key:?} is larger than {limit} bytes")]
+    TooLarge { key: String, limit: u64 },
+
     /// A response that does not follow the Consul API (bad header, JSON or base64).
     #[error("unexpected response from Consul: {0}")]
     Protocol(String),
@@ -50,6 +54,7 @@ pub enum ErrorKind {
     Server,
     Protocol,
     Config,
+    TooLarge,
 }
 
 impl Error {
@@ -60,6 +65,7 @@ impl Error {
             Error::Server { .. } => ErrorKind::Server,
             Error::Protocol(_) => ErrorKind::Protocol,
             Error::Config(_) => ErrorKind::Config,
+            Error::TooLarge { .. } => ErrorKind::TooLarge,
         }
     }
 }
@@ -72,6 +78,7 @@ impl ErrorKind {
             ErrorKind::Server => "server",
             ErrorKind::Protocol => "protocol",
             ErrorKind::Config => "config",
+            ErrorKind::TooLarge => "too_large",
         }
     }
 }

@@ -23,6 +23,8 @@ pub mod reason {
     pub const TOKEN_SECRET_INVALID: &str = "TokenSecretInvalid";
     /// The binding has no token of its own, and the default token may not read its keys there.
     pub const DEFAULT_TOKEN_FORBIDDEN: &str = "DefaultTokenForbidden";
+    /// A bound prefix holds more keys or bytes than the controller's limits.
+    pub const PREFIX_TOO_LARGE: &str = "PrefixTooLarge";
     pub const INVALID_SPEC: &str = "InvalidSpec";
     pub const TARGET_MISSING: &str = "TargetMissing";
     pub const PATCH_FAILED: &str = "PatchFailed";

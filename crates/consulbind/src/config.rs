@@ -64,6 +64,16 @@ pub struct Config {
     #[arg(long, env = "CONSULBIND_DEFAULT_TOKEN_PREFIXES")]
     pub default_token_prefixes: Option<String>,
 
+    /// The most keys one recursively bound prefix may hold. Past it the binding shows
+    /// `PrefixTooLarge` and the content is not kept.
+    #[arg(long, env = "CONSULBIND_MAX_PREFIX_ENTRIES", default_value_t = 2000)]
+    pub max_prefix_entries: usize,
+
+    /// The most bytes of keys and values one recursively bound prefix may hold. Past it the
+    /// binding shows `PrefixTooLarge`, and Consul's answer is cut off unread at about twice this.
+    #[arg(long, env = "CONSULBIND_MAX_PREFIX_BYTES", default_value_t = 4 << 20)]
+    pub max_prefix_bytes: u64,
+
     /// Namespaces to serve, comma-separated. Empty serves every namespace.
     #[arg(long, env = "CONSULBIND_NAMESPACES", value_delimiter = ',')]
     pub namespaces: Vec<String>,

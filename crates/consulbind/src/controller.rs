@@ -32,7 +32,7 @@ use crate::{
     policy::{Allowed, Policy},
     reconcile::{self, Context},
     tokens::{SecretTouched, Tokens},
-    watches::{BindingRef, Wake, Watches},
+    watches::{BindingRef, Limits, Wake, Watches},
     workloads::{Touched, Workloads},
 };
 
@@ -68,7 +68,8 @@ pub async fn run(config: Config, shutdown: signal::Receiver<bool>) -> Result<(),
             let _ = tx.unbounded_send(binding);
         }
     });
-    let watches = Watches::new(consul, wake, metrics.clone(), config.consul_failure_grace);
+    let limits = Limits { entries: config.max_prefix_entries, bytes: config.max_prefix_bytes };
+    let watches = Watches::new(consul, wake, metrics.clone(), config.consul_failure_grace, limits);
 
     let admin = Arc::new(Admin { registry, ready: false.into(), watches: watches.clone() });
     let listener = admin::bind(config.admin_addr).await?;

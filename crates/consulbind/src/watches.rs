@@ -80,6 +80,27 @@ const SETTLE: Duration = Duration::from_millis(100);
 const ROTATION_WAIT: Duration = Duration::from_secs(10);
 /// The shortest wait of a blocking query.
 const MIN_WAIT: Duration = Duration::from_secs(1);
+/// How soon a prefix found too large is read again: it rarely shrinks by itself.
+const TOO_LARGE_RETRY: Duration = Duration::from_secs(60);
+
+/// How much one bound prefix may hold. Past either, its bindings show `PrefixTooLarge` and its
+/// content is never kept.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    pub entries: usize,
+    /// Bytes of keys and values.
+    pub bytes: u64,
+}
+
+impl Limits {
+    /// The most bytes of Consul's answer for one path: JSON with values in base64 is about
+    /// 4/3 of the raw size, plus a little per entry. An exact key may hold up to Consul's own
+    /// limit of 512 KiB, whatever the prefix limit.
+    fn answer_bytes(&self, recurse: bool) -> u64 {
+        let prefix = self.bytes.saturating_mul(2).saturating_add(64 << 10);
+        if recurse { prefix } else { prefix.max(1 << 20) }
+    }
+}
 
 #[derive(Clone)]
 pub struct Watches {
@@ -92,6 +113,7 @@ struct Shared {
     metrics: Arc<Metrics>,
     /// How long requests may fail before the paths report it.
     grace: Duration,
+    limits: Limits,
     inner: Mutex<Inner>,
     replan: Notify,
     /// More groups than blocking slots: the groups rotate with short waits.
@@ -109,6 +131,8 @@ struct Inner {
 struct Path {
     state: watch::Sender<KeyState>,
     subscribers: Mutex<HashSet<BindingRef>>,
+    /// A shared read that included this path was too large: it is read on its own from now on.
+    solo: AtomicBool,
 }
 
 impl Path {
@@ -225,12 +249,13 @@ pub struct WatchInfo {
 impl Watches {
     /// Starts the planner, which needs a Tokio runtime. A failing query reports its failure
     /// only once it has lasted `grace`.
-    pub fn new(client: Client, wake: Wake, metrics: Arc<Metrics>, grace: Duration) -> Self {
+    pub fn new(client: Client, wake: Wake, metrics: Arc<Metrics>, grace: Duration, limits: Limits) -> Self {
         let shared = Arc::new(Shared {
             client,
             wake,
             metrics,
             grace,
+            limits,
             inner: Mutex::default(),
             replan: Notify::new(),
             rotating: AtomicBool::new(false),
@@ -252,7 +277,11 @@ impl Watches {
         for query in wanted.difference(&old) {
             let path = inner.paths.entry(query.clone()).or_insert_with(|| {
                 replan = true;
-                Arc::new(Path { state: watch::Sender::new(KeyState::Pending), subscribers: Mutex::default() })
+                Arc::new(Path {
+                    state: watch::Sender::new(KeyState::Pending),
+                    subscribers: Mutex::default(),
+                    solo: AtomicBool::new(false),
+                })
             });
             path.subscribers.lock().unwrap().insert(binding.clone());
         }
@@ -362,15 +391,35 @@ fn plan(shared: &Arc<Shared>) {
     for query in inner.groups.keys() {
         current.entry(Scope::of(query)).or_default().push((query.key.clone(), query.recurse));
     }
-    let mut groups = HashMap::new();
+    let mut groups: HashMap<KvQuery, (Vec<WatchPath>, Vec<Arc<Path>>)> = HashMap::new();
     for ((scope, mut paths), share) in scopes.into_iter().zip(shares) {
         paths.sort_by(|a, b| a.0.cmp(&b.0));
         let (watch_paths, cells): (Vec<WatchPath>, Vec<Arc<Path>>) = paths.into_iter().unzip();
-        let current = current.remove(&scope).unwrap_or_default();
-        for group in group::assign(&watch_paths, &current, share) {
-            let paths: Vec<WatchPath> = group.members.iter().map(|&i| watch_paths[i].clone()).collect();
-            let cells: Vec<Arc<Path>> = group.members.iter().map(|&i| cells[i].clone()).collect();
-            groups.insert(scope.query(group.key, group.recurse), (paths, cells));
+        // Paths too large to share a read get one each; the rest share what is left.
+        let (solo, shared_paths): (Vec<usize>, Vec<usize>) =
+            (0..cells.len()).partition(|&i| cells[i].solo.load(Ordering::Relaxed));
+        let solo_keys: HashSet<(&str, bool)> =
+            solo.iter().map(|&i| (watch_paths[i].key.as_str(), watch_paths[i].recurse)).collect();
+        let current: Vec<(String, bool)> = current
+            .remove(&scope)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|(key, recurse)| !solo_keys.contains(&(key.as_str(), *recurse)))
+            .collect();
+        let rest: Vec<WatchPath> = shared_paths.iter().map(|&i| watch_paths[i].clone()).collect();
+        let share = share.saturating_sub(solo.len()).max(1);
+        let mut planned: Vec<(String, bool, Vec<usize>)> = group::assign(&rest, &current, share)
+            .into_iter()
+            .map(|g| (g.key, g.recurse, g.members.iter().map(|&i| shared_paths[i]).collect()))
+            .collect();
+        planned.extend(solo.iter().map(|&i| (watch_paths[i].key.clone(), watch_paths[i].recurse, vec![i])));
+        for (key, recurse, members) in planned {
+            // A shared group may read the very key of a solo path: one query serves both.
+            let (paths, group_cells) = groups.entry(scope.query(key, recurse)).or_default();
+            for i in members {
+                paths.push(watch_paths[i].clone());
+                group_cells.push(cells[i].clone());
+            }
         }
     }
 
@@ -390,6 +439,7 @@ fn plan(shared: &Arc<Shared>) {
 
     let mut running = std::mem::take(&mut inner.groups);
     for (query, (paths, cells)) in groups {
+        let (paths, cells) = sorted(paths, cells);
         let handle = match running.remove(&query) {
             Some(handle) => {
                 if !handle.roster.borrow().serves(&paths, &cells) {
@@ -405,6 +455,16 @@ fn plan(shared: &Arc<Shared>) {
     debug!(paths = inner.paths.len(), groups = inner.groups.len(), stopped = running.len(), "planned Consul watches");
     shared.metrics.consul_watches.set(inner.paths.len() as i64);
     shared.metrics.consul_watch_groups.set(inner.groups.len() as i64);
+}
+
+/// Sorts a roster's paths, keeping each cell beside its path.
+fn sorted(paths: Vec<WatchPath>, cells: Vec<Arc<Path>>) -> (Vec<WatchPath>, Vec<Arc<Path>>) {
+    if paths.is_sorted() {
+        return (paths, cells);
+    }
+    let mut pairs: Vec<(WatchPath, Arc<Path>)> = paths.into_iter().zip(cells).collect();
+    pairs.sort_by(|a, b| a.0.cmp(&b.0));
+    pairs.into_iter().unzip()
 }
 
 /// Splits `slots` among scopes in proportion to their paths, at least one each.
@@ -437,7 +497,8 @@ async fn run_group(shared: Arc<Shared>, query: KvQuery, mut roster: watch::Recei
         }
         let index = if last.is_some() { cursor.index() } else { 0 };
         let started = Instant::now();
-        let request = shared.client.get_wait(&query, index, group_wait(&shared, born));
+        let limit = answer_limit(&shared.limits, &roster.borrow());
+        let request = shared.client.get_wait(&query, index, group_wait(&shared, born), limit);
         tokio::pin!(request);
         let result = loop {
             tokio::select! {
@@ -480,6 +541,32 @@ async fn run_group(shared: Arc<Shared>, query: KvQuery, mut roster: watch::Recei
                 }
                 let seen = last.take().filter(|(seen, _)| Arc::ptr_eq(seen, &members) && !reset).map(|(_, old)| old);
                 last = Some(deliver(&shared, &members, response.entries, seen.as_deref(), reset, response.index));
+            }
+            Err(error) if error.kind() == ErrorKind::TooLarge => {
+                cursor.failed();
+                last = None;
+                if members.cells.len() > 1 {
+                    info!(key = %query.key, paths = members.cells.len(), "a shared Consul read was too large; its paths are read on their own");
+                    members.cells.iter().for_each(|c| c.solo.store(true, Ordering::Relaxed));
+                    shared.replan.notify_one();
+                } else {
+                    warn!(key = %query.key, %error, "a bound Consul prefix is over the limit");
+                    let message = format!(
+                        "{error}: the prefix holds more than --max-prefix-bytes ({} bytes of keys and values) \
+                         allows; bind a narrower prefix, or ask for a higher limit",
+                        shared.limits.bytes
+                    );
+                    for cell in &members.cells {
+                        if set_failed(cell, reason::PREFIX_TOO_LARGE, &message) {
+                            cell.wake(&shared.wake);
+                        }
+                    }
+                }
+                // Until the planner regroups these paths, or a while has passed.
+                tokio::select! {
+                    changed = roster.changed() => if changed.is_err() { return },
+                    _ = tokio::time::sleep(TOO_LARGE_RETRY) => {}
+                }
             }
             Err(error) => {
                 cursor.failed();
@@ -532,16 +619,15 @@ async fn read_new_paths(
     let reads = new.iter().map(|&i| {
         let path = &members.paths[i];
         let query = KvQuery { key: path.key.clone(), recurse: path.recurse, ..query.clone() };
-        async move { shared.client.get(&query, 0).await }
+        let limit = shared.limits.answer_bytes(path.recurse);
+        async move { shared.client.get_wait(&query, 0, MIN_WAIT, limit).await }
     });
     let reads = futures::future::join_all(reads).await;
     for (&i, read) in new.iter().zip(reads) {
         let response = read.ok()?;
         let path = &members.paths[i];
         group::merge(&mut entries, path, response.entries);
-        if set_ready(&members.cells[i], group::select(&entries, path), false) != Update::Same {
-            members.cells[i].wake(&shared.wake);
-        }
+        hand_over(shared, path, &members.cells[i], group::select(&entries, path), false);
     }
     Some(entries)
 }
@@ -564,15 +650,43 @@ fn deliver(
     };
     for i in changed {
         let path = &members.paths[i];
-        let update = set_ready(&members.cells[i], group::select(&entries, path), reset);
-        if update == Update::Changed {
+        if hand_over(shared, path, &members.cells[i], group::select(&entries, path), reset) == Update::Changed {
             info!(key = %path.key, recurse = path.recurse, index, "Consul content changed");
-        }
-        if update != Update::Same {
-            members.cells[i].wake(&shared.wake);
         }
     }
     (members.clone(), entries)
+}
+
+/// Gives one path its entries, or the `PrefixTooLarge` failure when they are over the limits,
+/// and wakes its bindings when that is news.
+fn hand_over(shared: &Shared, path: &WatchPath, cell: &Path, entries: &[KvEntry], reset: bool) -> Update {
+    let limits = &shared.limits;
+    let bytes: u64 = entries.iter().map(|e| (e.key.len() + e.value.len()) as u64).sum();
+    let update = if path.recurse && (entries.len() > limits.entries || bytes > limits.bytes) {
+        let message = format!(
+            "the prefix {:?} holds {} keys and {bytes} bytes, over the limit of {} keys (--max-prefix-entries) \
+             and {} bytes (--max-prefix-bytes); bind a narrower prefix, or ask for a higher limit",
+            path.key,
+            entries.len(),
+            limits.entries,
+            limits.bytes
+        );
+        match set_failed(cell, reason::PREFIX_TOO_LARGE, &message) {
+            true => Update::Changed,
+            false => Update::Same,
+        }
+    } else {
+        set_ready(cell, entries, reset)
+    };
+    if update != Update::Same {
+        cell.wake(&shared.wake);
+    }
+    update
+}
+
+/// The most bytes a group's answer may have: what its paths may hold together.
+fn answer_limit(limits: &Limits, roster: &Roster) -> u64 {
+    roster.paths.iter().fold(0u64, |sum, p| sum.saturating_add(limits.answer_bytes(p.recurse)))
 }
 
 /// The wait of a group's next blocking query. A young group waits no longer than it has lived,

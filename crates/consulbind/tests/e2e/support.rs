@@ -86,6 +86,15 @@ impl Scene {
         self.consul.put(key, value.as_bytes(), None).await.unwrap();
     }
 
+    /// [`Scene::put`] of owned strings, for many writes at once.
+    pub async fn put_owned(&self, key: String, value: String) {
+        self.put(&key, &value).await
+    }
+
+    pub async fn delete_key_owned(&self, key: String) {
+        self.delete_key(&key).await
+    }
+
     pub async fn delete_key(&self, key: &str) {
         self.consul.delete(key, false, None).await.unwrap();
     }

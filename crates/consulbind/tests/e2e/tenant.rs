@@ -126,7 +126,8 @@ async fn a_tenant_reads_only_the_prefixes_its_namespace_allows() {
     with_secret["consul"] = json!({"tokenSecretRef": {"name": "stolen"}});
     kubectl_apply(Some(&as_tenant), &binding(&ns, "unlabelled", with_secret)).unwrap();
     let refused = s.wait_condition("unlabelled", conditions::READY, "False", reason::TOKEN_SECRET_INVALID).await;
-    let message = &refused.status.unwrap().conditions.into_iter().find(|c| c.type_ == conditions::READY).unwrap().message;
+    let message =
+        &refused.status.unwrap().conditions.into_iter().find(|c| c.type_ == conditions::READY).unwrap().message;
     assert!(message.contains("consulbind.dev/token=true"), "{message}");
     assert!(!message.contains("anything"));
 
@@ -148,7 +149,8 @@ async fn without_a_rule_the_default_token_serves_no_binding_until_the_flag_allow
     s.workload(DEPLOY, "web", json!({})).await;
     s.binding("cfg", spec(json!([{"key": key}]), deploy("web"), "0s")).await;
     let refused = s.wait_condition("cfg", conditions::READY, "False", reason::DEFAULT_TOKEN_FORBIDDEN).await;
-    let message = &refused.status.unwrap().conditions.into_iter().find(|c| c.type_ == conditions::READY).unwrap().message;
+    let message =
+        &refused.status.unwrap().conditions.into_iter().find(|c| c.type_ == conditions::READY).unwrap().message;
     assert!(message.contains("--default-token-prefixes"), "{message}");
     assert!(!watched(&s, &key).await);
 
@@ -242,5 +244,48 @@ async fn an_upgrade_from_plain_checksums_rolls_nothing_and_rewrites_the_status()
     s.wait_revisions(DEPLOY, "web", 3).await;
     let v2 = s.checksum_of(&key, b"v2").await;
     assert_eq!(s.template_annotations(DEPLOY, "web").await.get(&names::annotation_key("cfg")), Some(&v2));
+    s.finish().await;
+}
+
+/// Resident memory of a process, in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[tokio::test]
+async fn a_prefix_over_the_limits_is_refused_without_loading_it() {
+    let limits = ["--max-prefix-bytes=65536", "--max-prefix-entries=100"];
+    let Some(s) = Scene::with_args("limits", &limits).await else { return };
+    let (big, many, small) = (s.key("big/"), s.key("many/"), s.key("small/"));
+    // 8 MiB under one prefix, 128 times the byte limit.
+    let value = "x".repeat(64 << 10);
+    for batch in (0..128).collect::<Vec<_>>().chunks(16) {
+        futures::future::join_all(batch.iter().map(|i| s.put_owned(format!("{big}{i:03}"), value.clone()))).await;
+    }
+    futures::future::join_all((0..150).map(|i| s.put_owned(format!("{many}{i:03}"), "1".into()))).await;
+    s.put(&format!("{small}a"), "on").await;
+    s.workload(DEPLOY, "web", json!({})).await;
+    let before = rss_kib(s.controller().pid());
+
+    let recurse = |key: &str| json!([{"key": key, "recurse": true}]);
+    s.binding("big", spec(recurse(&big), deploy("web"), "0s")).await;
+    s.binding("many", spec(recurse(&many), deploy("web"), "0s")).await;
+    s.binding("small", spec(recurse(&small), deploy("web"), "0s")).await;
+    for (name, says) in [("big", "--max-prefix-bytes"), ("many", "150 keys")] {
+        let refused = s.wait_condition(name, conditions::READY, "False", reason::PREFIX_TOO_LARGE).await;
+        let ready = refused.status.unwrap().conditions.into_iter().find(|c| c.type_ == conditions::READY).unwrap();
+        assert!(ready.message.contains(says), "{}", ready.message);
+    }
+    s.wait_condition("small", conditions::READY, "True", reason::BASELINED).await;
+    let after = rss_kib(s.controller().pid());
+    // The 8 MiB never came in: the answer was cut off at about twice the limit.
+    assert!(after < before + 4096, "resident memory went from {before} KiB to {after} KiB");
+
+    // Back under the limits, the binding works again, with no rollout for its first content.
+    futures::future::join_all((0..60).map(|i| s.delete_key_owned(format!("{many}{i:03}")))).await;
+    s.wait_condition("many", conditions::READY, "True", reason::BASELINED).await;
+    s.wait_revisions(DEPLOY, "web", 1).await;
     s.finish().await;
 }
