@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
     shortname = "cbind",
     namespaced,
     status = "ConsulBindingStatus",
-    doc = "Binds Consul KV keys or prefixes to Deployments, StatefulSets and DaemonSets in its namespace, and rolls them when the content changes.",
+    doc = "Binds Consul KV keys or prefixes to Deployments, StatefulSets, DaemonSets and Argo Rollouts in its namespace, and rolls them when the content changes.",
     printcolumn = r#"{"name":"Keys","type":"string","jsonPath":".status.keySummary","description":"Keys present / keys bound"}"#,
     printcolumn = r#"{"name":"Targets","type":"string","jsonPath":".status.targetSummary","description":"Targets carrying the applied checksum / targets found"}"#,
     printcolumn = r#"{"name":"Checksum","type":"string","jsonPath":".status.shortChecksum","description":"Start of the applied checksum"}"#,
@@ -104,23 +104,32 @@ pub struct TargetRef {
     pub selector: Option<LabelSelector>,
 }
 
-/// The kinds of workload that can be rolled.
+/// The kinds of workload that can be rolled: `Rollout` is Argo Rollouts' (`argoproj.io/v1alpha1`).
 #[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, JsonSchema)]
 pub enum WorkloadKind {
     #[default]
     Deployment,
     StatefulSet,
     DaemonSet,
+    Rollout,
 }
 
 impl WorkloadKind {
-    pub const ALL: [WorkloadKind; 3] = [Self::Deployment, Self::StatefulSet, Self::DaemonSet];
+    pub const ALL: [WorkloadKind; 4] = [Self::Deployment, Self::StatefulSet, Self::DaemonSet, Self::Rollout];
 
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Deployment => "Deployment",
             Self::StatefulSet => "StatefulSet",
             Self::DaemonSet => "DaemonSet",
+            Self::Rollout => "Rollout",
+        }
+    }
+
+    pub fn api_version(self) -> &'static str {
+        match self {
+            Self::Rollout => "argoproj.io/v1alpha1",
+            _ => "apps/v1",
         }
     }
 }
@@ -189,6 +198,21 @@ pub struct RolloutPolicy {
     /// By default the controller records the current content as a baseline and restarts nothing.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub on_bind: bool,
+
+    /// `Rollout` (the default) patches the targets. `DryRun` does everything else (watches,
+    /// checksums, debounce, status) and reports in `status.dryRun` and an event which targets
+    /// would have been rolled, and why. Switching back to `Rollout` rolls the targets once if
+    /// the content differs from what they carry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<RolloutMode>,
+}
+
+/// Whether changes are rolled out, or only reported.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum RolloutMode {
+    #[default]
+    Rollout,
+    DryRun,
 }
 
 /// What the controller last saw and did.
@@ -231,6 +255,10 @@ pub struct ConsulBindingStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_change_time: Option<Time>,
 
+    /// What the binding would do now if it were not in `DryRun` mode; only set in that mode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dry_run: Option<DryRunStatus>,
+
     /// `Ready`, `ConsulSynced` and `TargetsUpdated`, each with a reason and message.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
@@ -260,6 +288,23 @@ pub struct KeyStatus {
     /// Consul's ModifyIndex of the key (for a prefix: the highest below it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub modify_index: Option<u64>,
+}
+
+/// The rollout a dry run held back.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DryRunStatus {
+    /// Checksum of the content the targets would have received.
+    pub checksum: String,
+
+    /// The targets that would have been rolled, as `Kind/name`; empty when every target carries
+    /// the current content.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub would_roll: Vec<String>,
+
+    /// Why they would have been rolled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 /// A workload the binding rolls.

@@ -25,6 +25,11 @@ pub mod reason {
     pub const DEFAULT_TOKEN_FORBIDDEN: &str = "DefaultTokenForbidden";
     /// A bound prefix holds more keys or bytes than the controller's limits.
     pub const PREFIX_TOO_LARGE: &str = "PrefixTooLarge";
+    /// In `DryRun` mode: the targets would have been rolled, and were not.
+    pub const DRY_RUN: &str = "DryRun";
+    /// A target's kind is not served by the cluster (Argo Rollouts not installed), or not to
+    /// the controller.
+    pub const KIND_NOT_SERVED: &str = "KindNotServed";
     pub const INVALID_SPEC: &str = "InvalidSpec";
     pub const TARGET_MISSING: &str = "TargetMissing";
     pub const PATCH_FAILED: &str = "PatchFailed";

@@ -33,6 +33,10 @@ pub struct DropNullable;
 impl Transform for DropNullable {
     fn transform(&mut self, schema: &mut Schema) {
         schema.remove("nullable");
+        // An optional enum lists null among its values; the API server refuses that.
+        if let Some(serde_json::Value::Array(values)) = schema.get_mut("enum") {
+            values.retain(|v| !v.is_null());
+        }
         transform_subschemas(self, schema);
     }
 }
@@ -73,6 +77,8 @@ mod tests {
         assert!(all.len() > 40, "walked only {} schemas", all.len());
         for (path, field) in all {
             assert!(field.get("nullable").is_none(), "{path} is nullable");
+            let values = field.get("enum").and_then(Value::as_array).into_iter().flatten();
+            assert!(values.clone().all(|v| !v.is_null()), "{path} lists null among its values");
             assert!(field["type"].is_string(), "{path} has no type: {field}");
         }
     }

@@ -5,7 +5,7 @@ use std::{
     sync::{Arc, Mutex, atomic::Ordering},
 };
 
-use consulbind_api::ConsulBinding;
+use consulbind_api::{ConsulBinding, WorkloadKind};
 use futures::{StreamExt, TryStreamExt, channel::mpsc};
 use kube::{
     Api, Client,
@@ -109,6 +109,7 @@ pub async fn run(config: Config, shutdown: signal::Receiver<bool>) -> Result<(),
             tokens,
             policy,
             checksum_key: checksum_key.clone(),
+            dry_run: config.dry_run,
             bindings: reader,
             interest: interest.clone(),
             metrics: metrics.clone(),
@@ -183,6 +184,7 @@ async fn run_scope(
     let (touched_tx, touched_rx) = mpsc::unbounded();
     let secret_tx = touched_tx.clone();
     let namespace_tx = touched_tx.clone();
+    let rollout_tx = touched_tx.clone();
     let interest = ctx.interest.clone();
     tokio::spawn(touched.for_each(move |t| {
         for binding in interest.lock().unwrap().workload(&t.namespace, t.kind, &t.name, &t.labels) {
@@ -197,6 +199,18 @@ async fn run_scope(
         }
         futures::future::ready(())
     }));
+    // The cluster starting or stopping to serve Rollouts (Argo Rollouts installed or removed)
+    // concerns every binding that targets one.
+    let mut rollouts_served = ctx.workloads.rollouts_served();
+    let bindings = ctx.bindings.clone();
+    tokio::spawn(async move {
+        while rollouts_served.changed().await.is_ok() {
+            let targets_rollouts = |b: &ConsulBinding| b.spec.targets.iter().any(|t| t.kind == WorkloadKind::Rollout);
+            for binding in bindings.state().iter().filter(|b| targets_rollouts(b)) {
+                let _ = rollout_tx.unbounded_send(ObjectRef::from_obj(&**binding));
+            }
+        }
+    });
     // A namespace's rule changes rarely; every binding there is looked at again.
     let bindings = ctx.bindings.clone();
     tokio::spawn(namespaces_touched.for_each(move |namespace| {

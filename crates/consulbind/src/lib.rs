@@ -6,6 +6,7 @@
 //! [`debounce`]), [`workloads::stamp`] patches the pod templates, and the status is written.
 
 pub mod admin;
+pub mod argo;
 pub mod checksum;
 pub mod checksum_key;
 pub mod config;

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use consul_kv::KvEntry;
 use consulbind_api::{
-    ConsulBindingSpec, ConsulBindingStatus, KeySource, KeyStatus, TargetStatus, WorkloadKind,
+    ConsulBindingSpec, ConsulBindingStatus, DryRunStatus, KeySource, KeyStatus, TargetStatus, WorkloadKind,
     conditions::{self, reason},
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -51,6 +51,10 @@ pub struct Input<'a> {
     pub live: &'a BTreeMap<Workload, Live>,
     /// A sentence for each target that matched nothing.
     pub missing: &'a [String],
+    /// A sentence for each target whose kind the cluster does not serve.
+    pub unserved: &'a [String],
+    /// Report what would be rolled instead of rolling it.
+    pub dry_run: bool,
 }
 
 /// The binding's annotation as a workload carries it.
@@ -92,6 +96,21 @@ pub struct Plan {
     pub wake_at: Option<Instant>,
     /// First sight of the content: recorded without a rollout.
     pub baseline: bool,
+    /// In a dry run, the workloads that would have been rolled, and why.
+    pub would_roll: Vec<Workload>,
+    pub why: Option<String>,
+}
+
+impl Plan {
+    /// A dry run's result: `targets` would roll for `why`; nothing is patched.
+    fn would_roll(mut self, targets: Vec<Workload>, why: String) -> Self {
+        let list: Vec<String> = targets.iter().map(|(k, n)| format!("{k}/{n}")).collect();
+        self.hold =
+            Some((reason::DRY_RUN, format!("dry run: would roll {} ({why}); nothing was patched", list.join(", "))));
+        self.would_roll = targets;
+        self.why = Some(why);
+        self
+    }
 }
 
 pub fn plan(input: &Input<'_>, pending: &mut Option<Pending>, now: Instant) -> Plan {
@@ -152,6 +171,10 @@ pub fn plan(input: &Input<'_>, pending: &mut Option<Pending>, now: Instant) -> P
         }
         plan.baseline = !on_bind;
         if !plan.baseline {
+            if input.dry_run {
+                return plan
+                    .would_roll(input.found.to_vec(), "rollout.onBind rolls the targets when first bound".into());
+            }
             plan.roll = input.found.to_vec();
         }
         return plan;
@@ -181,7 +204,29 @@ pub fn plan(input: &Input<'_>, pending: &mut Option<Pending>, now: Instant) -> P
         plan.hold = Some((reason::SUSPENDED, "rollouts are suspended; the change is rolled out on resume".into()));
         return plan;
     }
+    // A dry run already reported this very rollout: no second debounce, and no second event.
+    if let Some(reported) = input.previous.dry_run.as_ref().filter(|_| input.dry_run) {
+        let same_targets =
+            reported.would_roll.iter().eq(behind.iter().map(|(k, n)| format!("{k}/{n}")).collect::<Vec<_>>().iter());
+        if reported.checksum == desired && same_targets {
+            *pending = None;
+            let why = reported.reason.clone().unwrap_or_default();
+            return plan.would_roll(behind, why);
+        }
+    }
     match Pending::observe(pending, &desired, now, input.window) {
+        Decision::RollNow if input.dry_run => {
+            *pending = None;
+            let why = match content_changed {
+                true => format!(
+                    "the Consul content changed from {} to {}",
+                    checksum::short(applied),
+                    checksum::short(&desired)
+                ),
+                false => "they carry an older stamp of this binding than the current content".into(),
+            };
+            return plan.would_roll(behind, why);
+        }
         Decision::RollNow => {
             *pending = None;
             for w in &behind {
@@ -304,6 +349,8 @@ pub fn status(input: &Input<'_>, plan: &Plan, outcome: &Outcome, now: &Time) -> 
 
     let target_problem = if let Some(((kind, name), error)) = outcome.failed.first() {
         Some((reason::PATCH_FAILED, format!("could not update {kind} {name}: {error}")))
+    } else if !input.unserved.is_empty() {
+        Some((reason::KIND_NOT_SERVED, input.unserved.join("; ")))
     } else if !input.missing.is_empty() {
         Some((reason::TARGET_MISSING, input.missing.join("; ")))
     } else {
@@ -322,12 +369,18 @@ pub fn status(input: &Input<'_>, plan: &Plan, outcome: &Outcome, now: &Time) -> 
             && applied == previous.applied_checksum
             && outcome.rolled.is_empty();
     let (ready, ready_reason, ready_message) = match (&plan.hold, &target_problem) {
+        // A dry run holding back a rollout is the mode working, not a problem.
+        (Some((r, m)), None) if *r == reason::DRY_RUN => (true, *r, m.clone()),
         (Some((r, m)), _) | (None, Some((r, m))) => (false, *r, m.clone()),
         _ if plan.baseline || still_baseline => {
             (true, reason::BASELINED, "recorded the current content as the baseline; nothing was restarted".into())
         }
         _ => {
-            let suffix = if input.spec.suspend { " (rollouts suspended)" } else { "" };
+            let suffix = match () {
+                _ if input.spec.suspend => " (rollouts suspended)",
+                _ if input.dry_run => " (dry run: nothing is patched)",
+                _ => "",
+            };
             (true, reason::UP_TO_DATE, format!("{} the current Consul content{suffix}", carry(targets.len())))
         }
     };
@@ -344,6 +397,15 @@ pub fn status(input: &Input<'_>, plan: &Plan, outcome: &Outcome, now: &Time) -> 
         targets,
         last_sync_time: if desired.is_some() { Some(now.clone()) } else { previous.last_sync_time.clone() },
         last_change_time: if changed { Some(now.clone()) } else { previous.last_change_time.clone() },
+        dry_run: match desired {
+            Some(desired) if input.dry_run => Some(DryRunStatus {
+                checksum: desired.to_owned(),
+                would_roll: plan.would_roll.iter().map(|(k, n)| format!("{k}/{n}")).collect(),
+                reason: plan.why.clone(),
+            }),
+            _ if input.dry_run => previous.dry_run.clone(),
+            _ => None,
+        },
         conditions,
     }
 }
@@ -482,6 +544,8 @@ mod tests {
             found,
             live: &BTreeMap::new(),
             missing: &[],
+            unserved: &[],
+            dry_run: false,
         };
         let plan = plan(&input, &mut None, Instant::now());
         let outcome = Outcome { rolled: plan.roll.clone(), failed: vec![] };
@@ -507,6 +571,8 @@ mod tests {
             found: &found,
             live: &live,
             missing: &[],
+            unserved: &[],
+            dry_run: false,
         };
         plan(&input, &mut None, Instant::now())
     }
@@ -570,6 +636,8 @@ mod tests {
                 found: &found,
                 live: &live,
                 missing: &[],
+                unserved: &[],
+                dry_run: false,
             };
             let upgraded = upgrade_legacy(&input);
             let input = match &upgraded {
@@ -732,6 +800,8 @@ mod tests {
             found: &two,
             live: &BTreeMap::new(),
             missing: &[],
+            unserved: &[],
+            dry_run: false,
         };
         let plan = plan(&input, &mut None, Instant::now());
         assert_eq!(
@@ -757,6 +827,88 @@ mod tests {
         assert_eq!(plan.roll, web());
     }
 
+    /// One plan and its status in dry-run mode, or not.
+    fn step_dry(previous: &ConsulBindingStatus, value: &str, dry_run: bool) -> (Plan, ConsulBindingStatus) {
+        let spec = spec(false);
+        let (entries, found) = (entry(value), web());
+        let input = Input {
+            key: &key(),
+            spec: &spec,
+            window: WINDOW,
+            generation: Some(3),
+            previous,
+            consul: Consul::Ready(vec![KeyContent { source: &spec.keys[0], entries: &entries, reset_hold: false }]),
+            found: &found,
+            live: &BTreeMap::new(),
+            missing: &[],
+            unserved: &[],
+            dry_run,
+        };
+        let plan = plan(&input, &mut None, Instant::now());
+        let outcome = Outcome { rolled: plan.roll.clone(), failed: vec![] };
+        let status = status(&input, &plan, &outcome, &now());
+        (plan, status)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_dry_run_reports_the_rollout_and_switching_back_rolls_once() {
+        let (_, baseline) = step_dry(&Default::default(), "v1", true);
+        assert_eq!(baseline.applied_checksum, Some(checksum_of("v1")), "a dry run records its baseline too");
+        assert_eq!(baseline.dry_run.as_ref().unwrap().would_roll, Vec::<String>::new());
+
+        let (plan, held) = step_dry(&baseline, "v2", true);
+        assert!(plan.roll.is_empty(), "a dry run patched");
+        assert_eq!(plan.would_roll, web());
+        assert_eq!(held.applied_checksum, baseline.applied_checksum, "nothing was applied");
+        let report = held.dry_run.clone().unwrap();
+        assert_eq!(report.would_roll, ["Deployment/web"]);
+        assert_eq!(report.checksum, checksum_of("v2"));
+        let why = report.reason.unwrap();
+        assert!(why.contains(checksum::short(&checksum_of("v2"))), "{why}");
+        let ready = condition(&held, conditions::READY);
+        assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("True", reason::DRY_RUN));
+        assert!(ready.message.contains("would roll Deployment/web"), "{}", ready.message);
+        assert_eq!(condition(&held, conditions::TARGETS_UPDATED).status, "False");
+
+        // Looked at again: the same report, no new debounce.
+        let (again, same) = step_dry(&held, "v2", true);
+        assert_eq!(again.wake_at, None);
+        assert_eq!(same.dry_run, held.dry_run);
+
+        // Back to Rollout: exactly the held-back rollout happens, and the report goes.
+        let (plan, rolled) = step_dry(&held, "v2", false);
+        assert_eq!(plan.roll, web());
+        assert_eq!(rolled.applied_checksum, Some(checksum_of("v2")));
+        assert_eq!(rolled.dry_run, None);
+        assert!(step_dry(&rolled, "v2", false).0.roll.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unserved_kind_is_a_target_problem_of_its_own() {
+        let spec = spec(false);
+        let (entries, found) = (entry("v1"), web());
+        let unserved = ["the kind Rollout (argoproj.io/v1alpha1) is not served by this cluster".to_owned()];
+        let input = Input {
+            key: &key(),
+            spec: &spec,
+            window: WINDOW,
+            generation: Some(3),
+            previous: &Default::default(),
+            consul: Consul::Ready(vec![KeyContent { source: &spec.keys[0], entries: &entries, reset_hold: false }]),
+            found: &found,
+            live: &BTreeMap::new(),
+            missing: &[],
+            unserved: &unserved,
+            dry_run: false,
+        };
+        let plan = plan(&input, &mut None, Instant::now());
+        let status = status(&input, &plan, &Outcome::default(), &now());
+        assert_eq!(condition(&status, conditions::READY).reason, reason::KIND_NOT_SERVED);
+        assert_eq!(condition(&status, conditions::TARGETS_UPDATED).reason, reason::KIND_NOT_SERVED);
+        // The targets that exist still got their baseline.
+        assert_eq!(status.applied_checksum, Some(checksum_of("v1")));
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_new_target_is_picked_up_without_rollout() {
         let (_, baseline) = step(&spec(false), &Default::default(), &entry("v1"), &[]);
@@ -780,6 +932,8 @@ mod tests {
             found: &web(),
             live: &BTreeMap::new(),
             missing: &[],
+            unserved: &[],
+            dry_run: false,
         };
         let plan = plan(&input, &mut None, Instant::now());
         assert!(plan.roll.is_empty() && plan.desired.is_none());
@@ -806,6 +960,8 @@ mod tests {
             found: &web(),
             live: &BTreeMap::new(),
             missing: &[],
+            unserved: &[],
+            dry_run: false,
         };
         let plan = plan(&input, &mut None, Instant::now());
         let outcome = Outcome { rolled: vec![], failed: vec![(web()[0].clone(), "forbidden".into())] };

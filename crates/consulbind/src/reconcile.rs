@@ -7,7 +7,7 @@ use std::{
 };
 
 use consul_kv::{KvQuery, Token, jitter};
-use consulbind_api::{ConsulBinding, ConsulBindingSpec, ConsulBindingStatus, conditions, parse_duration};
+use consulbind_api::{ConsulBinding, ConsulBindingSpec, ConsulBindingStatus, RolloutMode, conditions, parse_duration};
 use futures::StreamExt;
 use k8s_openapi::{api::core::v1::ObjectReference, apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
 use kube::{
@@ -73,6 +73,8 @@ pub struct Context {
     pub policy: Policy,
     /// Keys every checksum, so that none can be checked against a guessed value.
     pub checksum_key: checksum::Key,
+    /// `--dry-run`: every binding reports instead of rolling.
+    pub dry_run: bool,
     pub bindings: Store<ConsulBinding>,
     /// Which bindings a workload or Secret event wakes.
     pub interest: Arc<Mutex<Interest>>,
@@ -198,6 +200,8 @@ async fn reconcile_inner(binding: &ConsulBinding, ctx: &Context) -> Result<Actio
         found: &resolved.found,
         live: &resolved.live,
         missing: &resolved.missing,
+        unserved: &resolved.unserved,
+        dry_run: ctx.dry_run || spec.rollout.as_ref().and_then(|r| r.mode) == Some(RolloutMode::DryRun),
     };
     let upgraded = plan::upgrade_legacy(&input);
     let input = match &upgraded {
@@ -230,6 +234,11 @@ async fn reconcile_inner(binding: &ConsulBinding, ctx: &Context) -> Result<Actio
 
     if !outcome.rolled.is_empty() {
         rolled_out(ctx, binding, &status, &outcome, &contents);
+    } else if !plan.would_roll.is_empty() && status.dry_run != previous.dry_run {
+        if let Some((reason, message)) = &plan.hold {
+            info!(binding = %oref, %message, "dry run");
+            publish(ctx, binding.object_ref(&()), EventType::Normal, reason, message.clone());
+        }
     } else if plan.baseline && previous.applied_checksum.is_none() {
         let note = format!("recorded checksum {} as the baseline; nothing was restarted", short(&status));
         publish(ctx, binding.object_ref(&()), EventType::Normal, conditions::reason::BASELINED, note);
@@ -449,7 +458,7 @@ fn rolled_out(
             .get_or_create(&RolloutLabels { namespace: namespace.clone(), binding: name.clone(), kind: kind.as_str() })
             .inc();
         let reference = ObjectReference {
-            api_version: Some("apps/v1".into()),
+            api_version: Some(kind.api_version().into()),
             kind: Some(kind.as_str().into()),
             namespace: Some(namespace.clone()),
             name: Some(workload.clone()),
@@ -502,13 +511,38 @@ async fn report(
         return Ok(());
     }
     let api: Api<ConsulBinding> = Api::namespaced(ctx.client.clone(), &binding.namespace().unwrap_or_default());
-    let patch =
-        json!({ "apiVersion": ConsulBinding::api_version(&()), "kind": ConsulBinding::kind(&()), "status": status });
-    api.patch_status(&binding.name_any(), &PatchParams::apply(STATUS_MANAGER).force(), &Patch::Apply(&patch))
-        .await
-        .map_err(Error::Status)?;
+    // A merge patch of what changed: a server-side apply that drops a field sends it to the
+    // 1.20 API server as null, which the schema refuses.
+    let (old, new) =
+        (serde_json::to_value(previous).unwrap_or_default(), serde_json::to_value(status).unwrap_or_default());
+    let patch = json!({ "status": merge_diff(&old, &new) });
+    let params = PatchParams { field_manager: Some(STATUS_MANAGER.into()), ..PatchParams::default() };
+    api.patch_status(&binding.name_any(), &params, &Patch::Merge(&patch)).await.map_err(Error::Status)?;
     ctx.written.lock().unwrap().insert(oref, (binding.uid().unwrap_or_default(), status.clone()));
     Ok(())
+}
+
+/// The JSON merge patch (RFC 7386) that turns `old` into `new`: changed fields, objects
+/// merged field by field, and null for each field `new` no longer has.
+fn merge_diff(old: &serde_json::Value, new: &serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match (old, new) {
+        (Value::Object(old), Value::Object(new)) => {
+            let mut patch = serde_json::Map::new();
+            for (key, value) in new {
+                match old.get(key) {
+                    Some(before) if before == value => {}
+                    Some(before) => drop(patch.insert(key.clone(), merge_diff(before, value))),
+                    None => drop(patch.insert(key.clone(), value.clone())),
+                }
+            }
+            for key in old.keys().filter(|k| !new.contains_key(*k)) {
+                patch.insert(key.clone(), Value::Null);
+            }
+            Value::Object(patch)
+        }
+        _ => new.clone(),
+    }
 }
 
 /// Whether the status says anything new. The sync time alone is not news: writing it on every
@@ -548,7 +582,8 @@ mod tests {
     #[test]
     fn defaults_apply_and_durations_parse() {
         assert_eq!(validate(&spec(named(), None)), Ok(Window { quiet: DEFAULT_QUIET, max: DEFAULT_MAX }));
-        let rollout = RolloutPolicy { quiet_period: Some("1m".into()), max_delay: Some("5m".into()), on_bind: false };
+        let rollout =
+            RolloutPolicy { quiet_period: Some("1m".into()), max_delay: Some("5m".into()), ..Default::default() };
         assert_eq!(
             validate(&spec(named(), Some(rollout))),
             Ok(Window { quiet: Duration::from_secs(60), max: Duration::from_secs(300) })
@@ -580,6 +615,14 @@ mod tests {
         for target in [both, neither] {
             assert!(validate(&spec(target, None)).unwrap_err().contains("exactly one of name and selector"));
         }
+    }
+
+    #[test]
+    fn merge_diff_sets_changes_and_removes_what_is_gone() {
+        let old = json!({"a": 1, "b": {"x": 1, "y": 2}, "c": [1, 2], "gone": {"z": 1}});
+        let new = json!({"a": 1, "b": {"x": 1, "y": 3}, "c": [1], "new": "n"});
+        assert_eq!(merge_diff(&old, &new), json!({"b": {"y": 3}, "c": [1], "new": "n", "gone": null}));
+        assert_eq!(merge_diff(&old, &old), json!({}));
     }
 
     #[test]

@@ -23,17 +23,35 @@ use kube::{
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
+use tokio::sync::watch;
+
 use crate::{
+    argo::Rollout,
     names,
     plan::{Live, Workload},
 };
 
-/// Metadata caches of the three workload kinds in one scope (a namespace, or all).
+/// Metadata caches of the workload kinds in one scope (a namespace, or all).
 #[derive(Clone)]
 pub struct Workloads {
     deployments: Store<PartialObjectMeta<Deployment>>,
     statefulsets: Store<PartialObjectMeta<StatefulSet>>,
     daemonsets: Store<PartialObjectMeta<DaemonSet>>,
+    rollouts: Store<PartialObjectMeta<Rollout>>,
+    /// Whether the cluster serves Argo Rollouts' kind, which is optional.
+    rollouts_served: watch::Receiver<Served>,
+}
+
+/// Whether the API server serves a kind to this controller, as its last list or watch said.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Served {
+    /// Not listed yet.
+    Unknown,
+    Yes,
+    /// No such kind: its CRD is not installed.
+    NotInstalled,
+    /// The API server refused: RBAC.
+    Forbidden,
 }
 
 /// A workload that was added, deleted or relabelled.
@@ -44,6 +62,10 @@ pub struct Touched {
     pub labels: std::collections::BTreeMap<String, String>,
 }
 
+/// Set on a cached Rollout that takes its template from another workload, with that
+/// workload's kind and name.
+const WORKLOAD_REF: &str = "workload-ref";
+
 /// Which targets exist, and what they carry.
 #[derive(Debug, Default)]
 pub struct Resolved {
@@ -53,6 +75,8 @@ pub struct Resolved {
     /// The generation of each found workload, as cached.
     pub generations: BTreeMap<Workload, i64>,
     pub missing: Vec<String>,
+    /// A sentence for each target whose kind the cluster does not serve to the controller.
+    pub unserved: Vec<String>,
 }
 
 impl Workloads {
@@ -62,13 +86,25 @@ impl Workloads {
         let (deployments, d) = cache::<Deployment>(client, namespace, WorkloadKind::Deployment);
         let (statefulsets, s) = cache::<StatefulSet>(client, namespace, WorkloadKind::StatefulSet);
         let (daemonsets, ds) = cache::<DaemonSet>(client, namespace, WorkloadKind::DaemonSet);
-        (Self { deployments, statefulsets, daemonsets }, futures::stream::select_all([d, s, ds]))
+        let (served, rollouts_served) = watch::channel(Served::Unknown);
+        let (rollouts, r) = cache_with::<Rollout>(client, namespace, WorkloadKind::Rollout, Some(served));
+        let workloads = Self { deployments, statefulsets, daemonsets, rollouts, rollouts_served };
+        (workloads, futures::stream::select_all([d, s, ds, r]))
     }
 
+    /// Waits for the first list of every kind; for Rollouts, an answer that the kind is not
+    /// there is enough.
     pub async fn wait_until_ready(&self) -> Result<(), reflector::store::WriterDropped> {
         self.deployments.wait_until_ready().await?;
         self.statefulsets.wait_until_ready().await?;
-        self.daemonsets.wait_until_ready().await
+        self.daemonsets.wait_until_ready().await?;
+        let _ = self.rollouts_served.clone().wait_for(|s| *s != Served::Unknown).await;
+        Ok(())
+    }
+
+    /// Changes whenever the cluster starts or stops serving Rollouts.
+    pub fn rollouts_served(&self) -> watch::Receiver<Served> {
+        self.rollouts_served.clone()
     }
 
     /// The workloads in `namespace` that `targets` name or select, with what each carries in
@@ -76,23 +112,55 @@ impl Workloads {
     pub fn resolve(&self, namespace: &str, targets: &[TargetRef], annotation: &str) -> Resolved {
         let mut found = BTreeMap::new();
         let mut missing = Vec::new();
+        let mut unserved = Vec::new();
         for target in targets {
-            let live = match target.kind {
+            let mut live = match target.kind {
                 WorkloadKind::Deployment => select(&self.deployments, namespace, target, annotation),
                 WorkloadKind::StatefulSet => select(&self.statefulsets, namespace, target, annotation),
                 WorkloadKind::DaemonSet => select(&self.daemonsets, namespace, target, annotation),
+                WorkloadKind::Rollout => match &*self.rollouts_served.borrow() {
+                    Served::Yes => select(&self.rollouts, namespace, target, annotation),
+                    Served::Forbidden => {
+                        unserved.push(
+                            "the controller may not list or watch Argo Rollouts (rollouts.argoproj.io); grant it \
+                             list, watch and patch on them (see config/rbac)"
+                                .to_owned(),
+                        );
+                        continue;
+                    }
+                    Served::NotInstalled | Served::Unknown => {
+                        unserved.push(
+                            "the kind Rollout (argoproj.io/v1alpha1) is not served by this cluster; install Argo \
+                             Rollouts, or target another kind. Rollouts are picked up once it is installed"
+                                .to_owned(),
+                        );
+                        continue;
+                    }
+                },
             };
-            if live.is_empty() {
+            let matched = !live.is_empty();
+            // Such a Rollout has no template of its own: a stamp there would change nothing.
+            live.retain(|(name, _, _, workload_ref)| match workload_ref {
+                Some(source) => {
+                    missing.push(format!(
+                        "Rollout {name:?} takes its pod template from {source} (workloadRef); bind that workload \
+                         instead, and Argo Rollouts rolls the Rollout when its template changes"
+                    ));
+                    false
+                }
+                None => true,
+            });
+            if !matched {
                 missing.push(match (&target.name, &target.selector) {
                     (Some(name), _) => format!("{} {name:?} not found", target.kind),
                     (None, _) => format!("no {} matches the selector", target.kind),
                 });
             }
-            found.extend(live.into_iter().map(|(name, live, generation)| ((target.kind, name), (live, generation))));
+            found.extend(live.into_iter().map(|(name, live, generation, _)| ((target.kind, name), (live, generation))));
         }
         let live = found.iter().filter_map(|(w, (l, _))| Some((w.clone(), l.clone()?))).collect();
         let generations = found.iter().map(|(w, (_, g))| (w.clone(), *g)).collect();
-        Resolved { found: found.into_keys().collect(), live, generations, missing }
+        Resolved { found: found.into_keys().collect(), live, generations, missing, unserved }
     }
 }
 
@@ -100,6 +168,27 @@ fn cache<K>(
     client: &Client,
     namespace: Option<&str>,
     kind: WorkloadKind,
+) -> (Store<PartialObjectMeta<K>>, futures::stream::BoxStream<'static, Touched>)
+where
+    K: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
+        + Template
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    cache_with(client, namespace, kind, None)
+}
+
+/// A cache of one kind; with `served`, a kind that may be missing from the cluster, whose
+/// presence is reported there.
+fn cache_with<K>(
+    client: &Client,
+    namespace: Option<&str>,
+    kind: WorkloadKind,
+    served: Option<watch::Sender<Served>>,
 ) -> (Store<PartialObjectMeta<K>>, futures::stream::BoxStream<'static, Touched>)
 where
     K: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
@@ -119,9 +208,39 @@ where
     let mut seen = std::collections::HashMap::new();
     // Whole objects arrive, for the pod template's annotations; what is kept is their name,
     // labels and this controller's annotations, so memory stays small per workload.
-    let stream = watcher(api, watcher::Config::default()).default_backoff().map_ok(|event| event_of(event, live_meta));
+    let events = watcher(api, watcher::Config::default());
+    let stream = match served {
+        // A kind that may be installed at any moment is looked for again within seconds.
+        Some(_) => {
+            let retry = backon::ExponentialBuilder::default()
+                .with_min_delay(std::time::Duration::from_millis(800))
+                .with_max_delay(std::time::Duration::from_secs(8))
+                .with_jitter()
+                .without_max_times();
+            events.backoff(watcher::ExponentialBackoff::from(retry)).boxed()
+        }
+        None => events.default_backoff().boxed(),
+    };
+    let stream = stream.map_ok(|event| event_of(event, live_meta));
     let stream = reflector::reflector(writer, stream)
         .filter_map(move |event| {
+            if let Some(served) = &served {
+                let now = match &event {
+                    Ok(watcher::Event::InitDone) => Some(Served::Yes),
+                    Err(error) => served_after(error),
+                    _ => None,
+                };
+                if let Some(now) = now {
+                    served.send_if_modified(|state| {
+                        let changed = *state != now;
+                        if changed {
+                            tracing::info!(%kind, served = ?now, "the cluster's answer for this kind changed");
+                        }
+                        *state = now;
+                        changed
+                    });
+                }
+            }
             let touched = match event {
                 Ok(watcher::Event::Apply(obj) | watcher::Event::InitApply(obj)) => {
                     let signature = (obj.uid(), obj.labels().clone(), obj.annotations().clone());
@@ -130,6 +249,11 @@ where
                 Ok(watcher::Event::Delete(obj)) => {
                     seen.remove(&ObjectRef::from_obj(&obj));
                     Some(obj)
+                }
+                // An optional kind that is not installed is no news on every retry.
+                Err(error) if served.as_ref().is_some_and(|s| *s.borrow() == Served::NotInstalled) => {
+                    tracing::debug!(%kind, %error, "kind not served; retrying");
+                    None
                 }
                 Err(error) => {
                     tracing::warn!(%kind, %error, "watching workloads failed; retrying");
@@ -148,6 +272,22 @@ where
     (reader, stream)
 }
 
+/// What a failed list or watch says about whether the kind is served.
+fn served_after(error: &watcher::Error) -> Option<Served> {
+    let status = match error {
+        watcher::Error::InitialListFailed(kube::Error::Api(status))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(status))
+        | watcher::Error::WatchFailed(kube::Error::Api(status)) => status,
+        watcher::Error::WatchError(status) => status,
+        _ => return None,
+    };
+    match status.code {
+        404 => Some(Served::NotInstalled),
+        403 => Some(Served::Forbidden),
+        _ => None,
+    }
+}
+
 fn event_of<K, M>(event: watcher::Event<K>, f: impl Fn(K) -> M) -> watcher::Event<M> {
     match event {
         watcher::Event::Apply(obj) => watcher::Event::Apply(f(obj)),
@@ -161,6 +301,22 @@ fn event_of<K, M>(event: watcher::Event<K>, f: impl Fn(K) -> M) -> watcher::Even
 /// A workload's pod template annotations.
 pub trait Template {
     fn template_annotations(&self) -> Option<&BTreeMap<String, String>>;
+
+    /// The workload this one takes its template from, as "Kind name".
+    fn workload_ref(&self) -> Option<String> {
+        None
+    }
+}
+
+impl Template for Rollout {
+    fn template_annotations(&self) -> Option<&BTreeMap<String, String>> {
+        self.spec.as_ref()?.template.as_ref()?.metadata.as_ref()?.annotations.as_ref()
+    }
+
+    fn workload_ref(&self) -> Option<String> {
+        let reference = self.spec.as_ref()?.workload_ref.as_ref()?;
+        Some(format!("{} {:?}", reference.kind, reference.name))
+    }
 }
 
 macro_rules! template {
@@ -196,6 +352,9 @@ fn live_meta<K: Resource<DynamicType = ()> + Template>(obj: K) -> PartialObjectM
             annotations.insert(format!("{OWNED}{key}"), String::new());
         }
         annotations.insert(key, value);
+    }
+    if let Some(source) = obj.workload_ref() {
+        annotations.insert(WORKLOAD_REF.to_owned(), source);
     }
     let metadata = ObjectMeta {
         name: meta.name.clone(),
@@ -237,12 +396,20 @@ fn generation<K: Resource>(obj: &K) -> i64 {
     obj.meta().generation.unwrap_or_default()
 }
 
+/// A workload found for a target: its name, what it carries, its generation, and the workload it
+/// takes its template from, if any.
+type Selected = (String, Option<Live>, i64, Option<String>);
+
+fn selected<K: Resource>(obj: &PartialObjectMeta<K>, live: Option<Live>) -> Selected {
+    (obj.name_any(), live, generation(obj), obj.annotations().get(WORKLOAD_REF).cloned())
+}
+
 fn select<K>(
     store: &Store<PartialObjectMeta<K>>,
     namespace: &str,
     target: &TargetRef,
     annotation: &str,
-) -> Vec<(String, Option<Live>, i64)>
+) -> Vec<Selected>
 where
     K: Resource<DynamicType = ()> + Clone,
 {
@@ -253,16 +420,16 @@ where
     };
     if let Some(name) = &target.name {
         let key = ObjectRef::<PartialObjectMeta<K>>::new(name).within(namespace);
-        return store.get(&key).map(|obj| vec![(name.clone(), live(&obj), generation(&*obj))]).unwrap_or_default();
+        return store.get(&key).map(|obj| vec![selected(&obj, live(&obj))]).unwrap_or_default();
     }
     let Some(selector) = target.selector.clone().and_then(|s| Selector::try_from(s).ok()) else {
         return Vec::new();
     };
-    let mut found: Vec<(String, Option<Live>, i64)> = store
+    let mut found: Vec<Selected> = store
         .state()
         .iter()
         .filter(|obj| obj.namespace().as_deref() == Some(namespace) && selector.matches(obj.labels()))
-        .map(|obj| (obj.name_any(), live(obj), generation(&**obj)))
+        .map(|obj| selected(obj, live(obj)))
         .collect();
     found.sort_by(|a, b| a.0.cmp(&b.0));
     found
@@ -280,7 +447,7 @@ pub async fn stamp(
     field_manager: &str,
 ) -> kube::Result<i64> {
     let body = json!({
-        "apiVersion": "apps/v1",
+        "apiVersion": kind.api_version(),
         "kind": kind.as_str(),
         "metadata": { "name": name },
         "spec": { "template": { "metadata": { "annotations": { annotation: checksum } } } },
@@ -290,6 +457,7 @@ pub async fn stamp(
         WorkloadKind::Deployment => apply::<Deployment>(client, namespace, name, &params, &body).await,
         WorkloadKind::StatefulSet => apply::<StatefulSet>(client, namespace, name, &params, &body).await,
         WorkloadKind::DaemonSet => apply::<DaemonSet>(client, namespace, name, &params, &body).await,
+        WorkloadKind::Rollout => apply::<Rollout>(client, namespace, name, &params, &body).await,
     }
 }
 
@@ -314,4 +482,45 @@ where
 pub fn selector_error(target: &TargetRef) -> Option<String> {
     let selector = target.selector.clone()?;
     Selector::try_from(selector).err().map(|e| format!("invalid selector on {} target: {e}", target.kind))
+}
+
+#[cfg(test)]
+mod tests {
+    use kube::core::response::Status;
+
+    use super::*;
+
+    fn api_error(code: u16) -> kube::Error {
+        kube::Error::Api(Box::new(Status { code, ..Status::default() }))
+    }
+
+    #[test]
+    fn a_missing_or_forbidden_kind_is_told_apart_from_a_blip() {
+        let list = |code| served_after(&watcher::Error::InitialListFailed(api_error(code)));
+        assert_eq!(list(404), Some(Served::NotInstalled));
+        assert_eq!(list(403), Some(Served::Forbidden));
+        assert_eq!(list(500), None, "a server error says nothing about the kind");
+        let watch = watcher::Error::WatchStartFailed(api_error(404));
+        assert_eq!(served_after(&watch), Some(Served::NotInstalled));
+    }
+
+    #[test]
+    fn a_rollout_with_a_workload_ref_is_marked_and_keeps_only_our_annotations() {
+        let rollout: Rollout = serde_json::from_value(json!({
+            "metadata": {"name": "web", "namespace": "a", "generation": 4,
+                "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{}"}},
+            "spec": {"workloadRef": {"kind": "Deployment", "name": "web-template"},
+                "template": {"metadata": {"annotations": {"checksum.consulbind.dev/cfg": "abc", "other": "x"}}}}
+        }))
+        .unwrap();
+        let meta = live_meta(rollout);
+        let annotations = meta.metadata.annotations.unwrap();
+        assert_eq!(annotations.get(WORKLOAD_REF).map(String::as_str), Some(r#"Deployment "web-template""#));
+        assert_eq!(annotations.get("checksum.consulbind.dev/cfg").map(String::as_str), Some("abc"));
+        assert!(
+            !annotations.contains_key("other")
+                && !annotations.contains_key("kubectl.kubernetes.io/last-applied-configuration")
+        );
+        assert_eq!(meta.metadata.generation, Some(4));
+    }
 }

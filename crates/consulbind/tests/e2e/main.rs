@@ -5,6 +5,7 @@ mod faults;
 mod image;
 mod operations;
 mod rbac;
+mod rollouts;
 mod scale;
 mod support;
 mod tenant;

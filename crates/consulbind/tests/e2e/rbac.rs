@@ -16,7 +16,9 @@ use kube::{
 };
 use serde_json::{Value, json};
 
-use crate::support::{Controller, SYSTEM_NS, Scene, install_config, kubeconfig_for, wait_for};
+use crate::support::{
+    Controller, ROLLOUT_CRD, SYSTEM_NS, Scene, install_config, install_rollout_crd, kubeconfig_for, wait_for,
+};
 
 const PROBE: &str = "consulbind-rbac-probe";
 const OWN_ROLE: &str = "consulbind-own-namespace";
@@ -39,13 +41,16 @@ async fn scenario(s: &Scene, kubeconfig: &str, tag: &str) -> Result<()> {
         let (key, web, binding) = (s.key(tag), format!("web-{tag}"), format!("cfg-{tag}"));
         s.put(&key, "v1").await;
         s.workload("Deployment", &web, json!({})).await;
+        let rollout = json!({"apiVersion": "argoproj.io/v1alpha1", "kind": "Rollout", "metadata": {"name": web},
+            "spec": {"template": {"metadata": {"labels": {"app": web}}}}});
+        s.apply(rollout).await?;
         wait_for("a first ReplicaSet", STEP, || async { Ok(s.revisions("Deployment", &web).await == 1) }).await?;
         let secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "consul-token",
             "labels": {"consulbind.dev/token": "true"}}, "stringData": {"token": "unused-without-acls"}});
         s.apply(secret).await?;
         s.binding(
             &binding,
-            json!({"keys": [{"key": key}], "targets": [{"kind": "Deployment", "name": web}],
+            json!({"keys": [{"key": key}], "targets": [{"kind": "Deployment", "name": web}, {"kind": "Rollout", "name": web}],
             "rollout": {"quietPeriod": "0s"}, "consul": {"tokenSecretRef": {"name": "consul-token"}}}),
         )
         .await;
@@ -57,6 +62,7 @@ async fn scenario(s: &Scene, kubeconfig: &str, tag: &str) -> Result<()> {
         .await?;
         s.put(&key, "v2").await;
         wait_for("a rollout", STEP, || async { Ok(s.revisions("Deployment", &web).await == 2) }).await?;
+        wait_for("a stamped Rollout", STEP, || async { Ok(s.rollout_generation(&web).await == 2) }).await?;
         wait_for("a RolledOut event", STEP, || async {
             Ok(s.events_for(&binding).await.iter().any(|(r, _)| r == reason::ROLLED_OUT))
         })
@@ -81,6 +87,9 @@ fn rbac(kind: &str, name: &str, namespace: Option<&str>, extra: Value) -> Value 
 async fn every_granted_rule_is_needed() {
     let Some(s) = Scene::without_controller("rbac").await else { return };
     install_config();
+    // The rule on Rollouts is needed only where they are served.
+    let _crd = ROLLOUT_CRD.lock().await;
+    install_rollout_crd();
     let pp = PatchParams::apply("e2e-rbac").force();
     let cluster_roles: Api<ClusterRole> = Api::all(s.client.clone());
     let roles: Api<Role> = Api::namespaced(s.client.clone(), SYSTEM_NS);

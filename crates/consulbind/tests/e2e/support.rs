@@ -120,6 +120,7 @@ impl Scene {
                     .patch(&name, &pp, &patch)
                     .await?,
             ),
+            "Rollout" => drop(self.rollouts().patch(&name, &pp, &patch).await?),
             other => bail!("cannot apply {other}"),
         }
         Ok(())
@@ -184,6 +185,18 @@ impl Scene {
         // Exactly: give a duplicate rollout time to show up.
         tokio::time::sleep(SETTLE).await;
         assert_eq!(self.revisions(kind, name).await, want, "{kind} {name} rolled more than once\n{}", self.log());
+    }
+
+    /// Argo Rollouts' Rollouts in this namespace, as dynamic objects.
+    pub fn rollouts(&self) -> Api<DynamicObject> {
+        let resource =
+            ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("argoproj.io", "v1alpha1", "Rollout"), "rollouts");
+        Api::namespaced_with(self.client.clone(), &self.ns, &resource)
+    }
+
+    /// `metadata.generation` of a Rollout: its spec changed that many times.
+    pub async fn rollout_generation(&self, name: &str) -> i64 {
+        self.rollouts().get(name).await.unwrap().metadata.generation.unwrap_or_default()
     }
 
     /// The checksum the controller stamps for `value` under one exact `key`: keyed with the
@@ -358,6 +371,22 @@ impl Controller {
         let exited = tokio::time::timeout(Duration::from_secs(15), self.child.wait()).await;
         assert!(exited.is_ok(), "controller did not exit within 15 s of SIGTERM\n{}", self.log());
     }
+}
+
+/// Held by tests that need Argo Rollouts' CRD present or absent: there is one per cluster.
+pub static ROLLOUT_CRD: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+const ROLLOUT_CRD_FILE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/e2e/fixtures/argo-rollouts-crd.yaml");
+
+/// Installs the stand-in for Argo Rollouts' CRD, and waits until it is served.
+pub fn install_rollout_crd() {
+    kubectl(&["apply", "--server-side", "-f", ROLLOUT_CRD_FILE]).unwrap();
+    kubectl(&["wait", "--for=condition=Established", "--timeout=60s", "crd/rollouts.argoproj.io"]).unwrap();
+}
+
+/// Removes it, with every Rollout, and waits until it is gone.
+pub fn remove_rollout_crd() {
+    kubectl(&["delete", "--ignore-not-found", "--wait=true", "--timeout=120s", "-f", ROLLOUT_CRD_FILE]).unwrap();
 }
 
 /// The checksum key Secret every test's controller shares, in [`SYSTEM_NS`].
