@@ -97,7 +97,9 @@ pub fn rollout(env: &Env, bindings: usize, rounds: usize) -> Result<()> {
         latencies.sort();
         let ms = |d: Duration| format!("{:.0} ms", d.as_secs_f64() * 1000.0);
         println!(
-            "\nresults ({bindings} bindings, {rounds} rounds, {} cores):",
+            "\nresults ({}, {}, {} cores):",
+            plural(bindings, "binding"),
+            plural(rounds, "round"),
             std::thread::available_parallelism().map_or(0, |n| n.get())
         );
         println!("  start to every baseline recorded:        {}", ms(baseline_time));
@@ -202,4 +204,9 @@ fn wait(what: &str, timeout: Duration, done: impl Fn() -> Result<bool>) -> Resul
         sleep(Duration::from_millis(100));
     }
     bail!("timed out after {timeout:?} waiting for {what}")
+}
+
+/// `n` and the noun, in the singular for one.
+fn plural(n: usize, noun: &str) -> String {
+    if n == 1 { format!("1 {noun}") } else { format!("{n} {noun}s") }
 }

@@ -24,7 +24,7 @@ pub fn archive() -> PathBuf {
 }
 
 pub fn build() -> Result<()> {
-    apt::ensure_packages(&["buildah", "ca-certificates"])?;
+    apt::ensure_packages(&["buildah", "ca-certificates"], false)?;
     println!("==> cargo build --release -p consulbind");
     run(cargo().args(["build", "--release", "-p", "consulbind", "--locked"]))?;
     let binary = repo_root().join("target/release/consulbind");

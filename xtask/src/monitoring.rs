@@ -12,7 +12,7 @@ use crate::{apt, repo_root};
 
 pub fn check() -> Result<()> {
     // promtool comes with Debian's prometheus package.
-    apt::ensure_packages(&["prometheus"])?;
+    apt::ensure_packages(&["prometheus"], false)?;
     let dir = repo_root().join("config/monitoring");
     let rule: serde_yaml::Value = serde_yaml::from_str(&fs::read_to_string(dir.join("prometheusrule.yaml"))?)?;
     ensure!(rule["kind"] == "PrometheusRule", "prometheusrule.yaml holds no PrometheusRule");

@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
 
-use crate::process::{capture, run, succeeds, tail};
+use crate::apt;
+use crate::process::{run, succeeds, tail};
 use crate::{cache_dir, minutes, remove_all};
 
 const KUBE_VERSION: &str = "1.20.2";
@@ -34,7 +35,7 @@ pub struct Tools {
 pub fn tools() -> Result<Tools> {
     // Checked first: it's the one thing we don't provision, so fail before a long build.
     let kubectl = kubectl()?;
-    ensure_packages(&["etcd-server", "openssl"])?;
+    apt::ensure_packages(&["etcd-server", "openssl"], true)?;
     let cache = cache_dir()?;
     fs::create_dir_all(&cache)?;
     let _lock = lock(&cache)?;
@@ -75,21 +76,6 @@ fn lock(cache: &Path) -> Result<File> {
 }
 
 /// Installs the Debian packages that are missing, and skips apt entirely when none are.
-fn ensure_packages(packages: &[&str]) -> Result<()> {
-    let missing: Vec<&str> = packages.iter().copied().filter(|p| !installed(p)).collect();
-    if missing.is_empty() {
-        return Ok(());
-    }
-    println!("==> installing {} with apt-get", missing.join(" "));
-    run(Command::new("apt-get").arg("update"))?;
-    run(Command::new("apt-get").args(["install", "-y"]).args(&missing).env("DEBIAN_FRONTEND", "noninteractive"))
-}
-
-fn installed(package: &str) -> bool {
-    capture(Command::new("dpkg-query").args(["--show", "--showformat=${Status}", package]))
-        .is_ok_and(|status| status == "install ok installed")
-}
-
 /// kube-apiserver and kube-controller-manager, which Debian ships only as source.
 fn kubernetes(cache: &Path) -> Result<PathBuf> {
     const PROGRAMS: [&str; 2] = ["kube-apiserver", "kube-controller-manager"];
@@ -120,7 +106,7 @@ fn build_kubernetes(cache: &Path, build: &Path) -> Result<()> {
         "==> building kube-apiserver and kube-controller-manager {KUBE_VERSION} from Debian's source \
          package (once; about 8 minutes on 2 cores)"
     );
-    ensure_packages(&["golang-go", "rsync", "make", "golang-github-modern-go-reflect2-dev"])?;
+    apt::ensure_packages(&["golang-go", "rsync", "make", "golang-github-modern-go-reflect2-dev"], true)?;
     let orig = download(
         cache,
         ("kubernetes_", ".orig.tar.gz"),

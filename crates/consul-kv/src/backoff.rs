@@ -1,39 +1,43 @@
 //! Retry delays with jitter, so that many watches failing together (a Consul
 //! restart, a revoked token) do not retry together.
 
-use std::collections::hash_map::RandomState;
-use std::hash::{BuildHasher, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-/// Capped exponential backoff with "equal jitter": the n-th delay is
-/// `d/2 + random(0..=d/2)` where `d = min(max, base * 2^n)`.
+use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
+
+/// Capped exponential backoff with "equal jitter": the n-th delay lies in `[d/2, d]` where
+/// `d = min(max, base * 2^n)`. backon adds up to as much again as its own delay, so it runs
+/// at half the scale.
 ///
 /// Equal rather than full jitter keeps a floor of `d/2`, so a retry never
 /// fires immediately against a server that just failed.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct Backoff {
-    base: Duration,
+    builder: ExponentialBuilder,
+    delays: ExponentialBackoff,
     max: Duration,
-    attempt: u32,
 }
 
 impl Backoff {
     pub fn new(base: Duration, max: Duration) -> Self {
-        Self { base, max: max.max(base), attempt: 0 }
+        let max = max.max(base);
+        let builder = ExponentialBuilder::default()
+            .with_min_delay(base / 2)
+            .with_max_delay(max / 2)
+            .with_factor(2.0)
+            .with_jitter()
+            .without_max_times();
+        Self { delays: builder.build(), builder, max }
     }
 
     /// The delay before the next retry; each call doubles the ceiling up to `max`.
     pub fn next_delay(&mut self) -> Duration {
-        let ceiling = self.base.checked_mul(1 << self.attempt.min(30)).map_or(self.max, |d| d.min(self.max));
-        self.attempt = self.attempt.saturating_add(1);
-        let half = ceiling / 2;
-        half + half.mul_f64(random_fraction())
+        self.delays.next().unwrap_or(self.max).min(self.max)
     }
 
     /// Call after a success, so the next failure starts from `base` again.
     pub fn reset(&mut self) {
-        self.attempt = 0;
+        self.delays = self.builder.build();
     }
 }
 
@@ -42,16 +46,7 @@ impl Backoff {
 /// wait durations so that they do not all expire at once.
 pub fn jitter(d: Duration, fraction: f64) -> Duration {
     let fraction = fraction.clamp(0.0, 1.0);
-    d.mul_f64(1.0 - fraction + 2.0 * fraction * random_fraction())
-}
-
-/// A uniform value in `[0, 1)`. `RandomState` is randomly keyed per process
-/// and per instance, which is plenty for jitter and needs no `rand` crate.
-fn random_fraction() -> f64 {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let mut hasher = RandomState::new().build_hasher();
-    hasher.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
-    (hasher.finish() >> 11) as f64 / (1u64 << 53) as f64
+    d.mul_f64(1.0 - fraction + 2.0 * fraction * fastrand::f64())
 }
 
 #[cfg(test)]

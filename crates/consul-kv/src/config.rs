@@ -4,20 +4,38 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use secrecy::{ExposeSecret, SecretString};
+
 use crate::Error;
 
-/// An ACL token. `Debug` and `Display` print `<redacted>`, so a token never
-/// reaches a log line by accident; call [`Token::expose`] to get the text.
-#[derive(Clone, PartialEq, Eq, Hash)]
-pub struct Token(String);
+/// An ACL token, held by `secrecy`: `Debug` and `Display` print `<redacted>`, so a token
+/// never reaches a log line by accident, and its memory is zeroed when dropped. Call
+/// [`Token::expose`] to get the text.
+#[derive(Clone)]
+pub struct Token(SecretString);
 
 impl Token {
     pub fn new(s: impl Into<String>) -> Self {
-        Self(s.into())
+        Self(SecretString::from(s.into()))
     }
 
     pub fn expose(&self) -> &str {
-        &self.0
+        self.0.expose_secret()
+    }
+}
+
+// Equal tokens read the same data, so watches with equal tokens may share a query.
+impl PartialEq for Token {
+    fn eq(&self, other: &Self) -> bool {
+        self.expose() == other.expose()
+    }
+}
+
+impl Eq for Token {}
+
+impl std::hash::Hash for Token {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.expose().hash(state);
     }
 }
 

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use base64::{Engine as _, engine::general_purpose::STANDARD};
 use reqwest::Url;
 use serde::Deserialize;
 
@@ -127,8 +128,9 @@ pub(crate) fn parse_entries(body: &[u8]) -> Result<Vec<KvEntry>, Error> {
         .map(|entry| {
             let value = match entry.value.as_deref() {
                 None => Vec::new(),
-                Some(encoded) => crate::base64::decode(encoded)
-                    .ok_or_else(|| Error::Protocol(format!("value of key {:?} is not valid base64", entry.key)))?,
+                Some(encoded) => STANDARD
+                    .decode(encoded)
+                    .map_err(|_| Error::Protocol(format!("value of key {:?} is not valid base64", entry.key)))?,
             };
             Ok(KvEntry { key: entry.key, value, modify_index: entry.modify_index })
         })

@@ -40,7 +40,6 @@
 //! ```
 
 mod backoff;
-mod base64;
 mod client;
 mod config;
 mod error;

@@ -3,6 +3,11 @@
 //!
 //! Expiry is judged by how long the lease record has gone unchanged on this replica's own
 //! clock, as client-go does, so clock skew between replicas cannot hand over early.
+//!
+//! Not kube-lease-manager (0.13): when renewals fail, its `watch()` logs and backs off for up
+//! to 30 s while still reporting leadership, so a leader cut off from the API server would go
+//! on acting after a standby took over. Here a leader that has not renewed for two thirds of
+//! the lease exits before anyone else may take it. Its durations are also whole seconds.
 
 use std::{
     sync::atomic::{AtomicBool, Ordering},

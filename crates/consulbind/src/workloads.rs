@@ -323,7 +323,7 @@ macro_rules! template {
     ($($kind:ty),*) => {$(
         impl Template for $kind {
             fn template_annotations(&self) -> Option<&BTreeMap<String, String>> {
-                self.spec.as_ref()?.template.metadata.as_ref()?.annotations.as_ref()
+                self.spec.template.metadata.as_ref()?.annotations.as_ref()
             }
         }
     )*};

@@ -91,10 +91,6 @@ impl Scene {
         self.put(&key, &value).await
     }
 
-    pub async fn delete_key_owned(&self, key: String) {
-        self.delete_key(&key).await
-    }
-
     pub async fn delete_key(&self, key: &str) {
         self.consul.delete(key, false, None).await.unwrap();
     }
@@ -178,7 +174,7 @@ impl Scene {
     }
 
     pub async fn wait_revisions(&self, kind: &str, name: &str, want: usize) {
-        let what = format!("{kind} {name} to have {want} revisions");
+        let what = format!("{kind} {name} to have {want} {}", if want == 1 { "revision" } else { "revisions" });
         if let Err(error) = wait(&what, || async { Ok(self.revisions(kind, name).await >= want) }).await {
             panic!("{error} (has {})\ncontroller log:\n{}", self.revisions(kind, name).await, self.log());
         }

@@ -264,7 +264,12 @@ async fn a_prefix_over_the_limits_is_refused_without_loading_it() {
     for batch in (0..128).collect::<Vec<_>>().chunks(16) {
         futures::future::join_all(batch.iter().map(|i| s.put_owned(format!("{big}{i:03}"), value.clone()))).await;
     }
-    futures::future::join_all((0..150).map(|i| s.put_owned(format!("{many}{i:03}"), "1".into()))).await;
+    // 150 keys: 60 under a/, which go in one write later, and 90 under b/.
+    futures::future::join_all((0..150).map(|i| {
+        let folder = if i < 60 { "a" } else { "b" };
+        s.put_owned(format!("{many}{folder}/{i:03}"), "1".into())
+    }))
+    .await;
     s.put(&format!("{small}a"), "on").await;
     s.workload(DEPLOY, "web", json!({})).await;
     let before = rss_kib(s.controller().pid());
@@ -284,7 +289,7 @@ async fn a_prefix_over_the_limits_is_refused_without_loading_it() {
     assert!(after < before + 4096, "resident memory went from {before} KiB to {after} KiB");
 
     // Back under the limits, the binding works again, with no rollout for its first content.
-    futures::future::join_all((0..60).map(|i| s.delete_key_owned(format!("{many}{i:03}")))).await;
+    s.consul.delete(&format!("{many}a/"), true, None).await.unwrap();
     s.wait_condition("many", conditions::READY, "True", reason::BASELINED).await;
     s.wait_revisions(DEPLOY, "web", 1).await;
     s.finish().await;
