@@ -56,9 +56,13 @@ impl KvResponse {
     /// Whether both hold the same keys and values. Indexes are ignored on
     /// purpose: rewriting the same bytes bumps them without changing anything.
     pub fn same_contents(&self, other: &KvResponse) -> bool {
-        self.entries.len() == other.entries.len()
-            && self.entries.iter().zip(&other.entries).all(|(a, b)| a.key == b.key && a.value == b.value)
+        same_entries(&self.entries, &other.entries)
     }
+}
+
+/// Whether two sorted entry lists hold the same keys and values, whatever their indexes.
+pub fn same_entries(a: &[KvEntry], b: &[KvEntry]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(a, b)| a.key == b.key && a.value == b.value)
 }
 
 /// The URL of a KV read. Index 0 is a plain read; index >= 1 makes it a

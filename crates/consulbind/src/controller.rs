@@ -12,7 +12,7 @@ use kube::{
     runtime::{
         Controller, WatchStreamExt,
         controller::Config as ControllerConfig,
-        events::{Recorder, Reporter},
+        events::Reporter,
         predicates,
         reflector::{self, ObjectRef},
         watcher::{self, watcher},
@@ -91,7 +91,7 @@ pub async fn run(config: Config, shutdown: signal::Receiver<bool>) -> Result<(),
     let checksum_key = checksum_key::load_or_create(&client, &key_namespace, &key_name).await?;
     let default_prefixes = config.default_token_prefixes.as_deref().map(Allowed::parse);
     let reporter = Reporter { controller: "consulbind".into(), instance: config.identity.clone() };
-    let recorder = Recorder::new(client.clone(), reporter);
+
     let ready_states = Arc::default();
     let interest: Arc<Mutex<Interest>> = Arc::default();
     let mut scopes_started = Vec::new();
@@ -103,7 +103,7 @@ pub async fn run(config: Config, shutdown: signal::Receiver<bool>) -> Result<(),
         let (reader, writer) = reflector::store::<ConsulBinding>();
         let ctx = Arc::new(Context {
             client: client.clone(),
-            recorder: recorder.clone(),
+            reporter: reporter.clone(),
             watches: watches.clone(),
             workloads,
             tokens,
@@ -242,6 +242,7 @@ async fn run_scope(
     let bindings = reflector::reflector(writer, events)
         .inspect_ok(move |event| match event {
             watcher::Event::Delete(binding) => forget.forget(&ObjectRef::from_obj(binding)),
+            watcher::Event::Apply(binding) => forget.cached(binding),
             // A relist can hide deletions; drop whatever the fresh list no longer has.
             watcher::Event::InitDone => forget.retain(|b| !in_scope(b) || store.get(b).is_some()),
             _ => {}

@@ -14,9 +14,11 @@ type Named = (String, WorkloadKind, String);
 pub struct Interest {
     /// Workloads a binding names, or found through a selector at its last reconcile (so that
     /// one relabelled away or deleted still wakes it).
-    named: HashMap<Named, HashSet<BindingRef>>,
+    /// Lists rather than sets: most workloads have one binding, and there is an entry per
+    /// workload found.
+    named: HashMap<Named, Vec<BindingRef>>,
     selecting: HashMap<(String, WorkloadKind), HashMap<BindingRef, Vec<Selector>>>,
-    secrets: HashMap<(String, String), HashSet<BindingRef>>,
+    secrets: HashMap<(String, String), Vec<BindingRef>>,
     by_binding: HashMap<BindingRef, Registered>,
 }
 
@@ -51,13 +53,13 @@ impl Interest {
 
         self.remove(binding);
         for key in &registered.named {
-            self.named.entry(key.clone()).or_default().insert(binding.clone());
+            add_to(self.named.entry(key.clone()).or_default(), binding);
         }
         for (kind, list) in selectors {
             self.selecting.entry((namespace.clone(), kind)).or_default().insert(binding.clone(), list);
         }
         if let Some(secret) = &registered.secret {
-            self.secrets.entry(secret.clone()).or_default().insert(binding.clone());
+            add_to(self.secrets.entry(secret.clone()).or_default(), binding);
         }
         self.by_binding.insert(binding.clone(), registered);
     }
@@ -94,7 +96,8 @@ impl Interest {
         name: &str,
         labels: &BTreeMap<String, String>,
     ) -> HashSet<BindingRef> {
-        let mut bindings = self.named.get(&(namespace.to_owned(), kind, name.to_owned())).cloned().unwrap_or_default();
+        let mut bindings: HashSet<BindingRef> =
+            self.named.get(&(namespace.to_owned(), kind, name.to_owned())).into_iter().flatten().cloned().collect();
         if let Some(selecting) = self.selecting.get(&(namespace.to_owned(), kind)) {
             let matching = selecting.iter().filter(|(_, selectors)| selectors.iter().any(|s| s.matches(labels)));
             bindings.extend(matching.map(|(b, _)| b.clone()));
@@ -104,14 +107,20 @@ impl Interest {
 
     /// The bindings that read their token from this Secret.
     pub fn secret(&self, namespace: &str, name: &str) -> HashSet<BindingRef> {
-        self.secrets.get(&(namespace.to_owned(), name.to_owned())).cloned().unwrap_or_default()
+        self.secrets.get(&(namespace.to_owned(), name.to_owned())).into_iter().flatten().cloned().collect()
     }
 }
 
-fn remove_from<K: std::hash::Hash + Eq>(map: &mut HashMap<K, HashSet<BindingRef>>, key: K, binding: &BindingRef) {
-    if let Some(set) = map.get_mut(&key) {
-        set.remove(binding);
-        if set.is_empty() {
+fn add_to(list: &mut Vec<BindingRef>, binding: &BindingRef) {
+    if !list.contains(binding) {
+        list.push(binding.clone());
+    }
+}
+
+fn remove_from<K: std::hash::Hash + Eq>(map: &mut HashMap<K, Vec<BindingRef>>, key: K, binding: &BindingRef) {
+    if let Some(list) = map.get_mut(&key) {
+        list.retain(|b| b != binding);
+        if list.is_empty() {
             map.remove(&key);
         }
     }

@@ -4,8 +4,13 @@ use tokio::sync::watch;
 use tracing::{error, info};
 use tracing_subscriber::EnvFilter;
 
-#[tokio::main]
-async fn main() {
+fn main() {
+    limit_malloc_arenas();
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
+    runtime.block_on(run());
+}
+
+async fn run() {
     let config = Config::parse();
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     match config.log_format {
@@ -13,6 +18,7 @@ async fn main() {
         LogFormat::Json => tracing_subscriber::fmt().json().with_env_filter(filter).init(),
     }
 
+    tokio::spawn(trim_heap());
     let (stop, shutdown) = watch::channel(false);
     tokio::spawn(async move {
         wait_for_signal().await;
@@ -30,5 +36,30 @@ async fn wait_for_signal() {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
+    }
+}
+
+/// glibc gives each thread that allocates at once an arena of its own, up to eight per core,
+/// and memory freed in one is not reused by another: the tokio workers and the blocking pool
+/// would hold several half-empty heaps. Two are enough for a process that mostly waits.
+fn limit_malloc_arenas() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only sets a tuning parameter; called before other threads start.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 2);
+    }
+}
+
+/// Hands memory freed after a burst (a cold start lists every workload whole) back to the
+/// system; glibc keeps it otherwise, and resident memory would stay at the peak.
+async fn trim_heap() {
+    const EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+    loop {
+        tokio::time::sleep(EVERY).await;
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        // SAFETY: malloc_trim is thread-safe and only releases free memory.
+        unsafe {
+            libc::malloc_trim(0);
+        }
     }
 }

@@ -15,7 +15,7 @@ use kube::{
     api::{Patch, PatchParams},
     runtime::{
         controller::Action,
-        events::{Event, EventType, Recorder},
+        events::{Event, EventType, Recorder, Reporter},
         reflector::Store,
     },
 };
@@ -32,7 +32,7 @@ use crate::{
     plan::{self, Consul, Input, KeyContent, Live, Outcome},
     policy::Policy,
     tokens::{Lookup, TOKEN_LABEL, Tokens},
-    watches::{BindingRef, KeyState, Watches},
+    watches::{BindingRef, KeyState, Watches, binding_ref},
     workloads::{self, Workloads},
 };
 
@@ -65,7 +65,10 @@ impl Error {
 
 pub struct Context {
     pub client: Client,
-    pub recorder: Recorder,
+    /// Who records the events. Each event gets a recorder of its own: kube's keeps every event
+    /// it sent for minutes, to count repeats, which at thousands of bindings is megabytes, and
+    /// the controller raises an event only when there is news.
+    pub reporter: Reporter,
     pub watches: Watches,
     pub workloads: Workloads,
     pub tokens: Tokens,
@@ -99,6 +102,17 @@ impl Context {
         self.pending.lock().unwrap().remove(binding);
         self.written.lock().unwrap().remove(binding);
         self.set_ready(binding, None);
+    }
+
+    /// Drops the copy of the status this replica wrote once the cache shows it, so that the
+    /// copies do not add up to a second store of every status.
+    pub fn cached(&self, binding: &ConsulBinding) {
+        let oref = binding_ref(binding);
+        let mut written = self.written.lock().unwrap();
+        let Some((uid, status)) = written.get(&oref) else { return };
+        if binding.uid().as_ref() == Some(uid) && same_as_stored(binding.status.as_ref(), status) {
+            written.remove(&oref);
+        }
     }
 
     /// Forgets every binding for which `keep` is false.
@@ -143,7 +157,7 @@ async fn reconcile_inner(binding: &ConsulBinding, ctx: &Context) -> Result<Actio
     let started = std::time::Instant::now();
     let namespace = binding.namespace().unwrap_or_default();
     let name = binding.name_any();
-    let oref = BindingRef::from_obj(binding);
+    let oref = binding_ref(binding);
     let previous = last_status(ctx, binding, &oref);
     let spec = &binding.spec;
 
@@ -380,10 +394,24 @@ fn subscribe(ctx: &Context, binding: &BindingRef, queries: &[KvQuery]) -> Vec<Ke
 /// The binding's status: the one this replica last wrote for this very object, else the cached one.
 fn last_status(ctx: &Context, binding: &ConsulBinding, oref: &BindingRef) -> ConsulBindingStatus {
     let uid = binding.uid().unwrap_or_default();
-    match ctx.written.lock().unwrap().get(oref) {
-        Some((written_uid, status)) if *written_uid == uid => status.clone(),
-        _ => binding.status.clone().unwrap_or_default(),
+    let mut written = ctx.written.lock().unwrap();
+    let Some((_, status)) = written.get(oref).filter(|(u, _)| *u == uid) else {
+        return binding.status.clone().unwrap_or_default();
+    };
+    // Once the cache shows the write, it is enough, and the copy goes.
+    if same_as_stored(binding.status.as_ref(), status) {
+        let status = status.clone();
+        written.remove(oref);
+        return status;
     }
+    status.clone()
+}
+
+/// Whether the cached status is the one written. Times reach the cache with whole seconds, so
+/// the two are compared as the API server stores them.
+fn same_as_stored(cached: Option<&ConsulBindingStatus>, written: &ConsulBindingStatus) -> bool {
+    let stored = |s: &ConsulBindingStatus| serde_json::to_value(s).ok();
+    cached.and_then(stored) == stored(written)
 }
 
 fn queries(spec: &ConsulBindingSpec, token: Option<Token>) -> Vec<KvQuery> {
@@ -488,7 +516,7 @@ async fn report(
     previous: &ConsulBindingStatus,
     status: &ConsulBindingStatus,
 ) -> Result<(), Error> {
-    let oref = BindingRef::from_obj(binding);
+    let oref = binding_ref(binding);
     let ready = |s: &ConsulBindingStatus| s.conditions.iter().find(|c| c.type_ == conditions::READY).cloned();
     let (old, new) = (ready(previous), ready(status));
     if let Some(new) = &new {
@@ -556,7 +584,7 @@ fn needs_write(previous: &ConsulBindingStatus, status: &ConsulBindingStatus) -> 
 /// for the reconcile to end, and events are not part of the decision.
 fn publish(ctx: &Context, reference: ObjectReference, type_: EventType, reason: &str, note: String) {
     let event = Event { type_, reason: reason.into(), note: Some(note), action: "Reconcile".into(), secondary: None };
-    let recorder = ctx.recorder.clone();
+    let recorder = Recorder::new(ctx.client.clone(), ctx.reporter.clone());
     let reason = reason.to_owned();
     tokio::spawn(async move {
         if let Err(error) = recorder.publish(&event, &reference).await {

@@ -17,7 +17,7 @@ use consul_kv::{
     Backoff, Client, ErrorKind, KvEntry, KvQuery, Token,
     group::{self, Members, WatchPath},
     index::{Cursor, Progress},
-    jitter,
+    jitter, same_entries,
 };
 use consulbind_api::{ConsulBinding, conditions::reason};
 use kube::runtime::reflector::ObjectRef;
@@ -31,6 +31,15 @@ use tracing::{debug, info, warn};
 use crate::metrics::Metrics;
 
 pub type BindingRef = ObjectRef<ConsulBinding>;
+
+/// A binding's name and namespace, without the resource version and uid that
+/// `ObjectRef::from_obj` copies: they play no part in comparisons, and the maps keep tens of
+/// thousands of these.
+pub fn binding_ref(binding: &ConsulBinding) -> BindingRef {
+    let mut oref = ObjectRef::from_obj(binding);
+    oref.extra = Default::default();
+    oref
+}
 
 /// The latest word from Consul on one watched path.
 #[derive(Clone, Debug)]
@@ -123,14 +132,18 @@ struct Shared {
 #[derive(Default)]
 struct Inner {
     paths: HashMap<KvQuery, Arc<Path>>,
-    by_binding: HashMap<BindingRef, HashSet<KvQuery>>,
+    /// Each binding's queries, without duplicates: a short list takes less room than a set.
+    by_binding: HashMap<BindingRef, Box<[KvQuery]>>,
     groups: HashMap<KvQuery, GroupHandle>,
 }
 
 /// One watched path: its latest state and the bindings that read it.
 struct Path {
-    state: watch::Sender<KeyState>,
-    subscribers: Mutex<HashSet<BindingRef>>,
+    /// Bindings read it when they reconcile; a change wakes them through [`Wake`].
+    state: Mutex<KeyState>,
+    /// Without duplicates. Most paths have one or two, and a list of them takes far less room
+    /// than a set, across tens of thousands of paths.
+    subscribers: Mutex<Vec<BindingRef>>,
     /// A shared read that included this path was too large: it is read on its own from now on.
     solo: AtomicBool,
 }
@@ -269,7 +282,8 @@ impl Watches {
     pub fn subscribe(&self, binding: &BindingRef, queries: &[KvQuery]) -> Vec<KeyState> {
         let mut inner = self.shared.inner.lock().unwrap();
         let wanted: HashSet<KvQuery> = queries.iter().cloned().collect();
-        let old = inner.by_binding.remove(binding).unwrap_or_default();
+        let old: HashSet<KvQuery> =
+            inner.by_binding.remove(binding).unwrap_or_default().into_vec().into_iter().collect();
         let mut replan = false;
         for query in old.difference(&wanted) {
             replan |= inner.unsubscribe(binding, query);
@@ -278,15 +292,18 @@ impl Watches {
             let path = inner.paths.entry(query.clone()).or_insert_with(|| {
                 replan = true;
                 Arc::new(Path {
-                    state: watch::Sender::new(KeyState::Pending),
+                    state: Mutex::new(KeyState::Pending),
                     subscribers: Mutex::default(),
                     solo: AtomicBool::new(false),
                 })
             });
-            path.subscribers.lock().unwrap().insert(binding.clone());
+            let mut subscribers = path.subscribers.lock().unwrap();
+            if !subscribers.contains(binding) {
+                subscribers.push(binding.clone());
+            }
         }
-        inner.by_binding.insert(binding.clone(), wanted);
-        let states = queries.iter().map(|q| inner.paths[q].state.borrow().clone()).collect();
+        inner.by_binding.insert(binding.clone(), wanted.into_iter().collect());
+        let states = queries.iter().map(|q| inner.paths[q].state.lock().unwrap().clone()).collect();
         drop(inner);
         if replan {
             self.shared.replan.notify_one();
@@ -298,7 +315,7 @@ impl Watches {
     pub fn release(&self, binding: &BindingRef) {
         let mut inner = self.shared.inner.lock().unwrap();
         let mut replan = false;
-        for query in inner.by_binding.remove(binding).unwrap_or_default() {
+        for query in inner.by_binding.remove(binding).unwrap_or_default().iter() {
             replan |= inner.unsubscribe(binding, &query);
         }
         drop(inner);
@@ -356,7 +373,7 @@ impl Inner {
             return false;
         };
         let mut subscribers = path.subscribers.lock().unwrap();
-        subscribers.remove(binding);
+        subscribers.retain(|b| b != binding);
         if !subscribers.is_empty() {
             return false;
         }
@@ -703,45 +720,37 @@ fn group_wait(shared: &Shared, born: Instant) -> Duration {
 /// Records new entries. Content that turns missing or empty in the same answer as an index
 /// reset is marked as lost data; it stays marked until the content is back.
 fn set_ready(path: &Path, entries: &[KvEntry], reset: bool) -> Update {
-    let mut update = Update::Same;
-    path.state.send_modify(|current| {
-        let (before, was_ready) = match current {
-            KeyState::Ready(content) => (Some(&*content), true),
-            KeyState::Failed { last, .. } => (last.as_ref(), false),
-            KeyState::Pending => (None, false),
-        };
-        let same = before.filter(|b| same_contents(&b.entries, entries));
-        let content = match same {
-            Some(before) => {
-                update = if was_ready { Update::Same } else { Update::Recovered };
-                Content { entries: entries.into(), ..before.clone() }
-            }
-            None => {
-                update = if before.is_some() { Update::Changed } else { Update::First };
-                let lost = reset && entries.is_empty() && before.is_some_and(|b| !b.entries.is_empty());
-                Content { entries: entries.into(), changed_at: Instant::now(), reset_hold: lost }
-            }
-        };
-        *current = KeyState::Ready(content);
-    });
+    let current = &mut *path.state.lock().unwrap();
+    let (before, was_ready) = match current {
+        KeyState::Ready(content) => (Some(&*content), true),
+        KeyState::Failed { last, .. } => (last.as_ref(), false),
+        KeyState::Pending => (None, false),
+    };
+    let (update, content) = match before.filter(|b| same_entries(&b.entries, entries)) {
+        Some(before) => {
+            let update = if was_ready { Update::Same } else { Update::Recovered };
+            (update, Content { entries: entries.into(), ..before.clone() })
+        }
+        None => {
+            let update = if before.is_some() { Update::Changed } else { Update::First };
+            let lost = reset && entries.is_empty() && before.is_some_and(|b| !b.entries.is_empty());
+            (update, Content { entries: entries.into(), changed_at: Instant::now(), reset_hold: lost })
+        }
+    };
+    *current = KeyState::Ready(content);
     update
 }
 
 fn set_failed(path: &Path, reason: &'static str, message: &str) -> bool {
-    path.state.send_if_modified(|current| {
-        let last = match current {
-            KeyState::Failed { reason: r, message: m, .. } if *r == reason && m == message => return false,
-            KeyState::Failed { last, .. } => last.take(),
-            KeyState::Ready(content) => Some(content.clone()),
-            KeyState::Pending => None,
-        };
-        *current = KeyState::Failed { reason, message: message.to_owned(), last };
-        true
-    })
-}
-
-fn same_contents(a: &[KvEntry], b: &[KvEntry]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).all(|(a, b)| a.key == b.key && a.value == b.value)
+    let current = &mut *path.state.lock().unwrap();
+    let last = match current {
+        KeyState::Failed { reason: r, message: m, .. } if *r == reason && m == message => return false,
+        KeyState::Failed { last, .. } => last.take(),
+        KeyState::Ready(content) => Some(content.clone()),
+        KeyState::Pending => None,
+    };
+    *current = KeyState::Failed { reason, message: message.to_owned(), last };
+    true
 }
 
 #[cfg(test)]

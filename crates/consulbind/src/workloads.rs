@@ -1,7 +1,10 @@
 //! The workloads bindings roll: small caches to find them and to see what they carry, and the stamp
 //! that rolls them.
 
-use std::collections::BTreeMap;
+use std::{
+    collections::BTreeMap,
+    hash::{Hash, Hasher},
+};
 
 use consulbind_api::{TargetRef, WorkloadKind};
 use futures::{Stream, StreamExt, TryStreamExt};
@@ -243,8 +246,13 @@ where
             }
             let touched = match event {
                 Ok(watcher::Event::Apply(obj) | watcher::Event::InitApply(obj)) => {
-                    let signature = (obj.uid(), obj.labels().clone(), obj.annotations().clone());
-                    (seen.insert(ObjectRef::from_obj(&obj), signature.clone()) != Some(signature)).then_some(obj)
+                    // A hash, not a copy: this map has an entry per workload in the cluster.
+                    let signature = {
+                        let mut hasher = std::hash::DefaultHasher::new();
+                        (obj.labels(), obj.annotations()).hash(&mut hasher);
+                        hasher.finish()
+                    };
+                    (seen.insert(ObjectRef::from_obj(&obj), signature) != Some(signature)).then_some(obj)
                 }
                 Ok(watcher::Event::Delete(obj)) => {
                     seen.remove(&ObjectRef::from_obj(&obj));
@@ -334,7 +342,7 @@ template!(Deployment, StatefulSet, DaemonSet);
 /// annotation after it; anything else (a rollout undo, a hand edit) set the live value.
 const OWNED: &str = "owned.";
 
-/// What the caches keep of a workload: name, namespace, uid and labels, and as annotations this
+/// What the caches keep of a workload: name, namespace, generation and labels, and as annotations this
 /// controller's pod-template annotations, each with an [`OWNED`] mark when the binding's field
 /// manager holds it.
 fn live_meta<K: Resource<DynamicType = ()> + Template>(obj: K) -> PartialObjectMeta<K> {
@@ -359,7 +367,6 @@ fn live_meta<K: Resource<DynamicType = ()> + Template>(obj: K) -> PartialObjectM
     let metadata = ObjectMeta {
         name: meta.name.clone(),
         namespace: meta.namespace.clone(),
-        uid: meta.uid.clone(),
         generation: meta.generation,
         labels: meta.labels.clone(),
         annotations: Some(annotations).filter(|a| !a.is_empty()),
