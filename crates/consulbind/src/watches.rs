@@ -316,7 +316,7 @@ impl Watches {
         let mut inner = self.shared.inner.lock().unwrap();
         let mut replan = false;
         for query in inner.by_binding.remove(binding).unwrap_or_default().iter() {
-            replan |= inner.unsubscribe(binding, &query);
+            replan |= inner.unsubscribe(binding, query);
         }
         drop(inner);
         if replan {
