@@ -71,7 +71,10 @@ pub fn run(env: &Env) -> Result<()> {
     let before = replica_sets(&mut kubectl(&["get", "replicasets", "-l", "app=web", "-o", "name"]))?;
 
     step(&format!("changing {CONFIG_KEY} in Consul"));
-    consul_put(CONFIG_KEY, r#"{"pool": 20, "color": "green"}"#)?;
+    // A value no earlier run wrote, so that a second demo on the same servers rolls as well: the
+    // controller rightly rolls nothing when the workload already runs with this content.
+    let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs();
+    consul_put(CONFIG_KEY, &format!(r#"{{"pool": 20, "color": "green", "written": {stamp}}}"#))?;
     wait("the rollout (a new ReplicaSet)", Duration::from_secs(60), &controller, || {
         replica_sets(&mut kubectl(&["get", "replicasets", "-l", "app=web", "-o", "name"])).is_ok_and(|n| n > before)
     })?;
