@@ -205,17 +205,18 @@ pub fn plan(input: &Input<'_>, pending: &mut Option<Pending>, now: Instant) -> P
         return plan;
     }
     // A dry run already reported this very rollout: no second debounce, and no second event.
-    if let Some(reported) = input.previous.dry_run.as_ref().filter(|_| input.dry_run) {
-        let same_targets =
-            reported.would_roll.iter().eq(behind.iter().map(|(k, n)| format!("{k}/{n}")).collect::<Vec<_>>().iter());
-        if reported.checksum == desired && same_targets {
+    let dry_run = input.dry_run && !behind.is_empty();
+    if let Some(reported) = input.previous.dry_run.as_ref().filter(|_| dry_run) {
+        let names: Vec<String> = behind.iter().map(|(k, n)| format!("{k}/{n}")).collect();
+        if reported.checksum == desired && reported.would_roll == names {
             *pending = None;
             let why = reported.reason.clone().unwrap_or_default();
             return plan.would_roll(behind, why);
         }
     }
     match Pending::observe(pending, &desired, now, input.window) {
-        Decision::RollNow if input.dry_run => {
+        // With nothing to roll, a dry run records the content like any other mode.
+        Decision::RollNow if dry_run => {
             *pending = None;
             let why = match content_changed {
                 true => format!(
@@ -881,6 +882,33 @@ mod tests {
         assert_eq!(rolled.applied_checksum, Some(checksum_of("v2")));
         assert_eq!(rolled.dry_run, None);
         assert!(step_dry(&rolled, "v2", false).0.roll.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_dry_run_without_targets_records_the_content() {
+        let spec = spec(false);
+        let (v1, v2) = (entry("v1"), entry("v2"));
+        let step = |previous: &ConsulBindingStatus, entries: &[KvEntry]| {
+            let input = Input {
+                key: &key(),
+                spec: &spec,
+                window: WINDOW,
+                generation: Some(3),
+                previous,
+                consul: Consul::Ready(vec![KeyContent { source: &spec.keys[0], entries, reset_hold: false }]),
+                found: &[],
+                live: &BTreeMap::new(),
+                missing: &[],
+                unserved: &[],
+                dry_run: true,
+            };
+            let plan = plan(&input, &mut None, Instant::now());
+            status(&input, &plan, &Outcome::default(), &now())
+        };
+        let baseline = step(&Default::default(), &v1);
+        let moved = step(&baseline, &v2);
+        assert_eq!(moved.applied_checksum, Some(checksum_of("v2")), "nothing to roll, nothing to hold");
+        assert_eq!(moved.dry_run.unwrap().would_roll, Vec::<String>::new());
     }
 
     #[tokio::test(start_paused = true)]
