@@ -86,7 +86,7 @@ pub struct Key([u8; KEY_LEN]);
 pub const KEY_LEN: usize = 32;
 
 impl Key {
-    pub fn new(bytes: [u8; KEY_LEN]) -> Self {
+    pub const fn new(bytes: [u8; KEY_LEN]) -> Self {
         Self(bytes)
     }
 

@@ -536,17 +536,9 @@ mod tests {
         found: &[Workload],
     ) -> (Plan, ConsulBindingStatus) {
         let input = Input {
-            key: &key(),
-            spec,
-            window: WINDOW,
             generation: Some(generation),
-            previous,
             consul: Consul::Ready(vec![KeyContent { source: &spec.keys[0], entries, reset_hold }]),
-            found,
-            live: &BTreeMap::new(),
-            missing: &[],
-            unserved: &[],
-            dry_run: false,
+            ..input(spec, previous, entries, found)
         };
         let plan = plan(&input, &mut None, Instant::now());
         let outcome = Outcome { rolled: plan.roll.clone(), failed: vec![] };
@@ -562,28 +554,38 @@ mod tests {
             .iter()
             .map(|(value, owned)| (found[0].clone(), Live { value: value.to_string(), owned: *owned }))
             .collect();
-        let input = Input {
-            key: &key(),
-            spec: &spec,
+        let input = Input { live: &live, ..input(&spec, previous, entries, &found) };
+        plan(&input, &mut None, Instant::now())
+    }
+
+    const KEY: checksum::Key = checksum::Key::new([42; checksum::KEY_LEN]);
+    static NO_LIVE: BTreeMap<Workload, Live> = BTreeMap::new();
+
+    /// What a binding that reads `spec.keys[0]` sees: `entries` from Consul, and `found`
+    /// workloads that carry nothing. Tests change the rest with `..input(...)`.
+    fn input<'a>(
+        spec: &'a ConsulBindingSpec,
+        previous: &'a ConsulBindingStatus,
+        entries: &'a [KvEntry],
+        found: &'a [Workload],
+    ) -> Input<'a> {
+        Input {
+            key: &KEY,
+            spec,
             window: WINDOW,
             generation: Some(3),
             previous,
             consul: Consul::Ready(vec![KeyContent { source: &spec.keys[0], entries, reset_hold: false }]),
-            found: &found,
-            live: &live,
+            found,
+            live: &NO_LIVE,
             missing: &[],
             unserved: &[],
             dry_run: false,
-        };
-        plan(&input, &mut None, Instant::now())
-    }
-
-    fn key() -> checksum::Key {
-        checksum::Key::new([42; checksum::KEY_LEN])
+        }
     }
 
     fn checksum_of(value: &str) -> String {
-        checksum::checksum(&key(), &[Source::Key { key: "app/config", value: Some(value.as_bytes()) }])
+        checksum::checksum(&KEY, &[Source::Key { key: "app/config", value: Some(value.as_bytes()) }])
     }
 
     #[tokio::test(start_paused = true)]
@@ -627,19 +629,7 @@ mod tests {
         let upgrade = |previous: &ConsulBindingStatus, value: &str, live: &str| {
             let entries = entry(value);
             let live: BTreeMap<Workload, Live> = [(found[0].clone(), Live { value: live.into(), owned: true })].into();
-            let input = Input {
-                key: &key(),
-                spec: &spec,
-                window: WINDOW,
-                generation: Some(3),
-                previous,
-                consul: Consul::Ready(vec![KeyContent { source: &spec.keys[0], entries: &entries, reset_hold: false }]),
-                found: &found,
-                live: &live,
-                missing: &[],
-                unserved: &[],
-                dry_run: false,
-            };
+            let input = Input { live: &live, ..input(&spec, previous, &entries, &found) };
             let upgraded = upgrade_legacy(&input);
             let input = match &upgraded {
                 Some(u) => Input { previous: &u.previous, live: &u.live, ..input },
@@ -790,19 +780,11 @@ mod tests {
         let mut two_keys = spec(false);
         two_keys.keys.push(KeySource { key: "app/other".into(), ..Default::default() });
         let input = Input {
-            key: &key(),
-            spec: &two_keys,
-            window: WINDOW,
             generation: None,
-            previous: &both,
             consul: Consul::Ready(
                 two_keys.keys.iter().map(|source| KeyContent { source, entries: &[], reset_hold: false }).collect(),
             ),
-            found: &two,
-            live: &BTreeMap::new(),
-            missing: &[],
-            unserved: &[],
-            dry_run: false,
+            ..input(&two_keys, &both, &[], &two)
         };
         let plan = plan(&input, &mut None, Instant::now());
         assert_eq!(
@@ -832,19 +814,7 @@ mod tests {
     fn step_dry(previous: &ConsulBindingStatus, value: &str, dry_run: bool) -> (Plan, ConsulBindingStatus) {
         let spec = spec(false);
         let (entries, found) = (entry(value), web());
-        let input = Input {
-            key: &key(),
-            spec: &spec,
-            window: WINDOW,
-            generation: Some(3),
-            previous,
-            consul: Consul::Ready(vec![KeyContent { source: &spec.keys[0], entries: &entries, reset_hold: false }]),
-            found: &found,
-            live: &BTreeMap::new(),
-            missing: &[],
-            unserved: &[],
-            dry_run,
-        };
+        let input = Input { dry_run, ..input(&spec, previous, &entries, &found) };
         let plan = plan(&input, &mut None, Instant::now());
         let outcome = Outcome { rolled: plan.roll.clone(), failed: vec![] };
         let status = status(&input, &plan, &outcome, &now());
@@ -889,19 +859,7 @@ mod tests {
         let spec = spec(false);
         let (v1, v2) = (entry("v1"), entry("v2"));
         let step = |previous: &ConsulBindingStatus, entries: &[KvEntry]| {
-            let input = Input {
-                key: &key(),
-                spec: &spec,
-                window: WINDOW,
-                generation: Some(3),
-                previous,
-                consul: Consul::Ready(vec![KeyContent { source: &spec.keys[0], entries, reset_hold: false }]),
-                found: &[],
-                live: &BTreeMap::new(),
-                missing: &[],
-                unserved: &[],
-                dry_run: true,
-            };
+            let input = Input { dry_run: true, ..input(&spec, previous, entries, &[]) };
             let plan = plan(&input, &mut None, Instant::now());
             status(&input, &plan, &Outcome::default(), &now())
         };
@@ -916,19 +874,8 @@ mod tests {
         let spec = spec(false);
         let (entries, found) = (entry("v1"), web());
         let unserved = ["the kind Rollout (argoproj.io/v1alpha1) is not served by this cluster".to_owned()];
-        let input = Input {
-            key: &key(),
-            spec: &spec,
-            window: WINDOW,
-            generation: Some(3),
-            previous: &Default::default(),
-            consul: Consul::Ready(vec![KeyContent { source: &spec.keys[0], entries: &entries, reset_hold: false }]),
-            found: &found,
-            live: &BTreeMap::new(),
-            missing: &[],
-            unserved: &unserved,
-            dry_run: false,
-        };
+        let previous = ConsulBindingStatus::default();
+        let input = Input { unserved: &unserved, ..input(&spec, &previous, &entries, &found) };
         let plan = plan(&input, &mut None, Instant::now());
         let status = status(&input, &plan, &Outcome::default(), &now());
         assert_eq!(condition(&status, conditions::READY).reason, reason::KIND_NOT_SERVED);
@@ -950,18 +897,10 @@ mod tests {
     async fn consul_failure_is_reported_and_keeps_what_was_applied() {
         let (_, baseline) = step(&spec(false), &Default::default(), &entry("v1"), &web());
         let spec = spec(false);
+        let found = web();
         let input = Input {
-            key: &key(),
-            spec: &spec,
-            window: WINDOW,
-            generation: Some(3),
-            previous: &baseline,
             consul: Consul::Failed { reason: reason::ACCESS_DENIED, message: "Consul denied access".into() },
-            found: &web(),
-            live: &BTreeMap::new(),
-            missing: &[],
-            unserved: &[],
-            dry_run: false,
+            ..input(&spec, &baseline, &[], &found)
         };
         let plan = plan(&input, &mut None, Instant::now());
         assert!(plan.roll.is_empty() && plan.desired.is_none());
@@ -978,19 +917,8 @@ mod tests {
         let (_, baseline) = step(&spec(false), &Default::default(), &entry("v1"), &web());
         let spec = spec(false);
         let entries = entry("v2");
-        let input = Input {
-            key: &key(),
-            spec: &spec,
-            window: WINDOW,
-            generation: Some(3),
-            previous: &baseline,
-            consul: Consul::Ready(vec![KeyContent { source: &spec.keys[0], entries: &entries, reset_hold: false }]),
-            found: &web(),
-            live: &BTreeMap::new(),
-            missing: &[],
-            unserved: &[],
-            dry_run: false,
-        };
+        let found = web();
+        let input = input(&spec, &baseline, &entries, &found);
         let plan = plan(&input, &mut None, Instant::now());
         let outcome = Outcome { rolled: vec![], failed: vec![(web()[0].clone(), "forbidden".into())] };
         let status = status(&input, &plan, &outcome, &now());

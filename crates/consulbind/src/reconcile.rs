@@ -393,18 +393,13 @@ fn subscribe(ctx: &Context, binding: &BindingRef, queries: &[KvQuery]) -> Vec<Ke
 
 /// The binding's status: the one this replica last wrote for this very object, else the cached one.
 fn last_status(ctx: &Context, binding: &ConsulBinding, oref: &BindingRef) -> ConsulBindingStatus {
+    // The watch event of a write can come before the copy is kept; drop it here then.
+    ctx.cached(binding);
     let uid = binding.uid().unwrap_or_default();
-    let mut written = ctx.written.lock().unwrap();
-    let Some((_, status)) = written.get(oref).filter(|(u, _)| *u == uid) else {
-        return binding.status.clone().unwrap_or_default();
-    };
-    // Once the cache shows the write, it is enough, and the copy goes.
-    if same_as_stored(binding.status.as_ref(), status) {
-        let status = status.clone();
-        written.remove(oref);
-        return status;
+    match ctx.written.lock().unwrap().get(oref) {
+        Some((written_uid, status)) if *written_uid == uid => status.clone(),
+        _ => binding.status.clone().unwrap_or_default(),
     }
-    status.clone()
 }
 
 /// Whether the cached status is the one written. Times reach the cache with whole seconds, so

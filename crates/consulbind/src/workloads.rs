@@ -86,11 +86,11 @@ impl Workloads {
     /// Starts the caches. The returned stream must be polled to keep them current; it yields
     /// when a workload appears, disappears or changes labels, never for mere status updates.
     pub fn start(client: &Client, namespace: Option<&str>) -> (Self, impl Stream<Item = Touched> + Send + 'static) {
-        let (deployments, d) = cache::<Deployment>(client, namespace, WorkloadKind::Deployment);
-        let (statefulsets, s) = cache::<StatefulSet>(client, namespace, WorkloadKind::StatefulSet);
-        let (daemonsets, ds) = cache::<DaemonSet>(client, namespace, WorkloadKind::DaemonSet);
+        let (deployments, d) = cache::<Deployment>(client, namespace, WorkloadKind::Deployment, None);
+        let (statefulsets, s) = cache::<StatefulSet>(client, namespace, WorkloadKind::StatefulSet, None);
+        let (daemonsets, ds) = cache::<DaemonSet>(client, namespace, WorkloadKind::DaemonSet, None);
         let (served, rollouts_served) = watch::channel(Served::Unknown);
-        let (rollouts, r) = cache_with::<Rollout>(client, namespace, WorkloadKind::Rollout, Some(served));
+        let (rollouts, r) = cache::<Rollout>(client, namespace, WorkloadKind::Rollout, Some(served));
         let workloads = Self { deployments, statefulsets, daemonsets, rollouts, rollouts_served };
         (workloads, futures::stream::select_all([d, s, ds, r]))
     }
@@ -167,27 +167,9 @@ impl Workloads {
     }
 }
 
-fn cache<K>(
-    client: &Client,
-    namespace: Option<&str>,
-    kind: WorkloadKind,
-) -> (Store<PartialObjectMeta<K>>, futures::stream::BoxStream<'static, Touched>)
-where
-    K: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
-        + Template
-        + Clone
-        + DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
-{
-    cache_with(client, namespace, kind, None)
-}
-
 /// A cache of one kind; with `served`, a kind that may be missing from the cluster, whose
 /// presence is reported there.
-fn cache_with<K>(
+fn cache<K>(
     client: &Client,
     namespace: Option<&str>,
     kind: WorkloadKind,
