@@ -106,8 +106,13 @@ enum Bench {
 enum EnvAction {
     /// Provision (first run only) and start everything, install the CRDs and write the env file.
     Up,
-    /// Stop the processes that `up` started. Data is kept for the next `up`.
-    Down,
+    /// Stop the processes that `up` started. Data is kept for the next `up`, unless --wipe.
+    Down {
+        /// Delete all the environment's data too (etcd, Consul, certificates, logs), so that the
+        /// next `up` starts empty; the built and downloaded servers stay cached.
+        #[arg(long)]
+        wipe: bool,
+    },
     /// Show what is running and whether it is healthy.
     Status,
     /// Stop a Consul agent and start it again, with its data or (--empty) without, to try faults.
@@ -140,7 +145,7 @@ fn run(command: Command) -> Result<()> {
     match command {
         Command::Env { action } => match action {
             EnvAction::Up => env.up(),
-            EnvAction::Down => env.down(),
+            EnvAction::Down { wipe } => env.down().and_then(|()| if wipe { env.wipe() } else { Ok(()) }),
             EnvAction::Status => env.status(),
             EnvAction::ConsulRestart { agent, empty, down } => {
                 env.restart_consul(&agent, empty, Duration::from_secs(down))

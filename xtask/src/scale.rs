@@ -24,6 +24,7 @@ use kube::{
     runtime::{WatchStreamExt, watcher},
 };
 use serde_json::json;
+use tokio::sync::Notify;
 
 use crate::{
     bench::{metric, rss_kib},
@@ -120,8 +121,10 @@ async fn measure(env: &Env, vars: &[(&'static str, String)], sizes: &Sizes) -> R
 
     // Generations as a watch sees them, with the time each was first seen.
     let seen: Arc<Mutex<HashMap<String, (i64, Instant)>>> = Arc::default();
+    // Told of every new generation, so that waiting for one costs no polling.
+    let moved = Arc::new(Notify::new());
     let watch = tokio::spawn({
-        let (seen, deployments) = (seen.clone(), deployments.clone());
+        let (seen, moved, deployments) = (seen.clone(), moved.clone(), deployments.clone());
         async move {
             let mut events =
                 watcher(deployments, watcher::Config::default()).default_backoff().applied_objects().boxed();
@@ -131,6 +134,7 @@ async fn measure(env: &Env, vars: &[(&'static str, String)], sizes: &Sizes) -> R
                 let entry = seen.entry(d.name_any()).or_insert((generation, Instant::now()));
                 if entry.0 != generation {
                     *entry = (generation, Instant::now());
+                    moved.notify_waiters();
                 }
             }
         }
@@ -185,8 +189,9 @@ async fn measure(env: &Env, vars: &[(&'static str, String)], sizes: &Sizes) -> R
             }
             let written = Instant::now();
             consul.put(&key(k), format!("v{}", change + 1).as_bytes(), None).await?;
-            let deadline = written + CHANGE_TIMEOUT;
+            let deadline = tokio::time::Instant::from_std(written + CHANGE_TIMEOUT);
             loop {
+                let next = moved.notified();
                 let done: Option<Instant> = {
                     let seen = seen.lock().unwrap();
                     targets.iter().map(|t| seen.get(t).filter(|(g, _)| *g >= expected[t]).map(|(_, at)| *at)).collect::<Option<Vec<_>>>().and_then(|at| at.into_iter().max())
@@ -195,11 +200,10 @@ async fn measure(env: &Env, vars: &[(&'static str, String)], sizes: &Sizes) -> R
                     latencies.push(at.saturating_duration_since(written));
                     break;
                 }
-                if Instant::now() > deadline {
+                if tokio::time::timeout_at(deadline, next).await.is_err() {
                     missed += 1;
                     break;
                 }
-                tokio::time::sleep(Duration::from_millis(1)).await;
             }
         }
         tokio::time::sleep(Duration::from_secs(2)).await;

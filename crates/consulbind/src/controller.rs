@@ -117,6 +117,7 @@ pub async fn run(config: Config, shutdown: signal::Receiver<bool>) -> Result<(),
             ready: Arc::clone(&ready_states),
             written: Default::default(),
             stamped: Default::default(),
+            express: Default::default(),
         });
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
         caches_ready.push(ready_rx);
@@ -231,6 +232,8 @@ async fn run_scope(
     let _ = ready.send(());
 
     let forget = ctx.clone();
+    let express_ctx = ctx.clone();
+    let drain = ctx.clone();
     let not_found = ctx.clone();
     let store = reader.clone();
     let in_scope = move |b: &BindingRef| scope.is_none() || b.namespace == scope;
@@ -258,7 +261,7 @@ async fn run_scope(
     };
     let controller = Controller::for_stream(bindings, reader)
         .with_config(ControllerConfig::default().concurrency(RECONCILE_CONCURRENCY))
-        .reconcile_on(wakes)
+        .reconcile_on(wakes.inspect(move |binding| express_ctx.express.try_run(&express_ctx, binding)))
         .reconcile_on(touched_rx)
         .graceful_shutdown_on(stop)
         .run(reconcile::reconcile, reconcile::error_policy, ctx)
@@ -287,6 +290,9 @@ async fn run_scope(
             let _ = shutdown.wait_for(|stop| *stop).await;
             tokio::time::sleep(SHUTDOWN_GRACE).await;
         } => warn!("in-flight reconciles did not finish within {SHUTDOWN_GRACE:?} of shutdown; abandoning them"),
+    }
+    if tokio::time::timeout(SHUTDOWN_GRACE, drain.express.drain()).await.is_err() {
+        warn!("express reconciles did not finish within {SHUTDOWN_GRACE:?} of shutdown; abandoning them");
     }
     Ok(())
 }

@@ -12,6 +12,7 @@ pub mod checksum_key;
 pub mod config;
 pub mod controller;
 pub mod debounce;
+pub mod express;
 pub mod interest;
 pub mod lease;
 pub mod metrics;

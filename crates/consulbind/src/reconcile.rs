@@ -26,6 +26,7 @@ use tracing::{info, warn};
 use crate::{
     checksum,
     debounce::{Pending, Window},
+    express::Express,
     interest::Interest,
     metrics::{Metrics, ReadyLabels, RolloutLabels},
     names,
@@ -92,6 +93,8 @@ pub struct Context {
     /// is never older than the cache, which may not have seen the write yet when a Consul
     /// change wakes the binding again.
     pub written: Mutex<HashMap<BindingRef, (String, ConsulBindingStatus)>>,
+    /// Which bindings are being reconciled, and the runs that start on a Consul wake.
+    pub express: Arc<Express>,
 }
 
 impl Context {
@@ -143,8 +146,17 @@ impl Context {
 }
 
 pub async fn reconcile(binding: Arc<ConsulBinding>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let oref = binding_ref(&binding);
+    let _running = ctx.express.enter(&oref).await;
+    // An express run may have written the status while this one waited.
+    let binding = ctx.bindings.get(&oref).unwrap_or(binding);
+    reconcile_marked(binding, &ctx).await
+}
+
+/// A reconcile by a caller that holds the binding's running mark.
+pub async fn reconcile_marked(binding: Arc<ConsulBinding>, ctx: &Context) -> Result<Action, Error> {
     let started = std::time::Instant::now();
-    let result = reconcile_inner(&binding, &ctx).await;
+    let result = reconcile_inner(&binding, ctx).await;
     let label = match &result {
         Ok(_) => "ok",
         Err(e) => e.metric_label(),
