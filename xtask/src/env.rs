@@ -20,6 +20,8 @@ use crate::{minutes, remove_all, repo_root};
 const ETCD_PORT: u16 = 23791;
 const ETCD_PEER_PORT: u16 = 23801;
 const APISERVER_PORT: u16 = 16443;
+/// The plain agent's HTTPS port.
+const CONSUL_HTTPS_PORT: u16 = 18501;
 
 /// `base` shifted by CONSULBIND_ENV_PORT_OFFSET (default 0), so two environments can run side by
 /// side on one machine, e.g. two worktrees. Read once: every port of a run must agree.
@@ -40,6 +42,8 @@ fn port(base: u16) -> u16 {
 struct Agent {
     name: &'static str,
     http: u16,
+    /// HTTPS beside HTTP, with the environment's own CA.
+    https: Option<u16>,
     server: u16,
     serf_lan: u16,
     serf_wan: u16,
@@ -47,16 +51,30 @@ struct Agent {
 }
 
 /// The plain agent, which `CONSUL_HTTP_ADDR` points at.
-const CONSUL: Agent =
-    Agent { name: "consul", http: 18500, server: 18510, serf_lan: 18511, serf_wan: 18512, acl: false };
+const CONSUL: Agent = Agent {
+    name: "consul",
+    http: 18500,
+    https: Some(CONSUL_HTTPS_PORT),
+    server: 18510,
+    serf_lan: 18511,
+    serf_wan: 18512,
+    acl: false,
+};
 /// ACLs on with default deny, for the ACL tests.
 /// A plain agent of its own for the tests that stop, restart or wipe Consul, so that the other
 /// tests, which run at the same time, never see it go.
-const CONSUL_FAULTS: Agent =
-    Agent { name: "consul-faults", http: 18700, server: 18710, serf_lan: 18711, serf_wan: 18712, acl: false };
+const CONSUL_FAULTS: Agent = Agent {
+    name: "consul-faults",
+    http: 18700,
+    https: None,
+    server: 18710,
+    serf_lan: 18711,
+    serf_wan: 18712,
+    acl: false,
+};
 const AGENTS: [&Agent; 3] = [&CONSUL, &CONSUL_ACL, &CONSUL_FAULTS];
 const CONSUL_ACL: Agent =
-    Agent { name: "consul-acl", http: 18600, server: 18610, serf_lan: 18611, serf_wan: 18612, acl: true };
+    Agent { name: "consul-acl", http: 18600, https: None, server: 18610, serf_lan: 18611, serf_wan: 18612, acl: true };
 
 impl Agent {
     fn addr(&self) -> String {
@@ -114,6 +132,7 @@ impl Env {
         let admin_token = self.secret("admin-token")?;
         let master_token = self.secret("consul-acl-master-token")?;
         self.write_kube_files(&admin_token)?;
+        self.write_consul_certs()?;
 
         println!("==> starting the environment in {}", self.dir.display());
         // Consul first: its agents elect themselves while Kubernetes comes up.
@@ -283,6 +302,8 @@ impl Env {
             ("CONSULBIND_E2E_ACL_ADDR", CONSUL_ACL.addr()),
             ("CONSULBIND_E2E_FAULTS_ADDR", CONSUL_FAULTS.addr()),
             ("CONSULBIND_E2E_ACL_TOKEN", master_token.trim().to_owned()),
+            ("CONSULBIND_E2E_TLS_ADDR", format!("https://127.0.0.1:{}", port(CONSUL_HTTPS_PORT))),
+            ("CONSULBIND_E2E_CONSUL_CA", self.path("pki/consul-ca.crt").display().to_string()),
         ])
     }
 
@@ -351,6 +372,68 @@ current-context: consulbind
         Ok(fs::write(self.kubeconfig(), kubeconfig)?)
     }
 
+    /// A CA and a serving certificate for 127.0.0.1, for the agent that also speaks HTTPS.
+    fn write_consul_certs(&self) -> Result<()> {
+        let pki = self.path("pki");
+        let (ca, ca_key, cert, key) =
+            (pki.join("consul-ca.crt"), pki.join("consul-ca.key"), pki.join("consul.crt"), pki.join("consul.key"));
+        if cert.exists() {
+            return Ok(());
+        }
+        let openssl = |args: &[&str]| capture(Command::new("openssl").args(args));
+        let path = |p: &Path| p.display().to_string();
+        openssl(&[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "3650",
+            "-subj",
+            "/CN=consulbind-env CA",
+            "-keyout",
+            &path(&ca_key),
+            "-out",
+            &path(&ca),
+        ])?;
+        let csr = pki.join("consul.csr");
+        openssl(&[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-keyout",
+            &path(&key),
+            "-out",
+            &path(&csr),
+        ])?;
+        let ext = pki.join("consul.ext");
+        fs::write(&ext, "subjectAltName = IP:127.0.0.1, DNS:localhost\n")?;
+        // Written last: its presence says the set is complete.
+        let tmp = pki.join("consul.crt.tmp");
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            &path(&csr),
+            "-CA",
+            &path(&ca),
+            "-CAkey",
+            &path(&ca_key),
+            "-CAcreateserial",
+            "-days",
+            "3650",
+            "-extfile",
+            &path(&ext),
+            "-out",
+            &path(&tmp),
+        ])?;
+        Ok(fs::rename(&tmp, &cert)?)
+    }
+
     fn consul_config(&self, agent: &Agent, master_token: &str) -> String {
         let data_dir = self.path(&format!("{}-data", agent.name));
         let acl = if agent.acl {
@@ -374,8 +457,8 @@ disable_update_check = true
 performance {{
   raft_multiplier = 1
 }}
-ports {{
-  http = {http}
+{tls}ports {{
+  http = {http}{https}
   server = {server}
   serf_lan = {serf_lan}
   serf_wan = {serf_wan}
@@ -386,6 +469,16 @@ ports {{
             name = agent.name,
             data_dir = data_dir.display().to_string(),
             http = port(agent.http),
+            https = agent.https.map(|p| format!("\n  https = {}", port(p))).unwrap_or_default(),
+            tls = match agent.https {
+                Some(_) => format!(
+                    "ca_file = {:?}\ncert_file = {:?}\nkey_file = {:?}\n",
+                    self.path("pki/consul-ca.crt").display().to_string(),
+                    self.path("pki/consul.crt").display().to_string(),
+                    self.path("pki/consul.key").display().to_string(),
+                ),
+                None => String::new(),
+            },
             server = port(agent.server),
             serf_lan = port(agent.serf_lan),
             serf_wan = port(agent.serf_wan),

@@ -1,6 +1,7 @@
 //! The HTTP client: TLS setup, requests, and turning statuses into errors.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -45,6 +46,9 @@ struct Inner {
     /// Blocking queries hold one of these as well.
     blocking: Semaphore,
     blocking_slots: usize,
+    /// Over TLS: whether the pool holds a connection whose protocol it knows (see `settle`).
+    settled: AtomicBool,
+    settling: tokio::sync::Mutex<()>,
 }
 
 impl std::fmt::Debug for Client {
@@ -81,6 +85,8 @@ impl Client {
                 requests: Semaphore::new(budget.requests),
                 blocking: Semaphore::new(budget.blocking),
                 blocking_slots: budget.blocking,
+                settled: AtomicBool::new(false),
+                settling: tokio::sync::Mutex::new(()),
             }),
         })
     }
@@ -102,6 +108,7 @@ impl Client {
         if files != *self.inner.tls_files.lock().unwrap() {
             let (http, _) = build_http(&self.inner.config, self.inner.idle).await?;
             *self.inner.http.write().unwrap() = http;
+            self.inner.settled.store(false, Ordering::Release);
             *self.inner.tls_files.lock().unwrap() = files;
             changed = true;
         }
@@ -224,6 +231,7 @@ impl Client {
         body: Option<Vec<u8>>,
     ) -> Result<Response, Error> {
         let http = self.inner.http.read().unwrap().clone();
+        self.settle(&http).await;
         let mut request = http.request(method, url).timeout(timeout);
         if let Some(token) = token {
             let mut value = HeaderValue::from_str(token.expose())
@@ -235,7 +243,35 @@ impl Client {
         if let Some(body) = body {
             request = request.body(body);
         }
-        request.send().await.map_err(|e| self.unreachable(&e))
+        request.send().await.map_err(|e| {
+            self.inner.settled.store(false, Ordering::Release);
+            self.unreachable(&e)
+        })
+    }
+
+    /// Over TLS, Consul offers HTTP/2, but the pool learns it only once a connection is up:
+    /// until then every request opens a connection of its own, as many as there are requests in
+    /// flight. So after a start, a TLS reload or a connection failure, one short request
+    /// (`/v1/status/leader`, which needs no token) goes first, and the others then share its
+    /// connection.
+    async fn settle(&self, http: &reqwest::Client) {
+        if self.inner.base.scheme() != "https" || self.inner.settled.load(Ordering::Acquire) {
+            return;
+        }
+        let _alone = self.inner.settling.lock().await;
+        if self.inner.settled.load(Ordering::Acquire) {
+            return;
+        }
+        let mut url = self.inner.base.clone();
+        url.path_segments_mut()
+            .expect("http(s) URLs always have a path")
+            .pop_if_empty()
+            .extend(["v1", "status", "leader"]);
+        if let Ok(response) = http.get(url).timeout(request_timeout(None)).send().await
+            && response.bytes().await.is_ok()
+        {
+            self.inner.settled.store(true, Ordering::Release);
+        }
     }
 
     /// The body, read a chunk at a time so that an answer over `limit` is never held whole.
@@ -307,15 +343,19 @@ impl Budget {
 /// The HTTP client and the base URL for `config`.
 async fn build_http(config: &ClientConfig, idle: usize) -> Result<(reqwest::Client, Url), Error> {
     let mut base = parse_address(&config.address)?;
-    let builder = reqwest::Client::builder()
+    let mut builder = reqwest::Client::builder()
         .user_agent(concat!("consulbind-consul-kv/", env!("CARGO_PKG_VERSION")))
-        .http1_only()
         .connect_timeout(Duration::from_secs(5))
         // Detect dead peers on long polls that carry no data for minutes.
         .tcp_keepalive(Duration::from_secs(30))
         .pool_max_idle_per_host(idle)
         // A redirect could carry the token to another host.
         .redirect(reqwest::redirect::Policy::none());
+    // Over TLS, Consul offers HTTP/2, and every request shares one connection. Plain HTTP stays
+    // HTTP/1.1: Consul does not speak HTTP/2 without TLS.
+    if base.scheme() == "http" {
+        builder = builder.http1_only();
+    }
     let mut builder = with_tls(builder, config)?;
     if let (Some(name), "https") = (&config.tls_server_name, base.scheme()) {
         let addrs = resolve(&base, &config.address).await?;

@@ -23,13 +23,52 @@ const BUDGET: usize = 16;
 /// Consul's default of 200 connections per client, on a budget of 16 connections.
 #[tokio::test]
 async fn more_keys_than_consul_allows_connections_share_a_few_queries() {
-    let budget = format!("--consul-max-connections={BUDGET}");
-    let Some(mut s) = Scene::without_controller("scale").await else {
+    let Some(s) = Scene::without_controller("scale").await else {
         return;
     };
+    let budget = format!("--consul-max-connections={BUDGET}");
+    let port: u16 = std::env::var("CONSUL_HTTP_ADDR").unwrap().rsplit(':').next().unwrap().parse().unwrap();
+    let (s, most) = bind_and_roll(s, BINDINGS, &[&budget], &[], port).await;
+    assert!(most <= BUDGET, "the controller held {most} connections to Consul, over its budget of {BUDGET}");
+    let groups = s.controller().metric("consulbind_consul_watch_groups").await.unwrap();
+    assert!(groups <= BUDGET as f64, "{groups} blocking queries for a budget of {BUDGET}");
+    assert_eq!(s.controller().metric("consulbind_consul_watches").await, Some(BINDINGS as f64 + 1.0));
+    s.finish().await;
+}
+
+/// Over TLS, Consul speaks HTTP/2: every blocking query and read shares one connection.
+#[tokio::test]
+async fn over_tls_every_query_shares_one_connection() {
+    let (Ok(address), Ok(ca)) = (std::env::var("CONSULBIND_E2E_TLS_ADDR"), std::env::var("CONSULBIND_E2E_CONSUL_CA"))
+    else {
+        return;
+    };
+    let Some(s) = Scene::without_controller("tls").await else {
+        return;
+    };
+    let port: u16 = address.rsplit(':').next().unwrap().parse().unwrap();
+    let envs = [("CONSUL_HTTP_ADDR", address.as_str()), ("CONSUL_CACERT", ca.as_str())];
+    let (s, most) = bind_and_roll(s, 30, &[], &envs, port).await;
+    assert_eq!(most, 1, "the controller held {most} connections to Consul's HTTPS port, not one");
+    let groups = s.controller().metric("consulbind_consul_watch_groups").await.unwrap();
+    assert!(groups >= 2.0, "{groups} blocking queries: nothing shared the connection");
+    s.finish().await;
+}
+
+/// Applies `bindings` Deployments and bindings, each on a key of its own and one they all
+/// share, starts the controller, waits until every binding is baselined, changes the shared key
+/// and checks that every Deployment rolled exactly once. Returns the most connections the
+/// controller held to `port` meanwhile.
+async fn bind_and_roll(
+    mut s: Scene,
+    bindings: usize,
+    args: &[&str],
+    envs: &[(&str, &str)],
+    port: u16,
+) -> (Scene, usize) {
     let shared = s.key("shared");
     s.put(&shared, "v1").await;
-    let names: Vec<String> = (0..BINDINGS).map(|i| format!("app-{i:03}")).collect();
+    let names: Vec<String> = (0..bindings).map(|i| format!("app-{i:03}")).collect();
     stream::iter(&names)
         .for_each_concurrent(16, |name| {
             let s = &s;
@@ -40,9 +79,8 @@ async fn more_keys_than_consul_allows_connections_share_a_few_queries() {
         })
         .await;
 
-    s.start_controller(&[&budget]).await;
+    s.start_controller_with_env(args, envs).await;
     let pid = s.controller().pid();
-    let port: u16 = std::env::var("CONSUL_HTTP_ADDR").unwrap().rsplit(':').next().unwrap().parse().unwrap();
     let most = Arc::new(AtomicUsize::new(0));
     let done = Arc::new(AtomicBool::new(false));
     let sampler = tokio::spawn({
@@ -74,7 +112,7 @@ async fn more_keys_than_consul_allows_connections_share_a_few_queries() {
                 let conditions = b.status.iter().flat_map(|s| &s.conditions);
                 conditions.into_iter().any(|c| c.type_ == conditions::READY && c.reason == reason::BASELINED)
             });
-            Ok(ready.count() == BINDINGS)
+            Ok(ready.count() == bindings)
         }
     };
     if let Err(error) = wait_for("every binding baselined", Duration::from_secs(120), || ready(&s)).await {
@@ -90,7 +128,7 @@ async fn more_keys_than_consul_allows_connections_share_a_few_queries() {
     };
     assert!(generations().await.iter().all(|&g| g == 1));
     s.put(&shared, "v2").await;
-    let rolled = || async { Ok(generations().await.iter().filter(|&&g| g >= 2).count() == BINDINGS) };
+    let rolled = || async { Ok(generations().await.iter().filter(|&&g| g >= 2).count() == bindings) };
     if let Err(error) = wait_for("every Deployment rolled", Duration::from_secs(60), rolled).await {
         panic!("{error}\n{}", s.log());
     }
@@ -100,11 +138,7 @@ async fn more_keys_than_consul_allows_connections_share_a_few_queries() {
     sampler.await.unwrap();
     let most = most.load(Ordering::Relaxed);
     assert!(most >= 1, "the sampler saw no Consul connection at all, so it measured nothing");
-    assert!(most <= BUDGET, "the controller held {most} connections to Consul, over its budget of {BUDGET}");
-    let groups = s.controller().metric("consulbind_consul_watch_groups").await.unwrap();
-    assert!(groups <= BUDGET as f64, "{groups} blocking queries for a budget of {BUDGET}");
-    assert_eq!(s.controller().metric("consulbind_consul_watches").await, Some(BINDINGS as f64 + 1.0));
-    s.finish().await;
+    (s, most)
 }
 
 fn deployment(name: &str) -> serde_json::Value {

@@ -245,8 +245,12 @@ impl Scene {
     }
 
     pub async fn start_controller(&mut self, args: &[&str]) {
+        self.start_controller_with_env(args, &[]).await;
+    }
+
+    pub async fn start_controller_with_env(&mut self, args: &[&str], envs: &[(&str, &str)]) {
         assert!(self.controller.is_none());
-        self.controller = Some(Controller::start(&self.ns, args).await.unwrap());
+        self.controller = Some(Controller::start_with_env(&self.ns, args, envs).await.unwrap());
     }
 
     /// `kubectl get` output for the bindings, as a user would see it.
