@@ -90,6 +90,9 @@ enum Bench {
         /// The controller's --consul-max-connections.
         #[arg(long, default_value_t = 32)]
         max_connections: usize,
+        /// The controller reads Consul over HTTPS, where it speaks HTTP/2.
+        #[arg(long)]
+        consul_tls: bool,
     },
     /// Time from one Consul write to every bound Deployment rolled, and the controller's memory.
     Rollout {
@@ -159,9 +162,12 @@ fn run(command: Command) -> Result<()> {
         Command::Image => image::build(),
         Command::Demo => demo::run(&env),
         Command::Bench { bench: Bench::Rollout { bindings, rounds } } => bench::rollout(&env, bindings, rounds),
-        Command::Bench { bench: Bench::Scale { bindings, workloads, keys, changes, idle, max_connections } } => {
+        Command::Bench {
+            bench: Bench::Scale { bindings, workloads, keys, changes, idle, max_connections, consul_tls },
+        } => {
             let idle = Duration::from_secs(idle);
-            scale::run(&env, scale::Sizes { bindings, workloads, keys, changes, idle, max_connections })
+            let tls = consul_tls;
+            scale::run(&env, scale::Sizes { bindings, workloads, keys, changes, idle, max_connections, tls })
         }
     }
 }

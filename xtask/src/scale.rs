@@ -45,6 +45,8 @@ pub struct Sizes {
     pub changes: usize,
     pub idle: Duration,
     pub max_connections: usize,
+    /// The controller reads Consul over HTTPS (HTTP/2) instead of plain HTTP.
+    pub tls: bool,
 }
 
 pub fn run(env: &Env, sizes: Sizes) -> Result<()> {
@@ -53,7 +55,14 @@ pub fn run(env: &Env, sizes: Sizes) -> Result<()> {
     ensure!(sizes.keys >= sizes.bindings, "need at least one key per binding");
     env.up()?;
     crate::bench::build_release()?;
-    let vars = env.vars()?;
+    let mut vars = env.vars()?;
+    if sizes.tls {
+        // The controller alone reads over TLS; the benchmark writes over plain HTTP.
+        let var = |name: &str| vars.iter().find(|(k, _)| *k == name).map(|(_, v)| v.clone()).context(name.to_owned());
+        let (address, ca) = (var("CONSULBIND_E2E_TLS_ADDR")?, var("CONSULBIND_E2E_CONSUL_CA")?);
+        vars.push(("CONSULBIND_BENCH_CONTROLLER_CONSUL", address));
+        vars.push(("CONSUL_CACERT", ca));
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(measure(env, &vars, &sizes))
 }
@@ -70,13 +79,19 @@ async fn measure(env: &Env, vars: &[(&'static str, String)], sizes: &Sizes) -> R
         Client::try_from(kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?)?;
     let consul_addr = var("CONSUL_HTTP_ADDR")?;
     let consul = Consul::new(ClientConfig { address: consul_addr.clone(), ..ClientConfig::default() }).await?;
-    let consul_port: u16 =
-        consul_addr.rsplit(':').next().and_then(|p| p.trim_end_matches('/').parse().ok()).context("Consul port")?;
+    // What the controller reads from, and whose connections are counted.
+    let controller_consul = var("CONSULBIND_BENCH_CONTROLLER_CONSUL").unwrap_or(consul_addr);
+    let consul_port: u16 = controller_consul
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.trim_end_matches('/').parse().ok())
+        .context("Consul port")?;
 
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    wait_for_earlier_runs(&namespaces).await?;
     let ns = format!("bench-scale-{}", std::process::id());
     let Sizes { bindings, workloads, keys, .. } = *sizes;
     println!("==> namespace {ns}: {keys} Consul keys, {workloads} Deployments (replicas 0), {bindings} bindings");
-    let namespaces: Api<Namespace> = Api::all(client.clone());
     namespaces.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": ns}}))?).await?;
     let key = |k: usize| format!("{ns}/k{k:05}");
     let setup = Instant::now();
@@ -152,7 +167,8 @@ async fn measure(env: &Env, vars: &[(&'static str, String)], sizes: &Sizes) -> R
                 "--default-token-prefixes=*",
             ])
             .env("RUST_LOG", std::env::var("CONSULBIND_BENCH_LOG").unwrap_or_else(|_| "warn".into()))
-            .envs(vars.iter().map(|(k, v)| (*k, v))),
+            .envs(vars.iter().map(|(k, v)| (*k, v)))
+            .env("CONSUL_HTTP_ADDR", &controller_consul),
     )?;
     let pid = controller.pid().context("the controller exited at once")?;
     let most_connections = Arc::new(AtomicUsize::new(0));
@@ -237,6 +253,7 @@ async fn measure(env: &Env, vars: &[(&'static str, String)], sizes: &Sizes) -> R
             std::thread::available_parallelism().map_or(0, |n| n.get()),
             sizes.max_connections
         );
+        println!("  the controller reads Consul at {controller_consul}");
         println!("  cold start, controller start to every binding Ready:  {:.1} s", cold_start.as_secs_f64());
         println!("  most Consul connections held (sampled every 100 ms): {}", most_connections.load(Ordering::Relaxed));
         println!(
@@ -274,6 +291,32 @@ async fn measure(env: &Env, vars: &[(&'static str, String)], sizes: &Sizes) -> R
     controller.stop()?;
     let _ = namespaces.delete(&ns, &Default::default()).await;
     result
+}
+
+/// Deletes what earlier runs left (an interrupted run keeps its namespace) and waits until it is
+/// gone: kube-controller-manager deletes the Deployments and ReplicaSets one by one, which would
+/// load the servers during this run.
+async fn wait_for_earlier_runs(namespaces: &Api<Namespace>) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(600);
+    loop {
+        let list = namespaces.list(&ListParams::default()).await?;
+        let earlier =
+            list.items.iter().filter(|n| n.metadata.name.as_deref().is_some_and(|n| n.starts_with("bench-scale-")));
+        let earlier: Vec<_> = earlier.map(|n| n.metadata.name.clone().unwrap_or_default()).collect();
+        if earlier.is_empty() {
+            return Ok(());
+        }
+        for name in &earlier {
+            let _ = namespaces.delete(name, &Default::default()).await;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "namespaces of earlier runs still there after 10 minutes: {}",
+            earlier.join(", ")
+        );
+        println!("    waiting for earlier runs' namespaces to go: {}", earlier.join(", "));
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
 }
 
 fn deployment(w: usize) -> serde_json::Value {
