@@ -491,6 +491,43 @@ async fn unreachable_consul_is_a_condition_not_a_rollout() {
     s.finish().await;
 }
 
+/// The CA file is read again while the controller runs: Consul's certificate, refused under
+/// another CA, shows as a condition; once the right CA is in the file the binding syncs, without
+/// a restart and without a rollout.
+#[tokio::test]
+async fn a_rotated_consul_ca_file_is_picked_up() {
+    let (Ok(address), Ok(ca)) = (std::env::var("CONSULBIND_E2E_TLS_ADDR"), std::env::var("CONSULBIND_E2E_CONSUL_CA"))
+    else {
+        return;
+    };
+    let Some(mut s) = Scene::without_controller("ca-reload").await else {
+        return;
+    };
+    // A certificate that did not sign Consul's: the API server's own.
+    let wrong = std::path::Path::new(&ca).with_file_name("apiserver.crt");
+    let file = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{}-ca.crt", s.ns));
+    std::fs::copy(&wrong, &file).unwrap();
+    let key = s.key("config");
+    s.put(&key, "v1").await;
+    s.workload(DEPLOY, "web", json!({})).await;
+    let envs = [("CONSUL_HTTP_ADDR", address.as_str()), ("CONSUL_CACERT", file.to_str().unwrap())];
+    s.start_controller_with_env(&[], &envs).await;
+    s.binding("cfg", spec(json!([{"key": key}]), deploy("web"), "0s")).await;
+
+    let binding = s.wait_condition("cfg", conditions::CONSUL_SYNCED, "False", reason::CONSUL_UNREACHABLE).await;
+    let synced = binding.status.unwrap().conditions.into_iter().find(|c| c.type_ == conditions::CONSUL_SYNCED).unwrap();
+    assert!(synced.message.contains("certificate"), "{}", synced.message);
+
+    std::fs::copy(&ca, &file).unwrap();
+    s.wait_condition("cfg", conditions::READY, "True", reason::BASELINED).await;
+    tokio::time::sleep(SETTLE).await;
+    assert_eq!(s.revisions(DEPLOY, "web").await, 1, "the CA rotation rolled the Deployment");
+    s.put(&key, "v2").await;
+    s.wait_revisions(DEPLOY, "web", 2).await;
+    let _ = std::fs::remove_file(&file);
+    s.finish().await;
+}
+
 #[tokio::test]
 async fn acl_token_from_secret_syncs_and_a_bad_one_is_denied_without_leaking() {
     let Some((acl_addr, master)) = support::acl_consul() else {
