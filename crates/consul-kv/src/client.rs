@@ -10,7 +10,7 @@ use reqwest::{Method, Response, StatusCode, Url};
 use tokio::sync::{Semaphore, SemaphorePermit};
 
 use crate::error::{chain, excerpt};
-use crate::kv::{key_url, kv_url, parse_entries, request_timeout};
+use crate::kv::{api_url, key_url, kv_url, parse_entries, request_timeout};
 use crate::{ClientConfig, Error, KvQuery, KvResponse, Token};
 
 const TOKEN_HEADER: &str = "X-Consul-Token";
@@ -262,11 +262,7 @@ impl Client {
         if self.inner.settled.load(Ordering::Acquire) {
             return;
         }
-        let mut url = self.inner.base.clone();
-        url.path_segments_mut()
-            .expect("http(s) URLs always have a path")
-            .pop_if_empty()
-            .extend(["v1", "status", "leader"]);
+        let url = api_url(&self.inner.base, ["status", "leader"]);
         if let Ok(response) = http.get(url).timeout(request_timeout(None)).send().await
             && response.bytes().await.is_ok()
         {

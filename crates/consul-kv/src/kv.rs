@@ -94,12 +94,13 @@ pub(crate) fn kv_url(base: &Url, query: &KvQuery, index: u64, wait: Duration) ->
 
 /// `<base>/v1/kv/<key>`, each key segment percent-encoded and `/` kept.
 pub(crate) fn key_url(base: &Url, key: &str) -> Url {
+    api_url(base, ["kv"].into_iter().chain(key.split('/')))
+}
+
+/// `<base>/v1/<segments>`, each segment percent-encoded; `base` may carry a path of its own.
+pub(crate) fn api_url<'a>(base: &Url, segments: impl IntoIterator<Item = &'a str>) -> Url {
     let mut url = base.clone();
-    url.path_segments_mut()
-        .expect("http(s) URLs always have a path")
-        .pop_if_empty()
-        .extend(["v1", "kv"])
-        .extend(key.split('/'));
+    url.path_segments_mut().expect("http(s) URLs always have a path").pop_if_empty().push("v1").extend(segments);
     url
 }
 
