@@ -496,10 +496,7 @@ async fn unreachable_consul_is_a_condition_not_a_rollout() {
 /// a restart and without a rollout.
 #[tokio::test]
 async fn a_rotated_consul_ca_file_is_picked_up() {
-    let (Ok(address), Ok(ca)) = (std::env::var("CONSULBIND_E2E_TLS_ADDR"), std::env::var("CONSULBIND_E2E_CONSUL_CA"))
-    else {
-        return;
-    };
+    let Some((address, ca)) = support::tls_consul() else { return };
     let Some(mut s) = Scene::without_controller("ca-reload").await else {
         return;
     };
@@ -531,8 +528,10 @@ async fn a_rotated_consul_ca_file_is_picked_up() {
 #[tokio::test]
 async fn acl_token_from_secret_syncs_and_a_bad_one_is_denied_without_leaking() {
     let Some((acl_addr, master)) = support::acl_consul() else {
-        let required = std::env::var("CI").is_ok_and(|v| v == "true") || std::env::var_os("CONSULBIND_E2E").is_some();
-        assert!(!required, "CONSULBIND_E2E_ACL_ADDR and CONSULBIND_E2E_ACL_TOKEN must be set; run `cargo xtask e2e`");
+        assert!(
+            !support::servers_required(),
+            "CONSULBIND_E2E_ACL_ADDR and CONSULBIND_E2E_ACL_TOKEN must be set; run `cargo xtask e2e`"
+        );
         return;
     };
     let addr_flag = format!("--consul-http-addr={acl_addr}");

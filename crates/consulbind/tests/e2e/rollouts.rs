@@ -1,7 +1,10 @@
 //! Argo Rollouts as a target kind, and the dry-run mode.
 
 use consulbind::names;
-use consulbind_api::conditions::{self, reason};
+use consulbind_api::{
+    ConsulBinding,
+    conditions::{self, reason},
+};
 use serde_json::{Value, json};
 
 use crate::support::{self, ROLLOUT_CRD, Scene, deploy, install_rollout_crd, remove_rollout_crd, spec};
@@ -91,17 +94,7 @@ async fn rollouts_are_stamped_once_their_crd_appears_without_a_restart() {
 #[tokio::test]
 async fn a_dry_run_patches_nothing_says_what_it_would_roll_and_switching_back_rolls_once() {
     let Some(s) = Scene::new("dry-run").await else { return };
-    let key = s.key("config");
-    s.put(&key, "v1").await;
-    s.workload(DEPLOY, "web", json!({})).await;
-    s.wait_revisions(DEPLOY, "web", 1).await;
-    let mut dry = spec(json!([{"key": key}]), deploy("web"), "0s");
-    dry["rollout"]["mode"] = json!("DryRun");
-    s.binding("cfg", dry.clone()).await;
-    s.wait_condition("cfg", conditions::READY, "True", reason::BASELINED).await;
-
-    s.put(&key, "v2").await;
-    let held = s.wait_condition("cfg", conditions::READY, "True", reason::DRY_RUN).await;
+    let (key, mut dry, held) = hold_back_a_change(&s, "DryRun").await;
     let report = held.status.clone().unwrap().dry_run.unwrap();
     assert_eq!(report.would_roll, ["Deployment/web"]);
     assert_eq!(report.checksum, s.checksum_of(&key, b"v2").await);
@@ -125,16 +118,7 @@ async fn a_dry_run_patches_nothing_says_what_it_would_roll_and_switching_back_ro
 #[tokio::test]
 async fn the_dry_run_flag_overrides_a_binding_that_asks_for_rollouts() {
     let Some(mut s) = Scene::with_args("dry-run-flag", &["--dry-run"]).await else { return };
-    let key = s.key("config");
-    s.put(&key, "v1").await;
-    s.workload(DEPLOY, "web", json!({})).await;
-    s.wait_revisions(DEPLOY, "web", 1).await;
-    let mut asks = spec(json!([{"key": key}]), deploy("web"), "0s");
-    asks["rollout"]["mode"] = json!("Rollout");
-    s.binding("cfg", asks).await;
-    s.wait_condition("cfg", conditions::READY, "True", reason::BASELINED).await;
-    s.put(&key, "v2").await;
-    let held = s.wait_condition("cfg", conditions::READY, "True", reason::DRY_RUN).await;
+    let (_, _, held) = hold_back_a_change(&s, "Rollout").await;
     assert_eq!(held.status.unwrap().dry_run.unwrap().would_roll, ["Deployment/web"]);
     s.wait_revisions(DEPLOY, "web", 1).await;
 
@@ -143,4 +127,21 @@ async fn the_dry_run_flag_overrides_a_binding_that_asks_for_rollouts() {
     s.wait_revisions(DEPLOY, "web", 2).await;
     s.wait_condition("cfg", conditions::READY, "True", reason::UP_TO_DATE).await;
     s.finish().await;
+}
+
+/// Binds a Deployment with `spec.rollout.mode` set to `mode`, lets it baseline on v1, and writes
+/// v2: the change a dry run holds back. Returns the key, the binding's spec, and the binding
+/// once it reports the change held back.
+async fn hold_back_a_change(s: &Scene, mode: &str) -> (String, Value, ConsulBinding) {
+    let key = s.key("config");
+    s.put(&key, "v1").await;
+    s.workload(DEPLOY, "web", json!({})).await;
+    s.wait_revisions(DEPLOY, "web", 1).await;
+    let mut binding = spec(json!([{"key": key}]), deploy("web"), "0s");
+    binding["rollout"]["mode"] = json!(mode);
+    s.binding("cfg", binding.clone()).await;
+    s.wait_condition("cfg", conditions::READY, "True", reason::BASELINED).await;
+    s.put(&key, "v2").await;
+    let held = s.wait_condition("cfg", conditions::READY, "True", reason::DRY_RUN).await;
+    (key, binding, held)
 }

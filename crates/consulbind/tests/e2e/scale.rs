@@ -39,10 +39,7 @@ async fn more_keys_than_consul_allows_connections_share_a_few_queries() {
 /// Over TLS, Consul speaks HTTP/2: every blocking query and read shares one connection.
 #[tokio::test]
 async fn over_tls_every_query_shares_one_connection() {
-    let (Ok(address), Ok(ca)) = (std::env::var("CONSULBIND_E2E_TLS_ADDR"), std::env::var("CONSULBIND_E2E_CONSUL_CA"))
-    else {
-        return;
-    };
+    let Some((address, ca)) = crate::support::tls_consul() else { return };
     let Some(s) = Scene::without_controller("tls").await else {
         return;
     };

@@ -31,8 +31,10 @@ const TIMEOUT: Duration = Duration::from_secs(45);
 /// The servers, or `None` to skip when they are not configured outside CI.
 pub async fn servers() -> Option<(Client, Consul)> {
     if std::env::var_os("KUBECONFIG").is_none() || std::env::var_os("CONSUL_HTTP_ADDR").is_none() {
-        let required = std::env::var("CI").is_ok_and(|v| v == "true") || std::env::var_os("CONSULBIND_E2E").is_some();
-        assert!(!required, "KUBECONFIG and CONSUL_HTTP_ADDR must point at the test servers; run `cargo xtask test`");
+        assert!(
+            !servers_required(),
+            "KUBECONFIG and CONSUL_HTTP_ADDR must point at the test servers; run `cargo xtask test`"
+        );
         eprintln!("skipped: no test servers (run `cargo xtask env up` and source its env file)");
         return None;
     }
@@ -477,6 +479,22 @@ where
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+}
+
+/// Whether the test servers must be there: in CI and under `cargo xtask`, a missing one fails
+/// the test instead of skipping it.
+pub fn servers_required() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true") || std::env::var_os("CONSULBIND_E2E").is_some()
+}
+
+/// The Consul agent's HTTPS address and the CA that signed its certificate.
+pub fn tls_consul() -> Option<(String, String)> {
+    let found = std::env::var("CONSULBIND_E2E_TLS_ADDR").ok().zip(std::env::var("CONSULBIND_E2E_CONSUL_CA").ok());
+    assert!(
+        found.is_some() || !servers_required(),
+        "CONSULBIND_E2E_TLS_ADDR and CONSULBIND_E2E_CONSUL_CA must be set; run `cargo xtask e2e`"
+    );
+    found
 }
 
 /// The ACL-enabled Consul, and its management token.
