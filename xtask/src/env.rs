@@ -50,6 +50,14 @@ struct Agent {
     acl: bool,
 }
 
+/// The files of the environment's CA and of the HTTPS agent's certificate.
+struct ConsulTls {
+    ca: PathBuf,
+    ca_key: PathBuf,
+    cert: PathBuf,
+    key: PathBuf,
+}
+
 /// The plain agent, which `CONSUL_HTTP_ADDR` points at.
 const CONSUL: Agent = Agent {
     name: "consul",
@@ -303,7 +311,7 @@ impl Env {
             ("CONSULBIND_E2E_FAULTS_ADDR", CONSUL_FAULTS.addr()),
             ("CONSULBIND_E2E_ACL_TOKEN", master_token.trim().to_owned()),
             ("CONSULBIND_E2E_TLS_ADDR", format!("https://127.0.0.1:{}", port(CONSUL_HTTPS_PORT))),
-            ("CONSULBIND_E2E_CONSUL_CA", self.path("pki/consul-ca.crt").display().to_string()),
+            ("CONSULBIND_E2E_CONSUL_CA", self.consul_tls().ca.display().to_string()),
         ])
     }
 
@@ -372,11 +380,21 @@ current-context: consulbind
         Ok(fs::write(self.kubeconfig(), kubeconfig)?)
     }
 
+    /// Where the HTTPS agent's CA and serving certificate live.
+    fn consul_tls(&self) -> ConsulTls {
+        let pki = self.path("pki");
+        ConsulTls {
+            ca: pki.join("consul-ca.crt"),
+            ca_key: pki.join("consul-ca.key"),
+            cert: pki.join("consul.crt"),
+            key: pki.join("consul.key"),
+        }
+    }
+
     /// A CA and a serving certificate for 127.0.0.1, for the agent that also speaks HTTPS.
     fn write_consul_certs(&self) -> Result<()> {
         let pki = self.path("pki");
-        let (ca, ca_key, cert, key) =
-            (pki.join("consul-ca.crt"), pki.join("consul-ca.key"), pki.join("consul.crt"), pki.join("consul.key"));
+        let ConsulTls { ca, ca_key, cert, key } = self.consul_tls();
         if cert.exists() {
             return Ok(());
         }
@@ -471,12 +489,11 @@ performance {{
             http = port(agent.http),
             https = agent.https.map(|p| format!("\n  https = {}", port(p))).unwrap_or_default(),
             tls = match agent.https {
-                Some(_) => format!(
-                    "ca_file = {:?}\ncert_file = {:?}\nkey_file = {:?}\n",
-                    self.path("pki/consul-ca.crt").display().to_string(),
-                    self.path("pki/consul.crt").display().to_string(),
-                    self.path("pki/consul.key").display().to_string(),
-                ),
+                Some(_) => {
+                    let ConsulTls { ca, cert, key, .. } = self.consul_tls();
+                    let path = |p: PathBuf| p.display().to_string();
+                    format!("ca_file = {:?}\ncert_file = {:?}\nkey_file = {:?}\n", path(ca), path(cert), path(key))
+                }
                 None => String::new(),
             },
             server = port(agent.server),

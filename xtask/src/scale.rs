@@ -45,7 +45,8 @@ pub struct Sizes {
     pub changes: usize,
     pub idle: Duration,
     pub max_connections: usize,
-    /// The controller reads Consul over HTTPS (HTTP/2) instead of plain HTTP.
+    /// The controller reads Consul over HTTPS (HTTP/2) instead of plain HTTP; the benchmark
+    /// writes over plain HTTP either way.
     pub tls: bool,
 }
 
@@ -55,14 +56,7 @@ pub fn run(env: &Env, sizes: Sizes) -> Result<()> {
     ensure!(sizes.keys >= sizes.bindings, "need at least one key per binding");
     env.up()?;
     crate::bench::build_release()?;
-    let mut vars = env.vars()?;
-    if sizes.tls {
-        // The controller alone reads over TLS; the benchmark writes over plain HTTP.
-        let var = |name: &str| vars.iter().find(|(k, _)| *k == name).map(|(_, v)| v.clone()).context(name.to_owned());
-        let (address, ca) = (var("CONSULBIND_E2E_TLS_ADDR")?, var("CONSULBIND_E2E_CONSUL_CA")?);
-        vars.push(("CONSULBIND_BENCH_CONTROLLER_CONSUL", address));
-        vars.push(("CONSUL_CACERT", ca));
-    }
+    let vars = env.vars()?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(measure(env, &vars, &sizes))
 }
@@ -80,7 +74,10 @@ async fn measure(env: &Env, vars: &[(&'static str, String)], sizes: &Sizes) -> R
     let consul_addr = var("CONSUL_HTTP_ADDR")?;
     let consul = Consul::new(ClientConfig { address: consul_addr.clone(), ..ClientConfig::default() }).await?;
     // What the controller reads from, and whose connections are counted.
-    let controller_consul = var("CONSULBIND_BENCH_CONTROLLER_CONSUL").unwrap_or(consul_addr);
+    let (controller_consul, ca) = match sizes.tls {
+        true => (var("CONSULBIND_E2E_TLS_ADDR")?, Some(var("CONSULBIND_E2E_CONSUL_CA")?)),
+        false => (consul_addr, None),
+    };
     let consul_port: u16 = controller_consul
         .rsplit(':')
         .next()
@@ -168,7 +165,8 @@ async fn measure(env: &Env, vars: &[(&'static str, String)], sizes: &Sizes) -> R
             ])
             .env("RUST_LOG", std::env::var("CONSULBIND_BENCH_LOG").unwrap_or_else(|_| "warn".into()))
             .envs(vars.iter().map(|(k, v)| (*k, v)))
-            .env("CONSUL_HTTP_ADDR", &controller_consul),
+            .env("CONSUL_HTTP_ADDR", &controller_consul)
+            .envs(ca.iter().map(|ca| ("CONSUL_CACERT", ca))),
     )?;
     let pid = controller.pid().context("the controller exited at once")?;
     let most_connections = Arc::new(AtomicUsize::new(0));
