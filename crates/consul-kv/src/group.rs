@@ -13,7 +13,69 @@
 use std::collections::HashMap;
 use std::ops::Range;
 
-use crate::KvEntry;
+use crate::{KvEntry, KvQuery, Token};
+
+/// The part of a query that decides whether two paths may share a blocking query: ACLs filter
+/// per token, and the other fields pick another data set.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Scope {
+    pub datacenter: Option<String>,
+    pub namespace: Option<String>,
+    pub partition: Option<String>,
+    pub token: Option<ScopeToken>,
+}
+
+/// A token that orders scopes without ever printing them.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct ScopeToken(pub Token);
+
+impl std::fmt::Debug for ScopeToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl PartialOrd for ScopeToken {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for ScopeToken {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.expose().cmp(other.0.expose())
+    }
+}
+
+impl Scope {
+    pub fn of(query: &KvQuery) -> Self {
+        Self {
+            datacenter: query.datacenter.clone(),
+            namespace: query.namespace.clone(),
+            partition: query.partition.clone(),
+            token: query.token.clone().map(ScopeToken),
+        }
+    }
+
+    /// The query that reads `key` in this scope.
+    pub fn query(&self, key: String, recurse: bool) -> KvQuery {
+        KvQuery {
+            key,
+            recurse,
+            datacenter: self.datacenter.clone(),
+            namespace: self.namespace.clone(),
+            partition: self.partition.clone(),
+            token: self.token.clone().map(|t| t.0),
+        }
+    }
+}
+
+/// Splits `slots` among scopes in proportion to their paths, at least one each.
+pub fn shares(sizes: &[usize], slots: usize) -> Vec<usize> {
+    let total: usize = sizes.iter().sum();
+    let spare = slots.saturating_sub(sizes.len());
+    sizes.iter().map(|&n| 1 + (spare * n).checked_div(total).unwrap_or(0)).collect()
+}
 
 /// One watched key, or prefix when `recurse` is set.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -453,5 +515,28 @@ mod tests {
                 assert_eq!(index.changed(&kept_old, &kept_new), expected, "round {round}");
             }
         }
+    }
+
+    #[test]
+    fn shares_never_exceed_the_slots_when_they_suffice() {
+        for sizes in [vec![1], vec![10_000], vec![5, 5, 5], vec![1, 9_999], vec![3; 24]] {
+            for slots in [1, 2, 24, 100] {
+                let got = shares(&sizes, slots);
+                assert!(got.iter().all(|&s| s >= 1));
+                if sizes.len() <= slots {
+                    assert!(got.iter().sum::<usize>() <= slots, "{sizes:?} {slots}: {got:?}");
+                }
+            }
+        }
+        assert_eq!(shares(&[1, 9_999], 24), [1, 22]);
+    }
+
+    #[test]
+    fn scopes_order_by_token_without_showing_it() {
+        let query = |token: &str| KvQuery { token: Some(Token::new(token)), ..KvQuery::exact("k") };
+        let (a, b) = (Scope::of(&query("a-secret")), Scope::of(&query("b-secret")));
+        assert!(a < b);
+        assert!(!format!("{a:?}").contains("a-secret"));
+        assert_eq!(a.query("k".into(), false), query("a-secret"));
     }
 }

@@ -2,7 +2,7 @@
 
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
-use clap::{Parser, ValueEnum};
+use clap::{CommandFactory, Parser, ValueEnum};
 use consul_kv::{ClientConfig, Token};
 
 #[derive(Parser, Debug, Clone)]
@@ -144,6 +144,30 @@ pub fn own_namespace(client: &kube::Client) -> String {
 }
 
 impl Config {
+    /// Parses the flags and environment, and exits with a usage error when they contradict
+    /// one another.
+    pub fn parse_checked() -> Self {
+        let config = Self::parse();
+        if let Err(message) = config.check() {
+            Self::command().error(clap::error::ErrorKind::ArgumentConflict, message).exit();
+        }
+        config
+    }
+
+    /// What no single flag's parser can check.
+    pub fn check(&self) -> Result<(), String> {
+        // A leader that cannot renew stops at two thirds of the lease; renewing less often
+        // than that would stop it between renewals.
+        if self.leader_elect && self.lease_renew.saturating_mul(3) >= self.lease_duration.saturating_mul(2) {
+            return Err(format!(
+                "--lease-renew ({:?}) must be under two thirds of --lease-duration ({:?}), so a leader that cannot \
+                 renew stops before a standby takes over",
+                self.lease_renew, self.lease_duration
+            ));
+        }
+        Ok(())
+    }
+
     /// The namespace and name of the checksum key Secret.
     pub fn checksum_key_secret(&self, client: &kube::Client) -> (String, String) {
         match self.checksum_key_secret.split_once('/') {
@@ -201,5 +225,22 @@ mod tests {
         assert_eq!(consul.wait, Duration::from_secs(300));
         assert!(!format!("{consul:?}").contains("s3cr3t"));
         assert!(!format!("{config:?}").contains("s3cr3t"));
+    }
+
+    #[test]
+    fn the_lease_must_be_renewed_well_within_its_duration() {
+        let parse = |renew: &str| {
+            Config::parse_from([
+                "consulbind",
+                "--leader-elect=true",
+                "--lease-duration=15s",
+                &format!("--lease-renew={renew}"),
+            ])
+        };
+        assert!(parse("9s").check().is_ok());
+        assert!(parse("10s").check().unwrap_err().contains("two thirds of --lease-duration"));
+        assert!(parse("100000000000000s").check().is_err(), "no overflow");
+        let no_election = Config::parse_from(["consulbind", "--lease-renew=1h"]);
+        assert!(no_election.check().is_ok(), "only checked with --leader-elect");
     }
 }

@@ -23,20 +23,21 @@ use tokio::sync::watch as signal;
 use tracing::{debug, info, warn};
 
 use crate::{
+    BindingRef, Error,
     admin::{self, Admin},
-    checksum_key,
+    checksum,
+    cluster::{
+        interest::Interest,
+        policy::{Allowed, Policy},
+        tokens::{SecretTouched, Tokens},
+        workloads::{Touched, Workloads},
+    },
     config::Config,
-    interest::Interest,
     lease,
     metrics::Metrics,
-    policy::{Allowed, Policy},
-    reconcile::{self, Context},
-    tokens::{SecretTouched, Tokens},
-    watches::{BindingRef, Limits, Wake, Watches},
-    workloads::{Touched, Workloads},
+    reconcile::{self, Context, state::States},
+    watches::{Limits, Wake, Watches},
 };
-
-pub type Error = Box<dyn std::error::Error + Send + Sync>;
 
 const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 /// Reconciles in flight at once. Most of a reconcile is waiting on the API server, so a cold
@@ -46,7 +47,7 @@ const RECONCILE_CONCURRENCY: u16 = 32;
 /// Runs until `shutdown` turns true.
 pub async fn run(config: Config, shutdown: signal::Receiver<bool>) -> Result<(), Error> {
     let client = Client::try_default().await?;
-    let consul = consul_kv::Client::new(config.consul()?).await?;
+    let consul = consul_kv::Client::new(config.consul().map_err(Error::Config)?).await?;
     tokio::spawn(reload_consul_files(consul.clone()));
     let mut registry = Registry::default();
     let metrics = Arc::new(Metrics::new(&mut registry));
@@ -72,13 +73,13 @@ pub async fn run(config: Config, shutdown: signal::Receiver<bool>) -> Result<(),
     let watches = Watches::new(consul, wake, metrics.clone(), config.consul_failure_grace, limits);
 
     let admin = Arc::new(Admin { registry, ready: false.into(), watches: watches.clone() });
-    let listener = admin::bind(config.admin_addr).await?;
-    info!(addr = %listener.local_addr()?, "admin server listening");
+    let listener = admin::bind(config.admin_addr).await.map_err(Error::Admin)?;
+    info!(addr = %listener.local_addr().map_err(Error::Admin)?, "admin server listening");
     tokio::spawn(admin::serve(listener, admin.clone()));
 
     let mut shutdown = shutdown;
     let leadership = if config.leader_elect {
-        match lease::acquire(&client, &config, &metrics, &admin.ready, &mut shutdown).await? {
+        match lease::acquire(&client, &config, &metrics, &admin.ready, &mut shutdown).await {
             Some(leadership) => Some(leadership),
             None => return Ok(()),
         }
@@ -88,11 +89,11 @@ pub async fn run(config: Config, shutdown: signal::Receiver<bool>) -> Result<(),
     };
 
     let (key_namespace, key_name) = config.checksum_key_secret(&client);
-    let checksum_key = checksum_key::load_or_create(&client, &key_namespace, &key_name).await?;
+    let checksum_key = checksum::key::load_or_create(&client, &key_namespace, &key_name).await?;
     let default_prefixes = config.default_token_prefixes.as_deref().map(Allowed::parse);
     let reporter = Reporter { controller: "consulbind".into(), instance: config.identity.clone() };
 
-    let ready_states = Arc::default();
+    let states = Arc::new(States::new(metrics.clone()));
     let interest: Arc<Mutex<Interest>> = Arc::default();
     let mut scopes_started = Vec::new();
     let mut caches_ready = Vec::new();
@@ -113,10 +114,7 @@ pub async fn run(config: Config, shutdown: signal::Receiver<bool>) -> Result<(),
             bindings: reader,
             interest: interest.clone(),
             metrics: metrics.clone(),
-            pending: Default::default(),
-            ready: Arc::clone(&ready_states),
-            written: Default::default(),
-            stamped: Default::default(),
+            states: states.clone(),
             express: Default::default(),
         });
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
@@ -245,7 +243,7 @@ async fn run_scope(
     let bindings = reflector::reflector(writer, events)
         .inspect_ok(move |event| match event {
             watcher::Event::Delete(binding) => forget.forget(&ObjectRef::from_obj(binding)),
-            watcher::Event::Apply(binding) => forget.cached(binding),
+            watcher::Event::Apply(binding) => forget.states.apply(binding),
             // A relist can hide deletions; drop whatever the fresh list no longer has.
             watcher::Event::InitDone => forget.retain(|b| !in_scope(b) || store.get(b).is_some()),
             _ => {}
@@ -261,7 +259,7 @@ async fn run_scope(
     };
     let controller = Controller::for_stream(bindings, reader)
         .with_config(ControllerConfig::default().concurrency(RECONCILE_CONCURRENCY))
-        .reconcile_on(wakes.inspect(move |binding| express_ctx.express.try_run(&express_ctx, binding)))
+        .reconcile_on(wakes.inspect(move |binding| reconcile::express(&express_ctx, binding)))
         .reconcile_on(touched_rx)
         .graceful_shutdown_on(stop)
         .run(reconcile::reconcile, reconcile::error_policy, ctx)

@@ -23,7 +23,7 @@ use kube::{Api, Client, api::PostParams};
 use tokio::{sync::watch as signal, time::Instant};
 use tracing::{error, info, warn};
 
-use crate::{config::Config, controller::Error, metrics::Metrics};
+use crate::{config::Config, metrics::Metrics};
 
 pub struct Leadership {
     api: Api<Lease>,
@@ -41,14 +41,7 @@ pub async fn acquire(
     metrics: &Metrics,
     ready: &AtomicBool,
     shutdown: &mut signal::Receiver<bool>,
-) -> Result<Option<Leadership>, Error> {
-    if config.lease_renew * 3 >= config.lease_duration * 2 {
-        return Err(format!(
-            "--lease-renew ({:?}) must be under two thirds of --lease-duration ({:?}), so a leader that cannot renew stops before a standby takes over",
-            config.lease_renew, config.lease_duration
-        )
-        .into());
-    }
+) -> Option<Leadership> {
     let namespace = match &config.lease_namespace {
         Some(ns) => ns.clone(),
         None => crate::config::own_namespace(client),
@@ -68,7 +61,7 @@ pub async fn acquire(
         }
         tokio::select! {
             _ = tokio::time::sleep(config.lease_renew) => {}
-            _ = shutdown.wait_for(|stop| *stop) => return Ok(None),
+            _ = shutdown.wait_for(|stop| *stop) => return None,
         }
     }
     info!(%identity, "became leader");
@@ -80,7 +73,7 @@ pub async fn acquire(
         config.lease_duration,
         config.lease_renew,
     ));
-    Ok(Some(Leadership { api, name: config.lease_name.clone(), identity, renewer }))
+    Some(Leadership { api, name: config.lease_name.clone(), identity, renewer })
 }
 
 impl Leadership {

@@ -1,25 +1,77 @@
 //! consulbind: rolls Kubernetes workloads when the Consul KV content they read changes.
 //!
-//! The path of a change: a shared blocking query in [`watches`] sees new content and wakes the
-//! bindings that read it; [`reconcile`] gathers what Consul and the workload caches in
-//! [`workloads`] say, [`plan`] decides (checksums from [`checksum`], debounce from
-//! [`debounce`]), [`workloads::stamp`] patches the pod templates, and the status is written.
+//! The path of a change, room by room:
+//! - [`watches`] holds the shared blocking queries to Consul: the registry of bindings and
+//!   paths, the planner that cuts paths into groups, and the runner that follows each group and
+//!   wakes the bindings whose content changed.
+//! - [`cluster`] keeps read-only caches of what the cluster holds: workloads, token Secrets, the
+//!   namespaces' default-token policy, and which bindings an event concerns.
+//! - [`reconcile`] drives one binding: read (Consul and the caches), plan (pure), stamp the pod
+//!   templates, report the status and events. Stamp and report are the only writes.
+//! - [`checksum`] is the keyed checksum of the content, and the Secret that holds its key.
+//!
+//! [`controller`] wires them together; [`lease`] elects a leader; [`admin`] serves health,
+//! metrics and the debug listing.
 
 pub mod admin;
-pub mod argo;
 pub mod checksum;
-pub mod checksum_key;
+pub mod cluster;
 pub mod config;
 pub mod controller;
-pub mod debounce;
-pub mod express;
-pub mod interest;
 pub mod lease;
 pub mod metrics;
 pub mod names;
-pub mod plan;
-pub mod policy;
 pub mod reconcile;
-pub mod tokens;
 pub mod watches;
-pub mod workloads;
+
+use consulbind_api::ConsulBinding;
+use kube::runtime::reflector::ObjectRef;
+
+/// A binding by namespace and name.
+pub type BindingRef = ObjectRef<ConsulBinding>;
+
+/// A binding's name and namespace, without the resource version and uid that
+/// `ObjectRef::from_obj` copies: they play no part in comparisons, and the maps keep tens of
+/// thousands of these.
+pub fn binding_ref(binding: &ConsulBinding) -> BindingRef {
+    let mut oref = ObjectRef::from_obj(binding);
+    oref.extra = Default::default();
+    oref
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("writing status: {0}")]
+    Status(#[source] kube::Error),
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error(transparent)]
+    Consul(#[from] consul_kv::Error),
+    #[error(transparent)]
+    ChecksumKey(#[from] checksum::key::Error),
+    #[error("{0}")]
+    Config(String),
+    #[error("admin server: {0}")]
+    Admin(#[source] std::io::Error),
+    #[error("a controller task failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
+    #[error("a cache stopped before it was ready: {0}")]
+    CacheStopped(#[from] kube::runtime::reflector::store::WriterDropped),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// The `result` label of `consulbind_reconciles_total` for a failed reconcile.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Error::Status(_) => "status_error",
+            Error::Kube(_) => "kube_error",
+            Error::Consul(_) => "consul_error",
+            Error::ChecksumKey(_) => "checksum_key_error",
+            Error::Config(_) => "config_error",
+            Error::Admin(_) => "admin_error",
+            Error::Task(_) | Error::CacheStopped(_) => "task_error",
+        }
+    }
+}

@@ -1,4 +1,3 @@
-use clap::Parser;
 use consulbind::config::{Config, LogFormat};
 use tokio::sync::watch;
 use tracing::{error, info};
@@ -11,7 +10,7 @@ fn main() {
 }
 
 async fn run() {
-    let config = Config::parse();
+    let config = Config::parse_checked();
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     match config.log_format {
         LogFormat::Text => tracing_subscriber::fmt().with_env_filter(filter).init(),

@@ -12,7 +12,7 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 use consul_kv::{Client as Consul, ClientConfig, Token};
-use consulbind::{checksum, checksum_key, policy::PREFIXES_ANNOTATION};
+use consulbind::{checksum, cluster::policy::PREFIXES_ANNOTATION};
 use consulbind_api::ConsulBinding;
 use k8s_openapi::api::{
     apps::v1::{ControllerRevision, DaemonSet, Deployment, ReplicaSet, StatefulSet},
@@ -207,7 +207,7 @@ impl Scene {
     pub async fn checksum_key(&self) -> checksum::Key {
         let secrets = Api::<Secret>::namespaced(self.client.clone(), SYSTEM_NS);
         let secret = secrets.get(CHECKSUM_KEY_SECRET).await.expect("the checksum key Secret");
-        let bytes = secret.data.unwrap()[checksum_key::DATA_KEY].0.clone();
+        let bytes = secret.data.unwrap()[checksum::key::DATA_KEY].0.clone();
         checksum::Key::new(bytes.try_into().expect("a 32-byte key"))
     }
 

@@ -4,7 +4,7 @@
 use std::io::Write as _;
 use std::process::Stdio;
 
-use consulbind::{checksum, names, policy::PREFIXES_ANNOTATION};
+use consulbind::{checksum, cluster::policy::PREFIXES_ANNOTATION, names};
 use consulbind_api::conditions::{self, reason};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::{

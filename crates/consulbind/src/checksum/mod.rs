@@ -16,6 +16,8 @@
 //! workload on upgrade, so the format is pinned by a test vector. Releases before the key
 //! stamped the plain SHA-256 of the same encoding; [`legacy`] recognises those values.
 
+pub mod key;
+
 use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
 

@@ -5,19 +5,17 @@ use std::collections::BTreeMap;
 
 use consul_kv::KvEntry;
 use consulbind_api::{
-    ConsulBindingSpec, ConsulBindingStatus, DryRunStatus, KeySource, KeyStatus, TargetStatus, WorkloadKind,
+    ConsulBindingSpec, ConsulBindingStatus, DryRunStatus, KeySource, KeyStatus, TargetStatus,
     conditions::{self, reason},
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use tokio::time::Instant;
 
+use super::debounce::{Decision, Pending, Window};
 use crate::{
     checksum::{self, Source},
-    debounce::{Decision, Pending, Window},
+    cluster::{Live, Workload},
 };
-
-/// A workload found for one of the binding's targets.
-pub type Workload = (WorkloadKind, String);
 
 /// The content of one bound key or prefix; no entries means missing.
 pub struct KeyContent<'a> {
@@ -55,22 +53,6 @@ pub struct Input<'a> {
     pub unserved: &'a [String],
     /// Report what would be rolled instead of rolling it.
     pub dry_run: bool,
-}
-
-/// The binding's annotation as a workload carries it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Live {
-    pub value: String,
-    /// The binding's own field manager set it. Otherwise someone else did: a rollout undo, a
-    /// hand edit, a copy of the manifest.
-    pub owned: bool,
-}
-
-impl Live {
-    /// The checksum in the value, without a [`forced`] suffix.
-    pub fn checksum(&self) -> &str {
-        self.value.split_once('~').map_or(&self.value, |(c, _)| c)
-    }
 }
 
 /// The annotation value that rolls a workload whose template already carries `checksum` (put
@@ -446,7 +428,7 @@ fn key_status(key: &checksum::Key, content: &KeyContent<'_>) -> KeyStatus {
 }
 
 /// A condition, keeping the previous transition time when its status did not change.
-pub(crate) fn condition(
+pub fn condition(
     previous: &[Condition],
     type_: &str,
     ok: Option<bool>,
@@ -491,7 +473,7 @@ fn quoted(keys: &[&str]) -> String {
 mod tests {
     use std::time::Duration;
 
-    use consulbind_api::{RolloutPolicy, TargetRef};
+    use consulbind_api::{RolloutPolicy, TargetRef, WorkloadKind};
 
     use super::*;
 

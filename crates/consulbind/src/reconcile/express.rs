@@ -3,18 +3,19 @@
 //! kube-runtime's scheduler puts every request on a timer, even one due now, and the timer fires
 //! on its next millisecond tick: 1 to 2 ms, most of the controller's own part of a change. A
 //! Consul wake still goes through kube-runtime's queue, which keeps its retries and resyncs; when
-//! the binding is idle and a slot is free, it also runs here at once. The queued run follows and
-//! finds nothing left to do. One mark per binding keeps the two from running it at the same time.
+//! the binding is idle and a slot is free, it also runs at once. The queued run follows and finds
+//! nothing left to do. One mark per binding keeps the two from running it at the same time.
+//!
+//! This module holds only the marks and the slots; the driver starts the runs.
 
 use std::{
     collections::HashSet,
     sync::{Arc, Mutex},
 };
 
-use tokio::sync::{Notify, Semaphore};
-use tracing::debug;
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
-use crate::{reconcile, watches::BindingRef};
+use crate::BindingRef;
 
 /// Express runs at once; Consul changes arrive one binding at a time, and a burst (a cold start,
 /// a group of bindings woken together) is kube-runtime's to spread.
@@ -45,6 +46,12 @@ impl Drop for Running {
     }
 }
 
+/// An express run's mark and slot, both given back when it drops.
+pub struct Ticket {
+    _running: Running,
+    _slot: OwnedSemaphorePermit,
+}
+
 impl Express {
     /// Marks `binding` running, once no other run has it.
     pub async fn enter(self: &Arc<Self>, binding: &BindingRef) -> Running {
@@ -63,20 +70,11 @@ impl Express {
         fresh.then(|| Running { express: self.clone(), binding: binding.clone() })
     }
 
-    /// Reconciles `binding` now if it is idle and a slot is free; otherwise leaves it to the
-    /// queue.
-    pub fn try_run(self: &Arc<Self>, ctx: &Arc<reconcile::Context>, binding: &BindingRef) {
-        let Ok(slot) = self.slots.clone().try_acquire_owned() else { return };
-        let Some(object) = ctx.bindings.get(binding) else { return };
-        let Some(running) = self.try_enter(binding) else { return };
-        let ctx = ctx.clone();
-        tokio::spawn(async move {
-            if let Err(error) = reconcile::reconcile_marked(object, &ctx).await {
-                // The queued run that follows retries it, with the error policy.
-                debug!(%error, "express reconcile failed");
-            }
-            drop((running, slot));
-        });
+    /// A ticket to run `binding` now, if it is idle and a slot is free; otherwise the queue
+    /// has it.
+    pub fn try_start(self: &Arc<Self>, binding: &BindingRef) -> Option<Ticket> {
+        let slot = self.slots.clone().try_acquire_owned().ok()?;
+        Some(Ticket { _running: self.try_enter(binding)?, _slot: slot })
     }
 
     /// Waits for the express runs in flight, and starts no more: for a clean shutdown.
@@ -112,5 +110,26 @@ mod tests {
         assert!(express.try_enter(&binding).is_none());
         drop(second);
         assert!(express.try_enter(&binding).is_some());
+    }
+
+    #[tokio::test]
+    async fn express_runs_take_a_slot_each_and_drain_waits_for_them() {
+        let express = Arc::new(Express::default());
+        let tickets: Vec<Ticket> =
+            (0..SLOTS).map(|i| express.try_start(&BindingRef::new(&format!("b{i}")).within("ns")).unwrap()).collect();
+        assert!(express.try_start(&BindingRef::new("late").within("ns")).is_none(), "no slot left");
+        drop(tickets);
+        let busy = express.try_start(&BindingRef::new("b0").within("ns")).unwrap();
+        assert!(express.try_start(&BindingRef::new("b0").within("ns")).is_none(), "b0 is running");
+
+        let drain = tokio::spawn({
+            let express = express.clone();
+            async move { express.drain().await }
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!drain.is_finished(), "drained while a run was in flight");
+        drop(busy);
+        tokio::time::timeout(Duration::from_secs(5), drain).await.unwrap().unwrap();
+        assert!(express.try_start(&BindingRef::new("after").within("ns")).is_none(), "started after the drain");
     }
 }

@@ -1,5 +1,4 @@
-//! The workloads bindings roll: small caches to find them and to see what they carry, and the stamp
-//! that rolls them.
+//! The workloads bindings roll: small caches to find them and to see what they carry.
 
 use std::{
     collections::BTreeMap,
@@ -14,7 +13,6 @@ use k8s_openapi::{
 };
 use kube::{
     Api, Client, Resource, ResourceExt,
-    api::{Patch, PatchParams},
     core::PartialObjectMeta,
     core::{Selector, SelectorExt},
     runtime::{
@@ -24,15 +22,10 @@ use kube::{
     },
 };
 use serde::de::DeserializeOwned;
-use serde_json::json;
-
 use tokio::sync::watch;
 
-use crate::{
-    argo::Rollout,
-    names,
-    plan::{Live, Workload},
-};
+use super::{Live, Workload, argo::Rollout};
+use crate::names;
 
 /// Metadata caches of the workload kinds in one scope (a namespace, or all).
 #[derive(Clone)]
@@ -371,17 +364,7 @@ fn owned_by_its_binding(meta: &ObjectMeta, annotation: &str) -> bool {
     })
 }
 
-/// Drops what no cache reads: annotations (with kubectl's last-applied copy), managed fields,
-/// owner references and finalizers.
-pub fn strip<K: Resource>(obj: &mut K) {
-    let meta = obj.meta_mut();
-    meta.annotations = None;
-    meta.managed_fields = None;
-    meta.owner_references = None;
-    meta.finalizers = None;
-}
-
-fn generation<K: Resource>(obj: &K) -> i64 {
+pub fn generation<K: Resource>(obj: &K) -> i64 {
     obj.meta().generation.unwrap_or_default()
 }
 
@@ -424,49 +407,6 @@ where
     found
 }
 
-/// Sets the binding's annotation on the workload's pod template, and nothing else, by
-/// server-side apply as the binding's own field manager. Kubernetes then rolls the workload.
-/// Returns the workload's generation after the patch.
-pub async fn stamp(
-    client: &Client,
-    namespace: &str,
-    (kind, name): &Workload,
-    annotation: &str,
-    checksum: &str,
-    field_manager: &str,
-) -> kube::Result<i64> {
-    let body = json!({
-        "apiVersion": kind.api_version(),
-        "kind": kind.as_str(),
-        "metadata": { "name": name },
-        "spec": { "template": { "metadata": { "annotations": { annotation: checksum } } } },
-    });
-    let params = PatchParams::apply(field_manager).force();
-    match kind {
-        WorkloadKind::Deployment => apply::<Deployment>(client, namespace, name, &params, &body).await,
-        WorkloadKind::StatefulSet => apply::<StatefulSet>(client, namespace, name, &params, &body).await,
-        WorkloadKind::DaemonSet => apply::<DaemonSet>(client, namespace, name, &params, &body).await,
-        WorkloadKind::Rollout => apply::<Rollout>(client, namespace, name, &params, &body).await,
-    }
-}
-
-async fn apply<K>(
-    client: &Client,
-    namespace: &str,
-    name: &str,
-    params: &PatchParams,
-    body: &serde_json::Value,
-) -> kube::Result<i64>
-where
-    K: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
-        + Clone
-        + DeserializeOwned
-        + std::fmt::Debug,
-{
-    let patched = Api::<K>::namespaced(client.clone(), namespace).patch(name, params, &Patch::Apply(body)).await?;
-    Ok(generation(&patched))
-}
-
 /// Whether `selector` is usable, for spec validation.
 pub fn selector_error(target: &TargetRef) -> Option<String> {
     let selector = target.selector.clone()?;
@@ -476,6 +416,7 @@ pub fn selector_error(target: &TargetRef) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use kube::core::response::Status;
+    use serde_json::json;
 
     use super::*;
 

@@ -35,7 +35,7 @@ impl Tokens {
         };
         let (store, writer) = reflector::store();
         let config = watcher::Config::default().labels(&format!("{TOKEN_LABEL}=true"));
-        let events = watcher(api, config).default_backoff().modify(crate::workloads::strip::<Secret>);
+        let events = watcher(api, config).default_backoff().modify(super::strip::<Secret>);
         let touched = reflector::reflector(writer, events).filter_map(|event| {
             let touched = match event {
                 Ok(watcher::Event::Apply(s) | watcher::Event::Delete(s) | watcher::Event::InitApply(s)) => {

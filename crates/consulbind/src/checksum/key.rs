@@ -7,7 +7,7 @@ use kube::{
     api::{ObjectMeta, PostParams},
 };
 
-use crate::checksum::{KEY_LEN, Key};
+use super::{KEY_LEN, Key};
 
 /// The key's entry in the Secret's data.
 pub const DATA_KEY: &str = "key";

@@ -6,7 +6,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use consulbind_api::{ConsulBindingSpec, WorkloadKind};
 use kube::core::{Selector, SelectorExt};
 
-use crate::{plan::Workload, watches::BindingRef};
+use super::Workload;
+use crate::BindingRef;
 
 type Named = (String, WorkloadKind, String);
 

@@ -1,0 +1,65 @@
+//! What every reconcile of one scope shares: clients, caches and this replica's memory of each
+//! binding.
+
+use std::sync::{Arc, Mutex};
+
+use consulbind_api::ConsulBinding;
+use kube::{
+    Client,
+    runtime::{events::Reporter, reflector::Store},
+};
+
+use super::{express::Express, state::States};
+use crate::{
+    BindingRef, checksum,
+    cluster::{interest::Interest, policy::Policy, tokens::Tokens, workloads::Workloads},
+    metrics::Metrics,
+    watches::Watches,
+};
+
+pub struct Context {
+    pub client: Client,
+    /// Who records the events. Each event gets a recorder of its own: kube's keeps every event
+    /// it sent for minutes, to count repeats, which at thousands of bindings is megabytes, and
+    /// the controller raises an event only when there is news.
+    pub reporter: Reporter,
+    pub watches: Watches,
+    pub workloads: Workloads,
+    pub tokens: Tokens,
+    /// What the default token may read in each namespace.
+    pub policy: Policy,
+    /// Keys every checksum, so that none can be checked against a guessed value.
+    pub checksum_key: checksum::Key,
+    /// `--dry-run`: every binding reports instead of rolling.
+    pub dry_run: bool,
+    pub bindings: Store<ConsulBinding>,
+    /// Which bindings a workload or Secret event wakes.
+    pub interest: Arc<Mutex<Interest>>,
+    pub metrics: Arc<Metrics>,
+    /// Each binding's record, across scopes.
+    pub states: Arc<States>,
+    /// Which bindings are being reconciled, and the runs that start on a Consul wake.
+    pub express: Arc<Express>,
+}
+
+impl Context {
+    /// Forgets a deleted binding: its watches, its interest and its record.
+    pub fn forget(&self, binding: &BindingRef) {
+        self.watches.release(binding);
+        self.interest.lock().unwrap().remove(binding);
+        self.states.delete(binding);
+    }
+
+    /// Forgets every binding for which `keep` is false.
+    pub fn retain(&self, keep: impl Fn(&BindingRef) -> bool) {
+        self.watches.retain(&keep);
+        self.interest.lock().unwrap().retain(&keep);
+        self.states.reset(&keep);
+    }
+
+    /// Stops watching for a binding that cannot be served now, keeping its record.
+    pub fn unsubscribe(&self, binding: &BindingRef) {
+        self.watches.release(binding);
+        self.interest.lock().unwrap().remove(binding);
+    }
+}

@@ -1,0 +1,183 @@
+//! One reconcile of one binding, as named steps: [`read`] (the spec, the token, what Consul and
+//! the caches say), [`plan`] (pure: checksum, debounce, what to roll and report), [`stamp`]
+//! (the pod templates), [`report`] (status and events). Stamp and report are the only writes.
+//! [`state`] keeps each binding's record between reconciles, and [`express`] lets a Consul
+//! wake run at once.
+
+pub mod context;
+pub mod debounce;
+pub mod express;
+pub mod plan;
+pub mod read;
+pub mod report;
+pub mod stamp;
+pub mod state;
+
+use std::{sync::Arc, time::Duration};
+
+use consul_kv::jitter;
+use consulbind_api::{ConsulBinding, RolloutMode, conditions};
+use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
+use kube::{
+    Resource, ResourceExt,
+    runtime::{controller::Action, events::EventType},
+};
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+pub use self::context::Context;
+use self::{
+    plan::{Consul, Input, Outcome},
+    read::TokenSource,
+};
+use crate::{BindingRef, Error, binding_ref, names};
+
+/// How often a settled binding is looked at again, as a safety net: Consul, the workloads and
+/// the token Secrets all wake it when they change. Such a reconcile writes nothing unless
+/// something changed, and jitter keeps many bindings from coming due together.
+const RESYNC: Duration = Duration::from_secs(600);
+/// How soon a binding that is not healthy is looked at again.
+const RETRY: Duration = Duration::from_secs(15);
+
+/// kube-runtime's entry: waits until no express run has the binding.
+pub async fn reconcile(binding: Arc<ConsulBinding>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let oref = binding_ref(&binding);
+    let _running = ctx.express.enter(&oref).await;
+    // An express run may have written the status while this one waited.
+    let binding = ctx.bindings.get(&oref).unwrap_or(binding);
+    reconcile_marked(binding, &ctx).await
+}
+
+/// Reconciles `binding` at once, if it is idle and an express slot is free. kube-runtime's
+/// queued run follows either way, and keeps the retries.
+pub fn express(ctx: &Arc<Context>, binding: &BindingRef) {
+    let Some(object) = ctx.bindings.get(binding) else { return };
+    let Some(ticket) = ctx.express.try_start(binding) else { return };
+    let ctx = ctx.clone();
+    tokio::spawn(async move {
+        if let Err(error) = reconcile_marked(object, &ctx).await {
+            // The queued run that follows retries it, with the error policy.
+            debug!(%error, "express reconcile failed");
+        }
+        drop(ticket);
+    });
+}
+
+pub fn error_policy(binding: Arc<ConsulBinding>, error: &Error, _ctx: Arc<Context>) -> Action {
+    warn!(binding = %BindingRef::from_obj(&*binding), %error, "reconcile failed; retrying");
+    Action::requeue(Duration::from_secs(5))
+}
+
+/// A reconcile by a caller that holds the binding's running mark.
+async fn reconcile_marked(binding: Arc<ConsulBinding>, ctx: &Context) -> Result<Action, Error> {
+    let started = std::time::Instant::now();
+    let result = reconcile_binding(&binding, ctx).await;
+    let label = match &result {
+        Ok(_) => "ok",
+        Err(e) => e.metric_label(),
+    };
+    ctx.metrics.reconciled(label, started.elapsed());
+    result
+}
+
+/// Read, plan, stamp, report.
+async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Action, Error> {
+    let started = std::time::Instant::now();
+    let namespace = binding.namespace().unwrap_or_default();
+    let oref = binding_ref(binding);
+    let previous = read::last_status(ctx, binding, &oref);
+    let spec = &binding.spec;
+
+    // Read.
+    let window = match read::validate(spec) {
+        Ok(window) => window,
+        Err(message) => {
+            ctx.unsubscribe(&oref);
+            let status = report::invalid(binding, &previous, &message);
+            report::status(ctx, binding, &previous, &status).await?;
+            return Ok(Action::await_change());
+        }
+    };
+    let mut contents = Vec::new();
+    let consul = match read::token(ctx, &namespace, spec) {
+        TokenSource::Invalid(message) => {
+            ctx.watches.release(&oref);
+            Consul::Failed { reason: conditions::reason::TOKEN_SECRET_INVALID, message }
+        }
+        // Refused before Consul is asked: the token would have read it.
+        TokenSource::Forbidden(message) => {
+            ctx.watches.release(&oref);
+            Consul::Failed { reason: conditions::reason::DEFAULT_TOKEN_FORBIDDEN, message }
+        }
+        source => {
+            contents = read::subscribe(ctx, &oref, &read::queries(spec, source.into_token()));
+            match read::consul_view(spec, &contents) {
+                Some(consul) => consul,
+                // Consul answers within moments, and its first answer wakes the binding: writing
+                // "waiting" first would double the writes of a cold start, and after a restart
+                // would flap Ready.
+                None => return Ok(Action::requeue(RETRY)),
+            }
+        }
+    };
+    let mut resolved = ctx.workloads.resolve(&namespace, &spec.targets, &names::annotation_key(&oref.name));
+    read::trust_own_stamps(ctx, &oref, &mut resolved);
+    ctx.interest.lock().unwrap().set(&oref, spec, &resolved.found);
+
+    // Plan.
+    let input = Input {
+        key: &ctx.checksum_key,
+        spec,
+        window,
+        generation: binding.metadata.generation,
+        previous: &previous,
+        consul,
+        found: &resolved.found,
+        live: &resolved.live,
+        missing: &resolved.missing,
+        unserved: &resolved.unserved,
+        dry_run: ctx.dry_run || spec.rollout.as_ref().and_then(|r| r.mode) == Some(RolloutMode::DryRun),
+    };
+    let upgraded = plan::upgrade_legacy(&input);
+    let input = match &upgraded {
+        Some(upgraded) => Input { previous: &upgraded.previous, live: &upgraded.live, ..input },
+        None => input,
+    };
+    let plan = ctx.states.update(&oref, |record| plan::plan(&input, &mut record.pending, Instant::now()));
+
+    // Stamp.
+    let outcome = match &plan.desired {
+        Some(desired) if !plan.roll.is_empty() => {
+            if let Some(seen) = read::latest_change(&contents) {
+                ctx.metrics.stage("consul_to_reconcile", started.saturating_duration_since(seen));
+            }
+            ctx.metrics.stage("reconcile_to_patch", started.elapsed());
+            stamp::stamp_all(ctx, &oref, &plan, desired).await
+        }
+        _ => Outcome::default(),
+    };
+
+    // Report.
+    let now = Time(Timestamp::now());
+    let status = plan::status(&input, &plan, &outcome, &now);
+    if !outcome.rolled.is_empty() {
+        report::rolled_out(ctx, binding, &status, &outcome, &contents);
+    } else if !plan.would_roll.is_empty() && status.dry_run != previous.dry_run {
+        if let Some((reason, message)) = &plan.hold {
+            info!(binding = %oref, %message, "dry run");
+            report::publish(ctx, binding.object_ref(&()), EventType::Normal, reason, message.clone());
+        }
+    } else if plan.baseline && previous.applied_checksum.is_none() {
+        let note = format!("recorded checksum {} as the baseline; nothing was restarted", report::short(&status));
+        report::publish(ctx, binding.object_ref(&()), EventType::Normal, conditions::reason::BASELINED, note);
+    }
+    report::status(ctx, binding, &previous, &status).await?;
+
+    // A Consul failure retries on its own, but a binding that is not healthy is looked at soon.
+    let healthy = outcome.failed.is_empty() && matches!(input.consul, Consul::Ready(_));
+    let retry = if healthy { jitter(RESYNC, 0.2) } else { RETRY };
+    Ok(match plan.wake_at {
+        Some(at) => Action::requeue(at.saturating_duration_since(Instant::now()).max(Duration::from_millis(50))),
+        None => Action::requeue(retry),
+    })
+}

@@ -1,0 +1,224 @@
+//! The first steps of a reconcile: check the spec, find the token, and gather what Consul and
+//! the workload caches say. Nothing here writes to the cluster.
+
+use std::time::{Duration, Instant};
+
+use consul_kv::{KvQuery, Token};
+use consulbind_api::{ConsulBinding, ConsulBindingSpec, ConsulBindingStatus, parse_duration};
+use kube::ResourceExt;
+
+use super::{
+    context::Context,
+    debounce::Window,
+    plan::{Consul, KeyContent},
+};
+use crate::{
+    BindingRef,
+    cluster::{
+        Live,
+        tokens::{Lookup, TOKEN_LABEL},
+        workloads::{self, Resolved},
+    },
+    watches::KeyState,
+};
+
+const DEFAULT_QUIET: Duration = Duration::from_secs(2);
+const DEFAULT_MAX: Duration = Duration::from_secs(30);
+
+/// Checks what the schema cannot, and returns the debounce window.
+pub fn validate(spec: &ConsulBindingSpec) -> Result<Window, String> {
+    for source in &spec.keys {
+        if let Some(problem) = consulbind_api::key_problem(&source.key) {
+            return Err(format!("Consul key {:?} {problem}; Consul would read another key, or none", source.key));
+        }
+    }
+    for target in &spec.targets {
+        if target.name.is_some() == target.selector.is_some() {
+            return Err(format!("each {} target needs exactly one of name and selector", target.kind));
+        }
+        if let Some(error) = workloads::selector_error(target) {
+            return Err(error);
+        }
+    }
+    let rollout = spec.rollout.clone().unwrap_or_default();
+    let duration = |text: Option<String>, default| text.map_or(Ok(default), |t| parse_duration(&t));
+    let quiet = duration(rollout.quiet_period, DEFAULT_QUIET)?;
+    let max = duration(rollout.max_delay, DEFAULT_MAX.max(quiet))?;
+    Ok(Window { quiet, max })
+}
+
+/// Where a binding's Consul token comes from.
+pub enum TokenSource {
+    Default,
+    Secret(Token),
+    /// A problem with the Secret that a person must fix.
+    Invalid(String),
+    /// The default token may not read these keys for this namespace.
+    Forbidden(String),
+}
+
+impl TokenSource {
+    pub fn into_token(self) -> Option<Token> {
+        match self {
+            TokenSource::Secret(token) => Some(token),
+            _ => None,
+        }
+    }
+}
+
+/// The token for this binding's keys: from its Secret, if it names one; otherwise the
+/// controller default, where the namespace's policy lets it read these keys.
+pub fn token(ctx: &Context, namespace: &str, spec: &ConsulBindingSpec) -> TokenSource {
+    let Some(secret_ref) = spec.consul.as_ref().and_then(|c| c.token_secret_ref.as_ref()) else {
+        return match ctx.policy.check(namespace, spec) {
+            Ok(()) => TokenSource::Default,
+            Err(message) => TokenSource::Forbidden(message),
+        };
+    };
+    let key = secret_ref.key.as_deref().unwrap_or("token");
+    match ctx.tokens.get(namespace, &secret_ref.name, key) {
+        Lookup::Token(token) => TokenSource::Secret(Token::new(token)),
+        Lookup::NoSecret => TokenSource::Invalid(format!(
+            "token Secret {:?} not found in namespace {namespace}, or it lacks the label {TOKEN_LABEL}=true \
+             that lets a Secret serve as a Consul token",
+            secret_ref.name
+        )),
+        Lookup::NoKey => {
+            TokenSource::Invalid(format!("token Secret {:?} has no non-empty key {key:?}", secret_ref.name))
+        }
+    }
+}
+
+/// Subscribes a binding to its watches, unless it was deleted while this reconcile waited:
+/// the deletion's release may already have run, and must not be undone.
+pub fn subscribe(ctx: &Context, binding: &BindingRef, queries: &[KvQuery]) -> Vec<KeyState> {
+    let states = ctx.watches.subscribe(binding, queries);
+    if ctx.bindings.get(binding).is_none() {
+        ctx.watches.release(binding);
+    }
+    states
+}
+
+pub fn queries(spec: &ConsulBindingSpec, token: Option<Token>) -> Vec<KvQuery> {
+    let consul = spec.consul.clone().unwrap_or_default();
+    spec.keys
+        .iter()
+        .map(|k| KvQuery {
+            key: k.key.clone(),
+            recurse: k.recurse,
+            datacenter: consul.datacenter.clone(),
+            namespace: consul.namespace.clone(),
+            partition: consul.partition.clone(),
+            token: token.clone(),
+        })
+        .collect()
+}
+
+/// What Consul says for the binding; `None` while a key has had no answer yet.
+pub fn consul_view<'a>(spec: &'a ConsulBindingSpec, states: &'a [KeyState]) -> Option<Consul<'a>> {
+    let mut contents = Vec::with_capacity(states.len());
+    for (source, state) in spec.keys.iter().zip(states) {
+        match state {
+            KeyState::Pending => return None,
+            KeyState::Failed { reason, message, .. } => {
+                return Some(Consul::Failed { reason, message: format!("reading {:?}: {message}", source.key) });
+            }
+            KeyState::Ready(content) => {
+                contents.push(KeyContent { source, entries: &content.entries, reset_hold: content.reset_hold })
+            }
+        }
+    }
+    Some(Consul::Ready(contents))
+}
+
+/// When the newest of the binding's contents was first seen.
+pub fn latest_change(contents: &[KeyState]) -> Option<Instant> {
+    contents
+        .iter()
+        .filter_map(|s| match s {
+            KeyState::Ready(content) => Some(content.changed_at),
+            _ => None,
+        })
+        .max()
+}
+
+/// The workload cache can lag behind a stamp this binding just made; until it catches up, what
+/// was stamped is what the workload carries. Stamps of workloads no longer found are dropped.
+pub fn trust_own_stamps(ctx: &Context, binding: &BindingRef, resolved: &mut Resolved) {
+    ctx.states.update(binding, |record| {
+        record.stamps.retain(|workload, (generation, value)| {
+            if !resolved.found.contains(workload) {
+                return false;
+            }
+            let behind = resolved.generations.get(workload).is_some_and(|cached| cached < generation);
+            if behind {
+                resolved.live.insert(workload.clone(), Live { value: value.clone(), owned: true });
+            }
+            behind
+        });
+    });
+}
+
+/// The binding's status: the one this replica last wrote for this very object, else the cached one.
+pub fn last_status(ctx: &Context, binding: &ConsulBinding, oref: &BindingRef) -> ConsulBindingStatus {
+    // The watch event of a write can come before the copy is kept; drop it here then.
+    ctx.states.apply(binding);
+    let uid = binding.uid().unwrap_or_default();
+    ctx.states.update(oref, |record| match &record.written {
+        Some((written_uid, status)) if *written_uid == uid => status.clone(),
+        _ => binding.status.clone().unwrap_or_default(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use consulbind_api::{RolloutPolicy, TargetRef, WorkloadKind};
+
+    use super::*;
+
+    fn spec(target: TargetRef, rollout: Option<RolloutPolicy>) -> ConsulBindingSpec {
+        ConsulBindingSpec { targets: vec![target], rollout, ..Default::default() }
+    }
+
+    fn named() -> TargetRef {
+        TargetRef { kind: WorkloadKind::Deployment, name: Some("web".into()), selector: None }
+    }
+
+    #[test]
+    fn defaults_apply_and_durations_parse() {
+        assert_eq!(validate(&spec(named(), None)), Ok(Window { quiet: DEFAULT_QUIET, max: DEFAULT_MAX }));
+        let rollout =
+            RolloutPolicy { quiet_period: Some("1m".into()), max_delay: Some("5m".into()), ..Default::default() };
+        assert_eq!(
+            validate(&spec(named(), Some(rollout))),
+            Ok(Window { quiet: Duration::from_secs(60), max: Duration::from_secs(300) })
+        );
+    }
+
+    #[test]
+    fn keys_that_consul_would_misread_are_refused() {
+        for bad in ["/app", "app//x", "./x", "app/../x", "app/.", "//", "a/../"] {
+            let spec = ConsulBindingSpec {
+                keys: vec![consulbind_api::KeySource { key: bad.into(), ..Default::default() }],
+                ..spec(named(), None)
+            };
+            assert!(validate(&spec).is_err(), "{bad}");
+        }
+        for good in ["app", "app/", "app/x.json", ".hidden/x", "..x/y", "a/.b/", "a/b..c"] {
+            let spec = ConsulBindingSpec {
+                keys: vec![consulbind_api::KeySource { key: good.into(), ..Default::default() }],
+                ..spec(named(), None)
+            };
+            assert!(validate(&spec).is_ok(), "{good}");
+        }
+    }
+
+    #[test]
+    fn a_target_needs_exactly_one_of_name_and_selector() {
+        let both = TargetRef { selector: Some(Default::default()), ..named() };
+        let neither = TargetRef { name: None, ..named() };
+        for target in [both, neither] {
+            assert!(validate(&spec(target, None)).unwrap_err().contains("exactly one of name and selector"));
+        }
+    }
+}

@@ -1,0 +1,185 @@
+//! What a reconcile tells people: the binding's status, written only when it says something
+//! new, and events on the binding and the workloads. One of the two places that write to the
+//! cluster.
+
+use consulbind_api::{ConsulBinding, ConsulBindingStatus, conditions};
+use k8s_openapi::{api::core::v1::ObjectReference, apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
+use kube::{
+    Api, Resource, ResourceExt,
+    api::{Patch, PatchParams},
+    runtime::events::{Event, EventType, Recorder},
+};
+use serde_json::json;
+use tracing::{info, warn};
+
+use super::{
+    context::Context,
+    plan::{self, Outcome},
+    read::latest_change,
+};
+use crate::{Error, binding_ref, checksum, metrics::RolloutLabels, watches::KeyState};
+
+/// Field manager for binding status.
+pub const STATUS_MANAGER: &str = "consulbind";
+
+/// Writes the status when it changed, and raises an event when Ready turns to a new problem.
+pub async fn status(
+    ctx: &Context,
+    binding: &ConsulBinding,
+    previous: &ConsulBindingStatus,
+    status: &ConsulBindingStatus,
+) -> Result<(), Error> {
+    let oref = binding_ref(binding);
+    let ready = |s: &ConsulBindingStatus| s.conditions.iter().find(|c| c.type_ == conditions::READY).cloned();
+    let (old, new) = (ready(previous), ready(status));
+    if let Some(new) = &new {
+        let state = match new.status.as_str() {
+            "True" => "True",
+            "False" => "False",
+            _ => "Unknown",
+        };
+        ctx.states.set_ready(&oref, state);
+        let is_new_problem = new.status == "False" && old.as_ref().is_none_or(|o| o.reason != new.reason);
+        let quiet = [conditions::reason::PENDING, conditions::reason::SUSPENDED];
+        if is_new_problem && !quiet.contains(&new.reason.as_str()) {
+            warn!(binding = %oref, reason = %new.reason, message = %new.message, "binding not ready");
+            publish(ctx, binding.object_ref(&()), EventType::Warning, &new.reason, new.message.clone());
+        }
+    }
+    if !needs_write(previous, status) {
+        return Ok(());
+    }
+    let api: Api<ConsulBinding> = Api::namespaced(ctx.client.clone(), &binding.namespace().unwrap_or_default());
+    // A merge patch of what changed: a server-side apply that drops a field sends it to the
+    // 1.20 API server as null, which the schema refuses.
+    let (old, new) =
+        (serde_json::to_value(previous).unwrap_or_default(), serde_json::to_value(status).unwrap_or_default());
+    let patch = json!({ "status": merge_diff(&old, &new) });
+    let params = PatchParams { field_manager: Some(STATUS_MANAGER.into()), ..PatchParams::default() };
+    api.patch_status(&binding.name_any(), &params, &Patch::Merge(&patch)).await.map_err(Error::Status)?;
+    let uid = binding.uid().unwrap_or_default();
+    ctx.states.update(&oref, |r| r.written = Some((uid, status.clone())));
+    Ok(())
+}
+
+/// The status of a binding whose spec cannot be served: Ready and TargetsUpdated say why.
+pub fn invalid(binding: &ConsulBinding, previous: &ConsulBindingStatus, message: &str) -> ConsulBindingStatus {
+    let now = Time(Timestamp::now());
+    let generation = binding.metadata.generation;
+    let conditions = [conditions::READY, conditions::TARGETS_UPDATED]
+        .into_iter()
+        .map(|type_| {
+            let reason = conditions::reason::INVALID_SPEC;
+            plan::condition(&previous.conditions, type_, Some(false), reason, message.into(), generation, &now)
+        })
+        .collect();
+    ConsulBindingStatus { observed_generation: generation, conditions, ..previous.clone() }
+}
+
+pub fn short(status: &ConsulBindingStatus) -> &str {
+    status.short_checksum.as_deref().unwrap_or("-")
+}
+
+/// Logs, counts and raises the events of a rollout, on the binding and on each workload.
+pub fn rolled_out(
+    ctx: &Context,
+    binding: &ConsulBinding,
+    status: &ConsulBindingStatus,
+    outcome: &Outcome,
+    contents: &[KeyState],
+) {
+    let namespace = binding.namespace().unwrap_or_default();
+    let name = binding.name_any();
+    let list: Vec<String> = outcome.rolled.iter().map(|(k, n)| format!("{k}/{n}")).collect();
+    let checksum = status.applied_checksum.as_deref().map_or("-", checksum::short).to_owned();
+    info!(binding = %format!("{namespace}/{name}"), %checksum, targets = %list.join(", "), "rolled out Consul change");
+    if let Some(latest) = latest_change(contents) {
+        ctx.metrics.change_to_rollout.observe(latest.elapsed().as_secs_f64());
+    }
+    let note = format!("rolled out Consul content {checksum} to {}", list.join(", "));
+    publish(ctx, binding.object_ref(&()), EventType::Normal, conditions::reason::ROLLED_OUT, note);
+    for (kind, workload) in &outcome.rolled {
+        ctx.metrics
+            .rollouts
+            .get_or_create(&RolloutLabels { namespace: namespace.clone(), binding: name.clone(), kind: kind.as_str() })
+            .inc();
+        let reference = ObjectReference {
+            api_version: Some(kind.api_version().into()),
+            kind: Some(kind.as_str().into()),
+            namespace: Some(namespace.clone()),
+            name: Some(workload.clone()),
+            ..ObjectReference::default()
+        };
+        let note =
+            format!("ConsulBinding {name} changed the pod template annotation to {checksum} after a Consul change");
+        publish(ctx, reference, EventType::Normal, conditions::reason::ROLLED_OUT, note);
+    }
+}
+
+/// Records an event without holding up the reconcile: the next change of this binding waits
+/// for the reconcile to end, and events are not part of the decision.
+pub fn publish(ctx: &Context, reference: ObjectReference, type_: EventType, reason: &str, note: String) {
+    let event = Event { type_, reason: reason.into(), note: Some(note), action: "Reconcile".into(), secondary: None };
+    let recorder = Recorder::new(ctx.client.clone(), ctx.reporter.clone());
+    let reason = reason.to_owned();
+    tokio::spawn(async move {
+        if let Err(error) = recorder.publish(&event, &reference).await {
+            warn!(%error, reason, "could not record event");
+        }
+    });
+}
+
+/// The JSON merge patch (RFC 7386) that turns `old` into `new`: changed fields, objects
+/// merged field by field, and null for each field `new` no longer has.
+fn merge_diff(old: &serde_json::Value, new: &serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match (old, new) {
+        (Value::Object(old), Value::Object(new)) => {
+            let mut patch = serde_json::Map::new();
+            for (key, value) in new {
+                match old.get(key) {
+                    Some(before) if before == value => {}
+                    Some(before) => drop(patch.insert(key.clone(), merge_diff(before, value))),
+                    None => drop(patch.insert(key.clone(), value.clone())),
+                }
+            }
+            for key in old.keys().filter(|k| !new.contains_key(*k)) {
+                patch.insert(key.clone(), Value::Null);
+            }
+            Value::Object(patch)
+        }
+        _ => new.clone(),
+    }
+}
+
+/// Whether the status says anything new. The sync time alone is not news: writing it on every
+/// reconcile would make an idle controller write for nothing.
+fn needs_write(previous: &ConsulBindingStatus, status: &ConsulBindingStatus) -> bool {
+    let strip = |s: &ConsulBindingStatus| ConsulBindingStatus { last_sync_time: None, ..s.clone() };
+    strip(previous) != strip(status)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merge_diff_sets_changes_and_removes_what_is_gone() {
+        let old = json!({"a": 1, "b": {"x": 1, "y": 2}, "c": [1, 2], "gone": {"z": 1}});
+        let new = json!({"a": 1, "b": {"x": 1, "y": 3}, "c": [1], "new": "n"});
+        assert_eq!(merge_diff(&old, &new), json!({"b": {"y": 3}, "c": [1], "new": "n", "gone": null}));
+        assert_eq!(merge_diff(&old, &old), json!({}));
+    }
+
+    #[test]
+    fn needs_write_ignores_a_fresh_sync_time_only() {
+        let old = ConsulBindingStatus {
+            last_sync_time: Some(Time("2026-01-01T00:00:00Z".parse().unwrap())),
+            ..Default::default()
+        };
+        let later =
+            ConsulBindingStatus { last_sync_time: Some(Time("2026-01-01T05:00:00Z".parse().unwrap())), ..old.clone() };
+        assert!(!needs_write(&old, &later));
+        assert!(needs_write(&old, &ConsulBindingStatus { applied_checksum: Some("x".into()), ..later }));
+    }
+}

@@ -1,0 +1,184 @@
+//! What this replica remembers of each binding between reconciles, in one record under one map,
+//! so that a deleted binding leaves nothing behind: its pending debounce, the status it last
+//! wrote, its Ready state for the metric, and the stamps the workload cache has not seen yet.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::{Arc, Mutex},
+};
+
+use consulbind_api::{ConsulBinding, ConsulBindingStatus};
+use kube::ResourceExt;
+
+use super::debounce::Pending;
+use crate::{
+    BindingRef, binding_ref,
+    cluster::Workload,
+    metrics::{Metrics, ReadyLabels},
+};
+
+#[derive(Debug, Default)]
+pub struct Record {
+    /// A change seen but not yet rolled out.
+    pub pending: Option<Pending>,
+    /// The status this replica last wrote, with the binding's uid. Only the leader writes
+    /// status, so it is never older than the cache, which may not have seen the write yet
+    /// when a Consul change wakes the binding again.
+    pub written: Option<(String, ConsulBindingStatus)>,
+    /// The Ready condition's status, as counted in `consulbind_bindings`.
+    ready: Option<&'static str>,
+    /// What this binding stamped on each workload, and the generation that came of it, for as
+    /// long as the workload cache has not caught up.
+    pub stamps: BTreeMap<Workload, (i64, String)>,
+}
+
+/// Every binding's record, across the scopes this replica serves.
+pub struct States {
+    records: Mutex<HashMap<BindingRef, Record>>,
+    metrics: Arc<Metrics>,
+}
+
+impl States {
+    pub fn new(metrics: Arc<Metrics>) -> Self {
+        Self { records: Mutex::default(), metrics }
+    }
+
+    /// Runs `f` on the binding's record, made empty if there was none.
+    pub fn update<R>(&self, binding: &BindingRef, f: impl FnOnce(&mut Record) -> R) -> R {
+        f(self.records.lock().unwrap().entry(binding.clone()).or_default())
+    }
+
+    /// The binding cache has a new version of the binding: once it shows the status this
+    /// replica wrote, the copy goes, so that the copies do not add up to a second store of
+    /// every status.
+    pub fn apply(&self, binding: &ConsulBinding) {
+        let mut records = self.records.lock().unwrap();
+        let Some(record) = records.get_mut(&binding_ref(binding)) else { return };
+        if let Some((uid, status)) = &record.written
+            && binding.uid().as_ref() == Some(uid)
+            && same_as_stored(binding.status.as_ref(), status)
+        {
+            record.written = None;
+        }
+    }
+
+    /// The binding is gone: its whole record goes.
+    pub fn delete(&self, binding: &BindingRef) {
+        let removed = self.records.lock().unwrap().remove(binding);
+        if let Some(state) = removed.and_then(|r| r.ready) {
+            self.gauge(state).dec();
+        }
+    }
+
+    /// Drops the record of every binding for which `keep` is false, after a re-list.
+    pub fn reset(&self, keep: impl Fn(&BindingRef) -> bool) {
+        let mut gone = Vec::new();
+        self.records.lock().unwrap().retain(|binding, record| {
+            let kept = keep(binding);
+            if !kept && let Some(state) = record.ready {
+                gone.push(state);
+            }
+            kept
+        });
+        for state in gone {
+            self.gauge(state).dec();
+        }
+    }
+
+    /// Moves the binding between the ready-state gauges; costs the same however many bindings.
+    pub fn set_ready(&self, binding: &BindingRef, state: &'static str) {
+        let old = self.update(binding, |record| record.ready.replace(state));
+        if old != Some(state) {
+            if let Some(old) = old {
+                self.gauge(old).dec();
+            }
+            self.gauge(state).inc();
+        }
+    }
+
+    fn gauge(&self, ready: &'static str) -> prometheus_client::metrics::gauge::Gauge {
+        self.metrics.bindings.get_or_create(&ReadyLabels { ready }).clone()
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.records.lock().unwrap().len()
+    }
+}
+
+/// Whether the cached status is the one written. Times reach the cache with whole seconds, so
+/// the two are compared as the API server stores them.
+fn same_as_stored(cached: Option<&ConsulBindingStatus>, written: &ConsulBindingStatus) -> bool {
+    let stored = |s: &ConsulBindingStatus| serde_json::to_value(s).ok();
+    cached.and_then(stored) == stored(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use consulbind_api::{ConsulBindingSpec, WorkloadKind};
+    use prometheus_client::registry::Registry;
+
+    use super::*;
+
+    fn states() -> States {
+        States::new(Arc::new(Metrics::new(&mut Registry::default())))
+    }
+
+    fn gauge(states: &States, ready: &'static str) -> i64 {
+        states.gauge(ready).get()
+    }
+
+    fn binding(name: &str, uid: &str, status: Option<ConsulBindingStatus>) -> ConsulBinding {
+        let mut binding = ConsulBinding::new(name, ConsulBindingSpec::default());
+        binding.metadata.namespace = Some("ns".into());
+        binding.metadata.uid = Some(uid.into());
+        binding.status = status;
+        binding
+    }
+
+    #[test]
+    fn a_deleted_binding_leaves_nothing_behind() {
+        let states = states();
+        let (a, b) = (BindingRef::new("a").within("ns"), BindingRef::new("b").within("ns"));
+        states.set_ready(&a, "True");
+        states.set_ready(&b, "False");
+        states.update(&a, |r| {
+            r.written = Some(("uid".into(), ConsulBindingStatus::default()));
+            r.stamps.insert((WorkloadKind::Deployment, "web".into()), (2, "sum".into()));
+        });
+        assert_eq!((gauge(&states, "True"), gauge(&states, "False")), (1, 1));
+
+        states.delete(&a);
+        assert_eq!(states.len(), 1);
+        assert_eq!((gauge(&states, "True"), gauge(&states, "False")), (0, 1));
+        states.reset(|binding| binding != &b);
+        assert_eq!(states.len(), 0);
+        assert_eq!(gauge(&states, "False"), 0);
+    }
+
+    #[test]
+    fn the_ready_gauges_count_each_binding_once() {
+        let states = states();
+        let a = BindingRef::new("a").within("ns");
+        states.set_ready(&a, "False");
+        states.set_ready(&a, "False");
+        states.set_ready(&a, "True");
+        assert_eq!((gauge(&states, "True"), gauge(&states, "False")), (1, 0));
+    }
+
+    #[test]
+    fn the_written_copy_goes_once_the_cache_has_it_for_the_same_object() {
+        let states = states();
+        let written = ConsulBindingStatus { applied_checksum: Some("sum".into()), ..Default::default() };
+        let a = BindingRef::new("a").within("ns");
+        let keep = |states: &States| states.update(&a, |r| r.written.is_some());
+        states.update(&a, |r| r.written = Some(("uid-1".into(), written.clone())));
+
+        states.apply(&binding("a", "uid-1", None));
+        assert!(keep(&states), "the cache has not seen the write");
+        states.apply(&binding("a", "uid-2", Some(written.clone())));
+        assert!(keep(&states), "another object of the same name");
+        states.apply(&binding("a", "uid-1", Some(written)));
+        assert!(!keep(&states));
+    }
+}

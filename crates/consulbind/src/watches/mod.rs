@@ -1,0 +1,189 @@
+//! Long-lived Consul watches. Every binding that reads the same key with the same datacenter,
+//! namespace, partition and token shares one watched [`path`]; the paths of a scope share a
+//! handful of blocking queries, cut by the [`planner`] (see [`consul_kv::group`]) and followed
+//! by the [`runner`], so the connections to Consul stay within the client's budget however many
+//! keys are bound. A path wakes its bindings only when its content (not merely an index)
+//! changes.
+//!
+//! This module is the registry: which bindings read which paths.
+
+pub mod path;
+pub mod planner;
+pub mod runner;
+
+use std::{
+    collections::{HashMap, HashSet},
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use consul_kv::KvQuery;
+use serde::Serialize;
+use tokio::sync::Notify;
+use tracing::debug;
+
+use self::{path::Path, planner::GroupHandle, runner::Runner};
+pub use self::{
+    path::{Content, KeyState, Wake},
+    runner::{KvSource, Limits},
+};
+use crate::{BindingRef, metrics::Metrics};
+
+/// How long membership changes settle before the groups are planned again, so that a burst of
+/// new bindings costs one re-plan rather than one per binding.
+const SETTLE: Duration = Duration::from_millis(100);
+
+#[derive(Clone)]
+pub struct Watches {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    runner: Arc<Runner>,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    paths: HashMap<KvQuery, Arc<Path>>,
+    /// Each binding's queries, without duplicates: a short list takes less room than a set.
+    by_binding: HashMap<BindingRef, Box<[KvQuery]>>,
+    groups: HashMap<KvQuery, GroupHandle>,
+}
+
+/// One watched path, for the debug endpoint. Tokens are never shown.
+#[derive(Serialize)]
+pub struct WatchInfo {
+    pub key: String,
+    pub recurse: bool,
+    pub datacenter: Option<String>,
+    pub namespace: Option<String>,
+    pub partition: Option<String>,
+    pub with_token: bool,
+    /// The key the blocking query that serves this path reads; none until planned.
+    pub read_by: Option<String>,
+    pub subscribers: Vec<String>,
+}
+
+impl Watches {
+    /// Starts the planner, which needs a Tokio runtime. A failing query reports its failure
+    /// only once it has lasted `grace`.
+    pub fn new(consul: impl KvSource, wake: Wake, metrics: Arc<Metrics>, grace: Duration, limits: Limits) -> Self {
+        let runner = Arc::new(Runner {
+            consul: Arc::new(consul),
+            wake,
+            metrics,
+            grace,
+            limits,
+            replan: Notify::new(),
+            rotating: Default::default(),
+        });
+        let shared = Arc::new(Shared { runner, inner: Mutex::default() });
+        tokio::spawn(plan_forever(shared.clone()));
+        Self { shared }
+    }
+
+    /// Makes `binding` subscribe to exactly `queries`, adding paths as needed and releasing the
+    /// ones it no longer uses. Returns the current state of each query, in order.
+    pub fn subscribe(&self, binding: &BindingRef, queries: &[KvQuery]) -> Vec<KeyState> {
+        let mut inner = self.shared.inner.lock().unwrap();
+        let wanted: HashSet<KvQuery> = queries.iter().cloned().collect();
+        let old: HashSet<KvQuery> =
+            inner.by_binding.remove(binding).unwrap_or_default().into_vec().into_iter().collect();
+        let mut replan = false;
+        for query in old.difference(&wanted) {
+            replan |= inner.unsubscribe(binding, query);
+        }
+        for query in wanted.difference(&old) {
+            let path = inner.paths.entry(query.clone()).or_insert_with(|| {
+                replan = true;
+                Arc::default()
+            });
+            path.subscribe(binding);
+        }
+        inner.by_binding.insert(binding.clone(), wanted.into_iter().collect());
+        let states = queries.iter().map(|q| inner.paths[q].state()).collect();
+        drop(inner);
+        if replan {
+            self.shared.runner.replan.notify_one();
+        }
+        states
+    }
+
+    /// Releases every path of a binding that is gone.
+    pub fn release(&self, binding: &BindingRef) {
+        let mut inner = self.shared.inner.lock().unwrap();
+        let mut replan = false;
+        for query in inner.by_binding.remove(binding).unwrap_or_default().iter() {
+            replan |= inner.unsubscribe(binding, query);
+        }
+        drop(inner);
+        if replan {
+            self.shared.runner.replan.notify_one();
+        }
+    }
+
+    /// Releases the paths of every binding for which `keep` is false, for bindings whose
+    /// deletion was missed while the binding watch was down.
+    pub fn retain(&self, keep: impl Fn(&BindingRef) -> bool) {
+        let gone: Vec<BindingRef> =
+            self.shared.inner.lock().unwrap().by_binding.keys().filter(|b| !keep(b)).cloned().collect();
+        for binding in gone {
+            self.release(&binding);
+        }
+    }
+
+    pub fn list(&self) -> Vec<WatchInfo> {
+        let inner = self.shared.inner.lock().unwrap();
+        let mut read_by = HashMap::new();
+        for (query, group) in &inner.groups {
+            for cell in &group.roster().cells {
+                read_by.insert(Arc::as_ptr(cell), query.key.clone());
+            }
+        }
+        let mut list: Vec<WatchInfo> = inner
+            .paths
+            .iter()
+            .map(|(q, path)| {
+                let mut subscribers: Vec<String> = path.subscribers().iter().map(ToString::to_string).collect();
+                subscribers.sort();
+                WatchInfo {
+                    key: q.key.clone(),
+                    recurse: q.recurse,
+                    datacenter: q.datacenter.clone(),
+                    namespace: q.namespace.clone(),
+                    partition: q.partition.clone(),
+                    with_token: q.token.is_some(),
+                    read_by: read_by.get(&Arc::as_ptr(path)).cloned(),
+                    subscribers,
+                }
+            })
+            .collect();
+        list.sort_by(|a, b| (&a.key, &a.subscribers).cmp(&(&b.key, &b.subscribers)));
+        list
+    }
+}
+
+impl Inner {
+    /// Returns whether the path is gone, so the groups need planning again.
+    fn unsubscribe(&mut self, binding: &BindingRef, query: &KvQuery) -> bool {
+        let Some(path) = self.paths.get(query) else {
+            return false;
+        };
+        if !path.unsubscribe(binding) {
+            return false;
+        }
+        debug!(key = %query.key, "no binding reads this Consul path any more");
+        self.paths.remove(query);
+        true
+    }
+}
+
+async fn plan_forever(shared: Arc<Shared>) {
+    loop {
+        shared.runner.replan.notified().await;
+        tokio::time::sleep(SETTLE).await;
+        let inner = &mut *shared.inner.lock().unwrap();
+        planner::plan(&shared.runner, &inner.paths, &mut inner.groups);
+    }
+}

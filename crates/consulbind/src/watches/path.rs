@@ -1,0 +1,210 @@
+//! One watched path: the latest word from Consul on it, and the bindings that read it.
+
+use std::{
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Instant,
+};
+
+use consul_kv::{KvEntry, same_entries};
+
+use crate::BindingRef;
+
+/// Called with each binding a watch wants reconciled.
+pub type Wake = Arc<dyn Fn(BindingRef) + Send + Sync>;
+
+/// The latest word from Consul on one watched path.
+#[derive(Clone, Debug)]
+pub enum KeyState {
+    /// No answer yet.
+    Pending,
+    Ready(Content),
+    /// Requests have failed for longer than the grace period; retried with backoff. `last` is
+    /// the content from before, kept so that recovery with the same content is no change.
+    Failed {
+        reason: &'static str,
+        message: String,
+        last: Option<Content>,
+    },
+}
+
+#[derive(Clone, Debug)]
+pub struct Content {
+    /// Sorted by key; empty when the key or prefix is missing.
+    pub entries: Arc<[KvEntry]>,
+    /// When this content was first seen.
+    pub changed_at: Instant,
+    /// Consul's index went backwards just as this content became missing or empty: data lost
+    /// in a restore or a rebuilt cluster, not a change anyone made.
+    pub reset_hold: bool,
+}
+
+/// What an answer did to a path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Update {
+    Same,
+    /// The first answer for the path.
+    First,
+    /// The same content as before a failure: the bindings need to hear that Consul is back.
+    Recovered,
+    Changed,
+}
+
+pub struct Path {
+    /// Bindings read it when they reconcile; a change wakes them through [`Wake`].
+    state: Mutex<KeyState>,
+    /// Without duplicates. Most paths have one or two, and a list of them takes far less room
+    /// than a set, across tens of thousands of paths.
+    subscribers: Mutex<Vec<BindingRef>>,
+    /// A shared read that included this path was too large: it is read on its own from now on.
+    solo: AtomicBool,
+}
+
+impl Default for Path {
+    fn default() -> Self {
+        Self { state: Mutex::new(KeyState::Pending), subscribers: Mutex::default(), solo: AtomicBool::new(false) }
+    }
+}
+
+impl Path {
+    pub fn state(&self) -> KeyState {
+        self.state.lock().unwrap().clone()
+    }
+
+    pub fn subscribe(&self, binding: &BindingRef) {
+        let mut subscribers = self.subscribers.lock().unwrap();
+        if !subscribers.contains(binding) {
+            subscribers.push(binding.clone());
+        }
+    }
+
+    /// Returns whether no binding reads the path any more.
+    pub fn unsubscribe(&self, binding: &BindingRef) -> bool {
+        let mut subscribers = self.subscribers.lock().unwrap();
+        subscribers.retain(|b| b != binding);
+        subscribers.is_empty()
+    }
+
+    pub fn subscribers(&self) -> Vec<BindingRef> {
+        self.subscribers.lock().unwrap().clone()
+    }
+
+    pub fn wake(&self, wake: &Wake) {
+        self.subscribers.lock().unwrap().iter().cloned().for_each(|b| wake(b));
+    }
+
+    pub fn solo(&self) -> bool {
+        self.solo.load(Ordering::Relaxed)
+    }
+
+    pub fn set_solo(&self) {
+        self.solo.store(true, Ordering::Relaxed);
+    }
+
+    /// Records new entries. Content that turns missing or empty in the same answer as an index
+    /// reset is marked as lost data; it stays marked until the content is back.
+    pub fn set_ready(&self, entries: &[KvEntry], reset: bool) -> Update {
+        let current = &mut *self.state.lock().unwrap();
+        let (before, was_ready) = match current {
+            KeyState::Ready(content) => (Some(&*content), true),
+            KeyState::Failed { last, .. } => (last.as_ref(), false),
+            KeyState::Pending => (None, false),
+        };
+        let (update, content) = match before.filter(|b| same_entries(&b.entries, entries)) {
+            Some(before) => {
+                let update = if was_ready { Update::Same } else { Update::Recovered };
+                (update, Content { entries: entries.into(), ..before.clone() })
+            }
+            None => {
+                let update = if before.is_some() { Update::Changed } else { Update::First };
+                let lost = reset && entries.is_empty() && before.is_some_and(|b| !b.entries.is_empty());
+                (update, Content { entries: entries.into(), changed_at: Instant::now(), reset_hold: lost })
+            }
+        };
+        *current = KeyState::Ready(content);
+        update
+    }
+
+    /// Records a failure; returns whether it is news (not the same reason and message again).
+    pub fn set_failed(&self, reason: &'static str, message: &str) -> bool {
+        let current = &mut *self.state.lock().unwrap();
+        let last = match current {
+            KeyState::Failed { reason: r, message: m, .. } if *r == reason && m == message => return false,
+            KeyState::Failed { last, .. } => last.take(),
+            KeyState::Ready(content) => Some(content.clone()),
+            KeyState::Pending => None,
+        };
+        *current = KeyState::Failed { reason, message: message.to_owned(), last };
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(key: &str, value: &str, modify_index: u64) -> KvEntry {
+        KvEntry { key: key.into(), value: value.into(), modify_index }
+    }
+
+    fn ready(path: &Path) -> Content {
+        match path.state() {
+            KeyState::Ready(content) => content,
+            other => panic!("not ready: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn content_not_indexes_makes_a_change() {
+        let path = Path::default();
+        assert_eq!(path.set_ready(&[entry("k", "a", 1)], false), Update::First);
+        let first = ready(&path).changed_at;
+        assert_eq!(path.set_ready(&[entry("k", "a", 9)], false), Update::Same, "a rewrite of the same bytes");
+        assert_eq!(ready(&path).changed_at, first);
+        assert_eq!(path.set_ready(&[entry("k", "b", 10)], false), Update::Changed);
+        assert_eq!(path.set_ready(&[], false), Update::Changed);
+        assert!(!ready(&path).reset_hold, "a plain deletion is an edit");
+    }
+
+    #[test]
+    fn a_failure_keeps_the_content_and_recovery_with_it_is_no_change() {
+        let path = Path::default();
+        path.set_ready(&[entry("k", "a", 1)], false);
+        let seen = ready(&path).changed_at;
+        assert!(path.set_failed("ConsulUnreachable", "down"));
+        assert!(!path.set_failed("ConsulUnreachable", "down"), "the same failure again is no news");
+        assert!(path.set_failed("AccessDenied", "denied"), "another reason is");
+        assert!(matches!(path.state(), KeyState::Failed { last: Some(_), .. }));
+        assert_eq!(path.set_ready(&[entry("k", "a", 5)], false), Update::Recovered);
+        assert_eq!(ready(&path).changed_at, seen);
+    }
+
+    #[test]
+    fn content_lost_with_an_index_reset_is_held_until_it_is_back() {
+        let path = Path::default();
+        path.set_ready(&[entry("k", "a", 7)], false);
+        assert_eq!(path.set_ready(&[], true), Update::Changed);
+        assert!(ready(&path).reset_hold);
+        assert_eq!(path.set_ready(&[], false), Update::Same);
+        assert!(ready(&path).reset_hold, "still lost");
+        assert_eq!(path.set_ready(&[entry("k", "a", 2)], false), Update::Changed);
+        assert!(!ready(&path).reset_hold);
+        // A reset that brings content is no loss.
+        assert_eq!(path.set_ready(&[entry("k", "b", 1)], true), Update::Changed);
+        assert!(!ready(&path).reset_hold);
+    }
+
+    #[test]
+    fn subscribers_have_no_duplicates() {
+        let path = Path::default();
+        let (a, b) = (BindingRef::new("a").within("ns"), BindingRef::new("b").within("ns"));
+        path.subscribe(&a);
+        path.subscribe(&a);
+        path.subscribe(&b);
+        assert_eq!(path.subscribers(), [a.clone(), b.clone()]);
+        assert!(!path.unsubscribe(&a));
+        assert!(path.unsubscribe(&b));
+    }
+}

@@ -1,0 +1,358 @@
+//! The runner of one group's blocking query: it follows the query with blocking requests,
+//! hands each watched path its part of every answer, wakes the bindings whose content changed,
+//! and reports failures once they outlast the grace period.
+
+use std::{
+    collections::HashSet,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
+
+use consul_kv::{
+    Backoff, Client, Error, ErrorKind, KvEntry, KvQuery, KvResponse,
+    group::{self, Members, WatchPath},
+    index::{Cursor, Progress},
+    jitter,
+};
+use consulbind_api::conditions::reason;
+use futures::future::BoxFuture;
+use tokio::{
+    sync::{Notify, watch},
+    time::{Instant, sleep_until},
+};
+use tracing::{info, warn};
+
+use super::path::{Path, Update, Wake};
+use crate::metrics::Metrics;
+
+/// The wait of each blocking query while there are more groups than slots, so that the groups
+/// take turns.
+pub const ROTATION_WAIT: Duration = Duration::from_secs(10);
+/// The shortest wait of a blocking query.
+const MIN_WAIT: Duration = Duration::from_secs(1);
+/// How soon a prefix found too large is read again: it rarely shrinks by itself.
+const TOO_LARGE_RETRY: Duration = Duration::from_secs(60);
+
+/// Where the answers come from: the Consul client, or a script in tests.
+pub trait KvSource: Send + Sync + 'static {
+    fn get_wait<'a>(
+        &'a self,
+        query: &'a KvQuery,
+        index: u64,
+        wait: Duration,
+        max_bytes: u64,
+    ) -> BoxFuture<'a, Result<KvResponse, Error>>;
+
+    /// How many blocking queries may be in flight at once.
+    fn blocking_slots(&self) -> usize;
+
+    /// The longest wait of a blocking query.
+    fn wait(&self) -> Duration;
+}
+
+impl KvSource for Client {
+    fn get_wait<'a>(
+        &'a self,
+        query: &'a KvQuery,
+        index: u64,
+        wait: Duration,
+        max_bytes: u64,
+    ) -> BoxFuture<'a, Result<KvResponse, Error>> {
+        Box::pin(Client::get_wait(self, query, index, wait, max_bytes))
+    }
+
+    fn blocking_slots(&self) -> usize {
+        Client::blocking_slots(self)
+    }
+
+    fn wait(&self) -> Duration {
+        Client::wait(self)
+    }
+}
+
+/// How much one bound prefix may hold. Past either, its bindings show `PrefixTooLarge` and its
+/// content is never kept.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    pub entries: usize,
+    /// Bytes of keys and values.
+    pub bytes: u64,
+}
+
+impl Limits {
+    /// The most bytes of Consul's answer for one path: JSON with values in base64 is about
+    /// 4/3 of the raw size, plus a little per entry. An exact key may hold up to Consul's own
+    /// limit of 512 KiB, whatever the prefix limit.
+    fn answer_bytes(&self, recurse: bool) -> u64 {
+        let prefix = self.bytes.saturating_mul(2).saturating_add(64 << 10);
+        if recurse { prefix } else { prefix.max(1 << 20) }
+    }
+}
+
+/// What every group's runner shares.
+pub struct Runner {
+    pub consul: Arc<dyn KvSource>,
+    pub wake: Wake,
+    pub metrics: Arc<Metrics>,
+    /// How long requests may fail before the paths report it.
+    pub grace: Duration,
+    pub limits: Limits,
+    /// Asks the planner to cut the groups afresh.
+    pub replan: Notify,
+    /// More groups than blocking slots: the groups rotate with short waits.
+    pub rotating: AtomicBool,
+}
+
+/// The paths one group's query serves.
+pub struct Roster {
+    pub paths: Vec<WatchPath>,
+    pub cells: Vec<Arc<Path>>,
+    members: Members,
+}
+
+impl Roster {
+    pub fn new(paths: Vec<WatchPath>, cells: Vec<Arc<Path>>) -> Self {
+        Self { members: Members::new(&paths), paths, cells }
+    }
+
+    pub fn serves(&self, paths: &[WatchPath], cells: &[Arc<Path>]) -> bool {
+        self.paths == paths && self.cells.iter().zip(cells).all(|(a, b)| Arc::ptr_eq(a, b))
+    }
+}
+
+impl Runner {
+    /// Follows one group's query with blocking requests until aborted or retired (the roster's
+    /// sender dropped), and hands each path its part of every answer. The group's key never
+    /// changes, so any answer covers whatever paths the roster holds when it arrives.
+    pub async fn run_group(self: Arc<Self>, query: KvQuery, mut roster: watch::Receiver<Arc<Roster>>) {
+        let born = Instant::now();
+        let mut cursor = Cursor::default();
+        // Capped low, so that once Consul answers again the status shows it within seconds.
+        let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(10));
+        // The roster and the entries its paths need, as of the last answer every path was told of.
+        let mut last: Option<(Arc<Roster>, Vec<KvEntry>)> = None;
+        let mut failing_since: Option<Instant> = None;
+        loop {
+            if roster.has_changed().is_err() {
+                return;
+            }
+            let index = if last.is_some() { cursor.index() } else { 0 };
+            let started = Instant::now();
+            let limit = answer_limit(&self.limits, &roster.borrow());
+            let request = self.consul.get_wait(&query, index, self.group_wait(born), limit);
+            tokio::pin!(request);
+            let result = loop {
+                tokio::select! {
+                    result = &mut request => break Some(result),
+                    // New paths need their content now. Short reads of just those paths give it
+                    // to them; the blocking query goes on, since one given up keeps a connection
+                    // busy on the Consul agent until its wait runs out.
+                    changed = roster.changed(), if index != 0 => {
+                        if changed.is_err() {
+                            // Retired: finish the request, tell no one.
+                            let _ = (&mut request).await;
+                            return;
+                        }
+                        let members = roster.borrow_and_update().clone();
+                        let Some((before, entries)) = last.take() else { break None };
+                        match self.read_new_paths(&query, &before, &members, entries).await {
+                            Some(entries) => last = Some((members, entries)),
+                            None => break None,
+                        }
+                    }
+                }
+            };
+            let Some(result) = result else {
+                // A new path could not be read alone: read the whole group afresh instead.
+                continue;
+            };
+            if roster.has_changed().is_err() {
+                // Retired while reading: another group serves these paths now.
+                return;
+            }
+            self.metrics.consul_request(result.as_ref().err().map(|e| e.kind()), started.elapsed());
+            let members = roster.borrow_and_update().clone();
+            match result {
+                Ok(response) => {
+                    backoff.reset();
+                    failing_since = None;
+                    let reset = cursor.answered(response.index) == Progress::Reset;
+                    if reset {
+                        warn!(key = %query.key, index = response.index, "Consul's index went backwards (a restore or a rebuilt cluster?); reading afresh");
+                    }
+                    let seen =
+                        last.take().filter(|(seen, _)| Arc::ptr_eq(seen, &members) && !reset).map(|(_, old)| old);
+                    last = Some(self.deliver(&members, response.entries, seen.as_deref(), reset, response.index));
+                }
+                Err(error) if error.kind() == ErrorKind::TooLarge => {
+                    cursor.failed();
+                    last = None;
+                    self.too_large(&query, &members, &error);
+                    // Until the planner regroups these paths, or a while has passed.
+                    tokio::select! {
+                        changed = roster.changed() => if changed.is_err() { return },
+                        _ = tokio::time::sleep(TOO_LARGE_RETRY) => {}
+                    }
+                }
+                Err(error) => {
+                    cursor.failed();
+                    last = None;
+                    let reason = match error.kind() {
+                        ErrorKind::AccessDenied => reason::ACCESS_DENIED,
+                        ErrorKind::Unreachable => reason::CONSUL_UNREACHABLE,
+                        _ => reason::CONSUL_ERROR,
+                    };
+                    let delay = backoff.next_delay();
+                    warn!(key = %query.key, recurse = query.recurse, %error, retry_in = ?delay, "Consul read failed");
+                    let message = error.to_string();
+                    let report = || {
+                        for cell in &members.cells {
+                            if cell.set_failed(reason, &message) {
+                                cell.wake(&self.wake);
+                            }
+                        }
+                    };
+                    // A blip within the grace period shows nowhere; a longer failure shows once
+                    // the grace is over, even in the middle of a backoff.
+                    let due = *failing_since.get_or_insert_with(Instant::now) + self.grace;
+                    let retry = Instant::now() + delay;
+                    if Instant::now() >= due {
+                        report();
+                    } else if due < retry {
+                        sleep_until(due).await;
+                        report();
+                    }
+                    sleep_until(retry).await;
+                }
+            }
+        }
+    }
+
+    /// A shared read too large is split into reads of their own; a path too large alone fails.
+    fn too_large(&self, query: &KvQuery, members: &Roster, error: &Error) {
+        if members.cells.len() > 1 {
+            info!(key = %query.key, paths = members.cells.len(), "a shared Consul read was too large; its paths are read on their own");
+            members.cells.iter().for_each(|c| c.set_solo());
+            self.replan.notify_one();
+            return;
+        }
+        warn!(key = %query.key, %error, "a bound Consul prefix is over the limit");
+        let message = format!(
+            "{error}: the prefix holds more than --max-prefix-bytes ({} bytes of keys and values) allows; bind a \
+             narrower prefix, or ask for a higher limit",
+            self.limits.bytes
+        );
+        for cell in &members.cells {
+            if cell.set_failed(reason::PREFIX_TOO_LARGE, &message) {
+                cell.wake(&self.wake);
+            }
+        }
+    }
+
+    /// Reads the paths of `members` that `before` did not have, each alone, and merges them
+    /// into `entries`. `None` when a read failed.
+    async fn read_new_paths(
+        &self,
+        query: &KvQuery,
+        before: &Roster,
+        members: &Roster,
+        mut entries: Vec<KvEntry>,
+    ) -> Option<Vec<KvEntry>> {
+        let new: Vec<usize> = {
+            // Addresses as numbers: raw pointers cannot be held across an await.
+            let known: HashSet<usize> = before.cells.iter().map(|c| Arc::as_ptr(c) as usize).collect();
+            (0..members.cells.len()).filter(|&i| !known.contains(&(Arc::as_ptr(&members.cells[i]) as usize))).collect()
+        };
+        let reads = new.iter().map(|&i| {
+            let path = &members.paths[i];
+            let query = KvQuery { key: path.key.clone(), recurse: path.recurse, ..query.clone() };
+            let limit = self.limits.answer_bytes(path.recurse);
+            async move { self.consul.get_wait(&query, 0, MIN_WAIT, limit).await }
+        });
+        let reads = futures::future::join_all(reads).await;
+        for (&i, read) in new.iter().zip(reads) {
+            let response = read.ok()?;
+            let path = &members.paths[i];
+            group::merge(&mut entries, path, response.entries);
+            self.hand_over(path, &members.cells[i], group::select(&entries, path), false);
+        }
+        Some(entries)
+    }
+
+    /// Hands each path of `members` its part of `entries`: only the paths whose entries differ
+    /// from `old`, or all of them without `old`. Wakes the bindings of paths whose content
+    /// changed or came back after a failure. `reset` says the index went backwards with this
+    /// answer.
+    fn deliver(
+        &self,
+        members: &Arc<Roster>,
+        entries: Vec<KvEntry>,
+        old: Option<&[KvEntry]>,
+        reset: bool,
+        index: u64,
+    ) -> (Arc<Roster>, Vec<KvEntry>) {
+        let entries = members.members.retain(entries);
+        let changed: Vec<usize> = match old {
+            Some(old) => members.members.changed(old, &entries),
+            None => (0..members.paths.len()).collect(),
+        };
+        for i in changed {
+            let path = &members.paths[i];
+            if self.hand_over(path, &members.cells[i], group::select(&entries, path), reset) == Update::Changed {
+                info!(key = %path.key, recurse = path.recurse, index, "Consul content changed");
+            }
+        }
+        (members.clone(), entries)
+    }
+
+    /// Gives one path its entries, or the `PrefixTooLarge` failure when they are over the
+    /// limits, and wakes its bindings when that is news.
+    fn hand_over(&self, path: &WatchPath, cell: &Path, entries: &[KvEntry], reset: bool) -> Update {
+        let limits = &self.limits;
+        let bytes: u64 = entries.iter().map(|e| (e.key.len() + e.value.len()) as u64).sum();
+        let update = if path.recurse && (entries.len() > limits.entries || bytes > limits.bytes) {
+            let message = format!(
+                "the prefix {:?} holds {} keys and {bytes} bytes, over the limit of {} keys \
+                 (--max-prefix-entries) and {} bytes (--max-prefix-bytes); bind a narrower prefix, or ask for a \
+                 higher limit",
+                path.key,
+                entries.len(),
+                limits.entries,
+                limits.bytes
+            );
+            match cell.set_failed(reason::PREFIX_TOO_LARGE, &message) {
+                true => Update::Changed,
+                false => Update::Same,
+            }
+        } else {
+            cell.set_ready(entries, reset)
+        };
+        if update != Update::Same {
+            cell.wake(&self.wake);
+        }
+        update
+    }
+
+    /// The wait of a group's next blocking query. A young group waits no longer than it has
+    /// lived, so that one replaced soon after it started (while many bindings arrive at once)
+    /// leaves no request behind on the agent for long; and groups take turns while there are
+    /// too many.
+    fn group_wait(&self, born: Instant) -> Duration {
+        let wait = match self.rotating.load(Ordering::Relaxed) {
+            true => ROTATION_WAIT,
+            false => self.consul.wait(),
+        };
+        jitter(wait.min(born.elapsed().max(MIN_WAIT)), 0.1)
+    }
+}
+
+/// The most bytes a group's answer may have: what its paths may hold together.
+fn answer_limit(limits: &Limits, roster: &Roster) -> u64 {
+    roster.paths.iter().fold(0u64, |sum, p| sum.saturating_add(limits.answer_bytes(p.recurse)))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,393 @@
+//! The runner against a scripted Consul: each request reaches the test, which answers it (or
+//! not), with Tokio's clock paused so that backoffs and the grace period pass at once.
+
+use std::{
+    collections::BTreeSet,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use consul_kv::{Error, KvEntry, KvQuery, KvResponse, group::WatchPath};
+use consulbind_api::conditions::reason;
+use futures::future::BoxFuture;
+use prometheus_client::registry::Registry;
+use tokio::{
+    sync::{Notify, mpsc, oneshot, watch},
+    task::JoinHandle,
+    time::Instant,
+};
+
+use super::{KvSource, Limits, Roster, Runner};
+use crate::{
+    BindingRef,
+    metrics::Metrics,
+    watches::path::{KeyState, Path},
+};
+
+const GRACE: Duration = Duration::from_secs(5);
+
+struct Request {
+    query: KvQuery,
+    index: u64,
+    answer: oneshot::Sender<Result<KvResponse, Error>>,
+}
+
+impl Request {
+    fn reply(self, index: u64, entries: &[(&str, &str, u64)]) {
+        let entries = entries.iter().map(|&(k, v, i)| entry(k, v, i)).collect();
+        let _ = self.answer.send(Ok(KvResponse { index, entries }));
+    }
+
+    fn fail(self, error: Error) {
+        let _ = self.answer.send(Err(error));
+    }
+}
+
+/// Hands every request to the test; one the test drops unanswered blocks for ever.
+struct Script(mpsc::UnboundedSender<Request>);
+
+impl KvSource for Script {
+    fn get_wait<'a>(
+        &'a self,
+        query: &'a KvQuery,
+        index: u64,
+        _wait: Duration,
+        _max_bytes: u64,
+    ) -> BoxFuture<'a, Result<KvResponse, Error>> {
+        let (answer, answered) = oneshot::channel();
+        let _ = self.0.send(Request { query: query.clone(), index, answer });
+        Box::pin(async move {
+            match answered.await {
+                Ok(result) => result,
+                Err(_) => std::future::pending().await,
+            }
+        })
+    }
+
+    fn blocking_slots(&self) -> usize {
+        20
+    }
+
+    fn wait(&self) -> Duration {
+        Duration::from_secs(300)
+    }
+}
+
+fn entry(key: &str, value: &str, modify_index: u64) -> KvEntry {
+    KvEntry { key: key.into(), value: value.into(), modify_index }
+}
+
+fn binding(name: &str) -> BindingRef {
+    BindingRef::new(name).within("ns")
+}
+
+fn unreachable() -> Error {
+    Error::Unreachable { address: "http://127.0.0.1:8500".into(), detail: "connection refused".into() }
+}
+
+/// One group's runner, its paths, and what it woke.
+struct Group {
+    runner: Arc<Runner>,
+    requests: mpsc::UnboundedReceiver<Request>,
+    woken: Arc<Mutex<Vec<BindingRef>>>,
+    roster: Option<watch::Sender<Arc<Roster>>>,
+    cells: Vec<Arc<Path>>,
+    paths: Vec<WatchPath>,
+    task: JoinHandle<()>,
+}
+
+/// Starts a runner of `query` over `paths`, each `(key, recurse, subscribers)`.
+fn start(query: KvQuery, paths: &[(&str, bool, &[&str])], limits: Limits) -> Group {
+    let (tx, requests) = mpsc::unbounded_channel();
+    let woken = Arc::new(Mutex::new(Vec::new()));
+    let wake = {
+        let woken = woken.clone();
+        Arc::new(move |b| woken.lock().unwrap().push(b))
+    };
+    let runner = Arc::new(Runner {
+        consul: Arc::new(Script(tx)),
+        wake,
+        metrics: Arc::new(Metrics::new(&mut Registry::default())),
+        grace: GRACE,
+        limits,
+        replan: Notify::new(),
+        rotating: Default::default(),
+    });
+    let (watch_paths, cells): (Vec<WatchPath>, Vec<Arc<Path>>) = paths
+        .iter()
+        .map(|&(key, recurse, subscribers)| {
+            let cell = Arc::new(Path::default());
+            subscribers.iter().for_each(|b| cell.subscribe(&binding(b)));
+            (WatchPath { key: key.into(), recurse }, cell)
+        })
+        .unzip();
+    let (roster, rx) = watch::channel(Arc::new(Roster::new(watch_paths.clone(), cells.clone())));
+    let task = tokio::spawn(runner.clone().run_group(query, rx));
+    Group { runner, requests, woken, roster: Some(roster), cells, paths: watch_paths, task }
+}
+
+fn no_limits() -> Limits {
+    Limits { entries: usize::MAX, bytes: u64::MAX }
+}
+
+impl Group {
+    async fn request(&mut self) -> Request {
+        tokio::time::timeout(Duration::from_secs(600), self.requests.recv())
+            .await
+            .expect("the runner sent no request")
+            .expect("the runner stopped")
+    }
+
+    /// Lets the runner act on everything sent to it so far.
+    async fn settle(&self) {
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// The bindings woken since the last look, each once.
+    fn woken(&self) -> BTreeSet<String> {
+        self.woken.lock().unwrap().drain(..).map(|b| b.name).collect()
+    }
+
+    fn content(&self, i: usize) -> Vec<(String, String)> {
+        match self.cells[i].state() {
+            KeyState::Ready(content) => {
+                content.entries.iter().map(|e| (e.key.clone(), String::from_utf8_lossy(&e.value).into())).collect()
+            }
+            other => panic!("path {i} is not ready: {other:?}"),
+        }
+    }
+
+    /// Hands the runner a new roster: `added` paths beside the ones it has.
+    fn add_paths(&mut self, added: &[(&str, bool, &[&str])]) {
+        for &(key, recurse, subscribers) in added {
+            let cell = Arc::new(Path::default());
+            subscribers.iter().for_each(|b| cell.subscribe(&binding(b)));
+            self.paths.push(WatchPath { key: key.into(), recurse });
+            self.cells.push(cell);
+        }
+        let roster = Roster::new(self.paths.clone(), self.cells.clone());
+        self.roster.as_ref().unwrap().send_replace(Arc::new(roster));
+    }
+}
+
+fn names(list: &[&str]) -> BTreeSet<String> {
+    list.iter().map(|s| s.to_string()).collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_answer_wakes_only_the_bindings_whose_content_changed() {
+    let mut group = start(
+        KvQuery::prefix("app/"),
+        &[("app/a", false, &["one"]), ("app/b", false, &["two"]), ("app/c/", true, &["three", "one"])],
+        no_limits(),
+    );
+    let first = group.request().await;
+    assert_eq!((first.query.key.as_str(), first.index), ("app/", 0), "the first read does not block");
+    first.reply(10, &[("app/a", "1", 5), ("app/b", "1", 6), ("app/c/x", "1", 7), ("app/unbound", "1", 8)]);
+
+    let second = group.request().await;
+    assert_eq!(second.index, 10, "then it blocks on the index Consul gave");
+    assert_eq!(group.woken(), names(&["one", "two", "three"]), "the first answer wakes every binding");
+    assert_eq!(group.content(2), [("app/c/x".to_owned(), "1".to_owned())], "a path gets only its own keys");
+
+    second.reply(11, &[("app/a", "1", 5), ("app/b", "2", 11), ("app/c/x", "1", 7), ("app/unbound", "1", 8)]);
+    let third = group.request().await;
+    assert_eq!(third.index, 11);
+    assert_eq!(group.woken(), names(&["two"]));
+    assert_eq!(group.content(1), [("app/b".to_owned(), "2".to_owned())]);
+
+    // The same bytes written again, and a key no path reads: no binding hears of either.
+    third.reply(13, &[("app/a", "1", 12), ("app/b", "2", 11), ("app/c/x", "1", 7), ("app/unbound", "2", 13)]);
+    let fourth = group.request().await;
+    assert_eq!(fourth.index, 13);
+    assert!(group.woken().is_empty());
+
+    // A key deleted under a prefix changes that prefix only.
+    fourth.reply(14, &[("app/a", "1", 12), ("app/b", "2", 11)]);
+    group.request().await;
+    assert_eq!(group.woken(), names(&["three", "one"]));
+    assert!(group.content(2).is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failure_shows_after_the_grace_period_and_recovery_is_no_change() {
+    let mut group = start(KvQuery::exact("app/a"), &[("app/a", false, &["one", "two"])], no_limits());
+    group.request().await.reply(10, &[("app/a", "1", 5)]);
+    let blocking = group.request().await;
+    assert_eq!(group.woken(), names(&["one", "two"]));
+    let KeyState::Ready(before) = group.cells[0].state() else { panic!("not ready") };
+
+    let failed_at = Instant::now();
+    blocking.fail(unreachable());
+    let mut request = group.request().await;
+    let reported = loop {
+        assert_eq!(request.index, 0, "a retry after a failure reads fresh, without blocking");
+        assert!(Instant::now() - failed_at >= Duration::from_millis(500), "retried without a backoff");
+        let failed = matches!(group.cells[0].state(), KeyState::Failed { .. });
+        if Instant::now() - failed_at < GRACE {
+            assert!(!failed, "a failure showed within the grace period");
+            assert!(group.woken().is_empty(), "a binding heard of a blip");
+        } else if failed {
+            break request;
+        }
+        assert!(Instant::now() - failed_at < GRACE + Duration::from_secs(11), "the failure never showed");
+        request.fail(unreachable());
+        request = group.request().await;
+    };
+    let KeyState::Failed { reason, message, last } = group.cells[0].state() else { unreachable!() };
+    assert_eq!(reason, reason::CONSUL_UNREACHABLE);
+    assert!(message.contains("connection refused"));
+    assert!(last.is_some(), "the content from before is kept");
+    assert_eq!(group.woken(), names(&["one", "two"]), "the failure wakes the bindings once");
+
+    // The same failure again is no news.
+    reported.fail(unreachable());
+    let recovered = group.request().await;
+    assert!(group.woken().is_empty());
+
+    // Consul is back with the same content: the bindings hear it, and it is not a change.
+    recovered.reply(12, &[("app/a", "1", 5)]);
+    let next = group.request().await;
+    assert_eq!(next.index, 12);
+    assert_eq!(group.woken(), names(&["one", "two"]));
+    let KeyState::Ready(after) = group.cells[0].state() else { panic!("not ready after recovery") };
+    assert_eq!(after.changed_at, before.changed_at, "recovery with the same content is no change");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_grace_period_counts_from_the_first_failure_of_a_run() {
+    let mut group = start(KvQuery::exact("app/a"), &[("app/a", false, &["one"])], no_limits());
+    group.request().await.reply(10, &[("app/a", "1", 5)]);
+    group.request().await.fail(unreachable());
+    group.woken();
+    // A success in between starts the count again.
+    group.request().await.reply(11, &[("app/a", "1", 5)]);
+    let again = group.request().await;
+    tokio::time::sleep(GRACE * 2).await;
+    let failed_at = Instant::now();
+    again.fail(unreachable());
+    let retry = group.request().await;
+    assert!(Instant::now() - failed_at < GRACE);
+    assert!(matches!(group.cells[0].state(), KeyState::Ready(_)), "an old failure counted towards the grace");
+    assert!(group.woken().is_empty());
+    drop(retry);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_index_reset_reads_afresh_and_marks_lost_content() {
+    let mut group = start(KvQuery::exact("app/a"), &[("app/a", false, &["one"])], no_limits());
+    group.request().await.reply(100, &[("app/a", "1", 90)]);
+    let blocking = group.request().await;
+    assert_eq!(blocking.index, 100);
+    group.woken();
+
+    // Consul's data is gone and its index went backwards: a restore, or a rebuilt cluster.
+    blocking.reply(5, &[]);
+    let fresh = group.request().await;
+    assert_eq!(fresh.index, 0, "after a reset the next read is fresh");
+    assert_eq!(group.woken(), names(&["one"]));
+    let KeyState::Ready(lost) = group.cells[0].state() else { panic!("not ready") };
+    assert!(lost.reset_hold && lost.entries.is_empty(), "content lost with the reset is held, not a change");
+
+    fresh.reply(6, &[]);
+    let blocking = group.request().await;
+    assert_eq!(blocking.index, 6);
+    assert!(group.woken().is_empty(), "still missing: no news");
+
+    blocking.reply(7, &[("app/a", "1", 7)]);
+    group.request().await;
+    assert_eq!(group.woken(), names(&["one"]));
+    let KeyState::Ready(back) = group.cells[0].state() else { panic!("not ready") };
+    assert!(!back.reset_hold);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_new_path_is_read_alone_while_the_blocking_query_goes_on() {
+    let mut group = start(KvQuery::prefix("app/"), &[("app/a", false, &["one"])], no_limits());
+    group.request().await.reply(10, &[("app/a", "1", 5), ("app/b", "2", 6)]);
+    let blocking = group.request().await;
+    assert_eq!(blocking.index, 10);
+    group.woken();
+
+    group.add_paths(&[("app/b", false, &["two"])]);
+    let alone = group.request().await;
+    assert_eq!((alone.query.key.as_str(), alone.query.recurse, alone.index), ("app/b", false, 0));
+    alone.reply(11, &[("app/b", "2", 6)]);
+    group.settle().await;
+    assert_eq!(group.woken(), names(&["two"]), "only the new path's bindings hear of it");
+    assert_eq!(group.content(1), [("app/b".to_owned(), "2".to_owned())]);
+    assert!(group.requests.try_recv().is_err(), "the blocking query was sent again");
+
+    // The blocking query answers for the whole roster; nothing changed.
+    blocking.reply(12, &[("app/a", "1", 5), ("app/b", "2", 6)]);
+    let next = group.request().await;
+    assert_eq!((next.query.key.as_str(), next.index), ("app/", 12));
+    assert!(group.woken().is_empty());
+
+    // A change on the new path now comes through the group's query.
+    next.reply(13, &[("app/a", "1", 5), ("app/b", "3", 13)]);
+    group.request().await;
+    assert_eq!(group.woken(), names(&["two"]));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_new_path_that_cannot_be_read_alone_makes_the_group_read_afresh() {
+    let mut group = start(KvQuery::prefix("app/"), &[("app/a", false, &["one"])], no_limits());
+    group.request().await.reply(10, &[("app/a", "1", 5)]);
+    let blocking = group.request().await;
+    group.woken();
+    group.add_paths(&[("app/b", false, &["two"])]);
+    group.request().await.fail(unreachable());
+    let fresh = group.request().await;
+    assert_eq!((fresh.query.key.as_str(), fresh.index), ("app/", 0), "the whole group is read afresh");
+    fresh.reply(11, &[("app/a", "1", 5), ("app/b", "2", 11)]);
+    group.request().await;
+    assert_eq!(group.woken(), names(&["two"]), "the known path's content did not change");
+    drop(blocking);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retired_group_finishes_its_request_and_tells_no_one() {
+    let mut group = start(KvQuery::exact("app/a"), &[("app/a", false, &["one"])], no_limits());
+    group.request().await.reply(10, &[("app/a", "1", 5)]);
+    let blocking = group.request().await;
+    group.woken();
+    group.roster = None;
+    group.settle().await;
+    assert!(!group.task.is_finished(), "the request in flight was dropped");
+    blocking.reply(11, &[("app/a", "2", 11)]);
+    tokio::time::timeout(Duration::from_secs(1), &mut group.task).await.expect("still running").unwrap();
+    assert!(group.woken().is_empty(), "a retired group woke a binding");
+    assert_eq!(group.content(0), [("app/a".to_owned(), "1".to_owned())]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_shared_read_too_large_asks_for_reads_of_their_own() {
+    let mut group =
+        start(KvQuery::prefix("app/"), &[("app/a/", true, &["one"]), ("app/b/", true, &["two"])], no_limits());
+    group.request().await.fail(Error::TooLarge { key: "app/".into(), limit: 10 });
+    tokio::time::timeout(Duration::from_secs(1), group.runner.replan.notified()).await.expect("no re-plan asked");
+    assert!(group.cells.iter().all(|c| c.solo()));
+    assert!(group.woken().is_empty(), "splitting a read is nothing the bindings need to hear");
+    assert!(matches!(group.cells[0].state(), KeyState::Pending));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_prefix_over_the_limits_fails_on_its_own_and_keeps_nothing() {
+    let limits = Limits { entries: 2, bytes: 1 << 20 };
+    let mut group =
+        start(KvQuery::prefix("app/"), &[("app/big/", true, &["big"]), ("app/small", false, &["small"])], limits);
+    group
+        .request()
+        .await
+        .reply(10, &[("app/big/1", "x", 1), ("app/big/2", "x", 2), ("app/big/3", "x", 3), ("app/small", "s", 4)]);
+    group.request().await;
+    assert_eq!(group.woken(), names(&["big", "small"]));
+    let KeyState::Failed { reason, message, last } = group.cells[0].state() else { panic!("not failed") };
+    assert_eq!(reason, reason::PREFIX_TOO_LARGE);
+    assert!(message.contains("3 keys") && message.contains("--max-prefix-entries"), "{message}");
+    assert!(last.is_none(), "content over the limits was kept");
+    assert_eq!(group.content(1), [("app/small".to_owned(), "s".to_owned())], "the other path is served");
+}
