@@ -183,15 +183,15 @@ pub struct SecretKeyRef {
 #[serde(rename_all = "camelCase")]
 pub struct RolloutPolicy {
     /// How long the content must stay unchanged before rolling out, such as `0s`, `5s` or `1m30s`.
-    /// Defaults to `2s`.
+    /// Defaults to `2s`; at most `1h`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(regex(pattern = crate::DURATION_PATTERN))]
+    #[schemars(length(max = 24), regex(pattern = crate::DURATION_PATTERN))]
     pub quiet_period: Option<String>,
 
     /// The longest a change waits for the content to settle, counted from the first change.
-    /// Defaults to `30s`.
+    /// Defaults to `30s`; at most `24h`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(regex(pattern = crate::DURATION_PATTERN))]
+    #[schemars(length(max = 24), regex(pattern = crate::DURATION_PATTERN))]
     pub max_delay: Option<String>,
 
     /// Roll the targets once when the binding is first created (or a target is first found).

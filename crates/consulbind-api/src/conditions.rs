@@ -33,4 +33,6 @@ pub mod reason {
     pub const INVALID_SPEC: &str = "InvalidSpec";
     pub const TARGET_MISSING: &str = "TargetMissing";
     pub const PATCH_FAILED: &str = "PatchFailed";
+    /// The controller failed on this binding (a bug); it is retried, and other bindings go on.
+    pub const CONTROLLER_ERROR: &str = "ControllerError";
 }

@@ -2,6 +2,11 @@ use std::time::Duration;
 
 use jiff::SignedDuration;
 
+/// The longest `rollout.quietPeriod` a binding may ask for.
+pub const MAX_QUIET_PERIOD: Duration = Duration::from_secs(3600);
+/// The longest `rollout.maxDelay` a binding may ask for.
+pub const MAX_DELAY: Duration = Duration::from_secs(24 * 3600);
+
 /// Durations such as `500ms`, `5s`, `1m30s` or `2h`. The API server enforces this pattern.
 pub const DURATION_PATTERN: &str = r"^([0-9]+(ms|s|m|h))+$";
 

@@ -7,7 +7,7 @@ mod duration;
 
 pub use binding::*;
 pub use crd::{DropNullable, crd};
-pub use duration::{DURATION_PATTERN, parse_duration};
+pub use duration::{DURATION_PATTERN, MAX_DELAY, MAX_QUIET_PERIOD, parse_duration};
 
 /// API group of every resource this project defines.
 pub const GROUP: &str = "consulbind.dev";

@@ -83,9 +83,14 @@ pub struct Config {
     #[arg(long, env = "CONSULBIND_NAMESPACES", value_delimiter = ',')]
     pub namespaces: Vec<String>,
 
-    /// Address of the HTTP server for /metrics, /livez, /readyz and /debug/watches (loopback only).
+    /// Address of the HTTP server for /metrics, /livez and /readyz.
     #[arg(long, env = "CONSULBIND_ADMIN_ADDR", default_value = "0.0.0.0:8080")]
     pub admin_addr: SocketAddr,
+
+    /// Address of the HTTP server for /debug/watches, which lists every tenant's keys and
+    /// bindings. Keep it on loopback; `none` turns it off.
+    #[arg(long, env = "CONSULBIND_DEBUG_ADDR", default_value = "127.0.0.1:8081", value_parser = debug_addr)]
+    pub debug_addr: DebugAddr,
 
     /// Log format.
     #[arg(long, env = "CONSULBIND_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
@@ -130,6 +135,17 @@ pub enum LogFormat {
 
 fn token(text: &str) -> Result<Token, String> {
     Ok(Token::new(text))
+}
+
+/// Where the debug listing listens, if anywhere.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DebugAddr(pub Option<SocketAddr>);
+
+fn debug_addr(text: &str) -> Result<DebugAddr, String> {
+    match text {
+        "none" => Ok(DebugAddr(None)),
+        addr => addr.parse().map(|a| DebugAddr(Some(a))).map_err(|e| format!("{addr:?}: {e}")),
+    }
 }
 
 fn duration(text: &str) -> Result<Duration, String> {
@@ -220,6 +236,9 @@ mod tests {
             "--consul-http-ssl-verify=false",
         ]);
         assert_eq!(config.namespaces, ["a", "b"]);
+        assert_eq!(config.debug_addr, DebugAddr(Some("127.0.0.1:8081".parse().unwrap())));
+        let off = Config::parse_from(["consulbind", "--debug-addr=none"]);
+        assert_eq!(off.debug_addr, DebugAddr(None));
         let consul = config.consul().unwrap();
         assert!(!consul.ssl_verify);
         assert_eq!(consul.wait, Duration::from_secs(300));

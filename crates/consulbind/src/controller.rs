@@ -23,7 +23,7 @@ use tokio::sync::watch as signal;
 use tracing::{debug, info, warn};
 
 use crate::{
-    BindingRef, Error,
+    BindingRef, Error, Lock,
     admin::{self, Admin},
     checksum,
     cluster::{
@@ -76,6 +76,11 @@ pub async fn run(config: Config, shutdown: signal::Receiver<bool>) -> Result<(),
     let listener = admin::bind(config.admin_addr).await.map_err(Error::Admin)?;
     info!(addr = %listener.local_addr().map_err(Error::Admin)?, "admin server listening");
     tokio::spawn(admin::serve(listener, admin.clone()));
+    if let Some(addr) = config.debug_addr.0 {
+        let listener = admin::bind(addr).await.map_err(Error::Admin)?;
+        info!(addr = %listener.local_addr().map_err(Error::Admin)?, "debug server listening");
+        tokio::spawn(admin::serve_debug(listener, admin.clone()));
+    }
 
     let mut shutdown = shutdown;
     let leadership = if config.leader_elect {
@@ -186,14 +191,14 @@ async fn run_scope(
     let rollout_tx = touched_tx.clone();
     let interest = ctx.interest.clone();
     tokio::spawn(touched.for_each(move |t| {
-        for binding in interest.lock().unwrap().workload(&t.namespace, t.kind, &t.name, &t.labels) {
+        for binding in interest.locked().workload(&t.namespace, t.kind, &t.name, &t.labels) {
             let _ = touched_tx.unbounded_send(binding);
         }
         futures::future::ready(())
     }));
     let interest = ctx.interest.clone();
     tokio::spawn(secrets_touched.for_each(move |(namespace, name)| {
-        for binding in interest.lock().unwrap().secret(&namespace, &name) {
+        for binding in interest.locked().secret(&namespace, &name) {
             let _ = secret_tx.unbounded_send(binding);
         }
         futures::future::ready(())

@@ -24,8 +24,23 @@ pub mod names;
 pub mod reconcile;
 pub mod watches;
 
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
 use consulbind_api::ConsulBinding;
 use kube::runtime::reflector::ObjectRef;
+
+/// Locks a mutex even after a panic poisoned it. One binding's panic must not stop the
+/// bindings of every other team: every lock here guards an index or a cache whose entries stay
+/// valid on their own, and a panicking reconcile is caught and retried.
+pub trait Lock<T> {
+    fn locked(&self) -> MutexGuard<'_, T>;
+}
+
+impl<T> Lock<T> for Mutex<T> {
+    fn locked(&self) -> MutexGuard<'_, T> {
+        self.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
 
 /// A binding by namespace and name.
 pub type BindingRef = ObjectRef<ConsulBinding>;
@@ -55,6 +70,8 @@ pub enum Error {
     Admin(#[source] std::io::Error),
     #[error("a controller task failed: {0}")]
     Task(#[from] tokio::task::JoinError),
+    #[error("the controller failed on this binding: {0}")]
+    Panicked(String),
     #[error("a cache stopped before it was ready: {0}")]
     CacheStopped(#[from] kube::runtime::reflector::store::WriterDropped),
 }
@@ -72,6 +89,7 @@ impl Error {
             Error::Config(_) => "config_error",
             Error::Admin(_) => "admin_error",
             Error::Task(_) | Error::CacheStopped(_) => "task_error",
+            Error::Panicked(_) => "panic",
         }
     }
 }

@@ -11,7 +11,7 @@ use kube::{
 
 use super::{express::Express, state::States};
 use crate::{
-    BindingRef, checksum,
+    BindingRef, Lock, checksum,
     cluster::{interest::Interest, policy::Policy, tokens::Tokens, workloads::Workloads},
     metrics::Metrics,
     watches::Watches,
@@ -46,20 +46,20 @@ impl Context {
     /// Forgets a deleted binding: its watches, its interest and its record.
     pub fn forget(&self, binding: &BindingRef) {
         self.watches.release(binding);
-        self.interest.lock().unwrap().remove(binding);
+        self.interest.locked().remove(binding);
         self.states.delete(binding);
     }
 
     /// Forgets every binding for which `keep` is false.
     pub fn retain(&self, keep: impl Fn(&BindingRef) -> bool) {
         self.watches.retain(&keep);
-        self.interest.lock().unwrap().retain(&keep);
+        self.interest.locked().retain(&keep);
         self.states.reset(&keep);
     }
 
     /// Stops watching for a binding that cannot be served now, keeping its record.
     pub fn unsubscribe(&self, binding: &BindingRef) {
         self.watches.release(binding);
-        self.interest.lock().unwrap().remove(binding);
+        self.interest.locked().remove(binding);
     }
 }

@@ -36,9 +36,15 @@ impl Pending {
             state.checksum = checksum.to_owned();
             state.last_change = now;
         }
-        let deadline = (state.last_change + window.quiet).min(state.first_seen + window.max);
+        let deadline = later(state.last_change, window.quiet).min(later(state.first_seen, window.max));
         if now >= deadline { Decision::RollNow } else { Decision::WaitUntil(deadline) }
     }
+}
+
+/// `at + wait`, or as late as the clock allows: a deadline never overflows.
+fn later(at: Instant, wait: Duration) -> Instant {
+    const FAR: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+    at.checked_add(wait).or_else(|| at.checked_add(FAR)).unwrap_or(at)
 }
 
 #[cfg(test)]

@@ -16,6 +16,7 @@ use std::{
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use crate::BindingRef;
+use crate::Lock;
 
 /// Express runs at once; Consul changes arrive one binding at a time, and a burst (a cold start,
 /// a group of bindings woken together) is kube-runtime's to spread.
@@ -41,7 +42,7 @@ pub struct Running {
 
 impl Drop for Running {
     fn drop(&mut self) {
-        self.express.running.lock().unwrap().remove(&self.binding);
+        self.express.running.locked().remove(&self.binding);
         self.express.finished.notify_waiters();
     }
 }
@@ -66,7 +67,7 @@ impl Express {
     }
 
     fn try_enter(self: &Arc<Self>, binding: &BindingRef) -> Option<Running> {
-        let fresh = self.running.lock().unwrap().insert(binding.clone());
+        let fresh = self.running.locked().insert(binding.clone());
         fresh.then(|| Running { express: self.clone(), binding: binding.clone() })
     }
 

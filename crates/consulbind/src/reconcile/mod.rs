@@ -13,24 +13,25 @@ pub mod report;
 pub mod stamp;
 pub mod state;
 
-use std::{sync::Arc, time::Duration};
+use std::{any::Any, panic::AssertUnwindSafe, sync::Arc, time::Duration};
 
 use consul_kv::jitter;
 use consulbind_api::{ConsulBinding, RolloutMode, conditions};
+use futures::FutureExt;
 use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
 use kube::{
     Resource, ResourceExt,
     runtime::{controller::Action, events::EventType},
 };
 use tokio::time::Instant;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 pub use self::context::Context;
 use self::{
     plan::{Consul, Input, Outcome},
     read::TokenSource,
 };
-use crate::{BindingRef, Error, binding_ref, names};
+use crate::{BindingRef, Error, Lock, binding_ref, names};
 
 /// How often a settled binding is looked at again, as a safety net: Consul, the workloads and
 /// the token Secrets all wake it when they change. Such a reconcile writes nothing unless
@@ -68,16 +69,38 @@ pub fn error_policy(binding: Arc<ConsulBinding>, error: &Error, _ctx: Arc<Contex
     Action::requeue(Duration::from_secs(5))
 }
 
-/// A reconcile by a caller that holds the binding's running mark.
+/// A reconcile by a caller that holds the binding's running mark. A panic ends this reconcile
+/// only: the binding says so, and is retried like any failure.
 async fn reconcile_marked(binding: Arc<ConsulBinding>, ctx: &Context) -> Result<Action, Error> {
     let started = std::time::Instant::now();
-    let result = reconcile_binding(&binding, ctx).await;
+    let result = match AssertUnwindSafe(reconcile_binding(&binding, ctx)).catch_unwind().await {
+        Ok(result) => result,
+        Err(panic) => Err(panicked(ctx, &binding, panic).await),
+    };
     let label = match &result {
         Ok(_) => "ok",
         Err(e) => e.metric_label(),
     };
     ctx.metrics.reconciled(label, started.elapsed());
     result
+}
+
+/// Shows a panic on the binding, and turns it into an error for the error policy.
+async fn panicked(ctx: &Context, binding: &ConsulBinding, panic: Box<dyn Any + Send>) -> Error {
+    let message = match (panic.downcast_ref::<&str>(), panic.downcast_ref::<String>()) {
+        (Some(text), _) => (*text).to_owned(),
+        (_, Some(text)) => text.clone(),
+        _ => "a panic".to_owned(),
+    };
+    let oref = binding_ref(binding);
+    error!(binding = %oref, %message, "reconcile panicked; other bindings are not affected, and this one is retried");
+    let previous = read::last_status(ctx, binding, &oref);
+    let note = format!("the controller failed on this binding ({message}); it retries, please report this as a bug");
+    let status = report::not_served(binding, &previous, conditions::reason::CONTROLLER_ERROR, &note);
+    if let Err(error) = report::status(ctx, binding, &previous, &status).await {
+        warn!(binding = %oref, %error, "could not show the failure in the status");
+    }
+    Error::Panicked(message)
 }
 
 /// Read, plan, stamp, report.
@@ -93,7 +116,7 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
         Ok(window) => window,
         Err(message) => {
             ctx.unsubscribe(&oref);
-            let status = report::invalid(binding, &previous, &message);
+            let status = report::not_served(binding, &previous, conditions::reason::INVALID_SPEC, &message);
             report::status(ctx, binding, &previous, &status).await?;
             return Ok(Action::await_change());
         }
@@ -122,7 +145,7 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
     };
     let mut resolved = ctx.workloads.resolve(&namespace, &spec.targets, &names::annotation_key(&oref.name));
     read::trust_own_stamps(ctx, &oref, &mut resolved);
-    ctx.interest.lock().unwrap().set(&oref, spec, &resolved.found);
+    ctx.interest.locked().set(&oref, spec, &resolved.found);
 
     // Plan.
     let input = Input {

@@ -59,7 +59,7 @@ pub struct Input<'a> {
 /// back by a rollout undo): the same checksum with a counter, so the template changes.
 pub fn forced(checksum: &str, live: &Live) -> String {
     let n: u32 = live.value.split_once('~').and_then(|(_, n)| n.parse().ok()).unwrap_or(0);
-    format!("{checksum}~{}", n + 1)
+    format!("{checksum}~{}", n.checked_add(1).unwrap_or(0))
 }
 
 /// What to do, before any of it is done.
@@ -563,6 +563,74 @@ mod tests {
             missing: &[],
             unserved: &[],
             dry_run: false,
+        }
+    }
+
+    /// Any spec the API server accepts and any order of events, with windows past what
+    /// validation allows: the plan and the debounce never panic, roll only found workloads,
+    /// and roll nothing in a dry run.
+    #[test]
+    fn no_spec_or_order_of_events_makes_a_plan_panic() {
+        let mut rng = fastrand::Rng::with_seed(17);
+        let durations = [Duration::ZERO, Duration::from_millis(1), Duration::from_secs(3600), Duration::MAX];
+        let values = ["", "v1", "v2", "a much longer value"];
+        let lives = ["", "~", "x~", "~4294967295", "abc~18446744073709551616", "0123456789abcdef~3"];
+        let start = Instant::now();
+        for _ in 0..2_000 {
+            let spec = ConsulBindingSpec {
+                keys: vec![KeySource { key: "app/config".into(), recurse: rng.bool(), optional: rng.bool() }],
+                targets: vec![TargetRef { kind: WorkloadKind::Deployment, name: Some("web".into()), selector: None }],
+                suspend: rng.u8(..8) == 0,
+                rollout: Some(RolloutPolicy {
+                    on_bind: rng.bool(),
+                    mode: rng.bool().then_some(consulbind_api::RolloutMode::DryRun),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            };
+            let window = Window { quiet: durations[rng.usize(..4)], max: durations[rng.usize(..4)] };
+            let mut previous = ConsulBindingStatus::default();
+            let mut pending = None;
+            let mut at = start;
+            for _ in 0..rng.usize(1..12) {
+                at = at.checked_add(durations[rng.usize(..3)].mul_f64(rng.f64())).unwrap_or(at);
+                let entries = match rng.usize(..5) {
+                    0 => vec![],
+                    _ => entry(values[rng.usize(..values.len())]),
+                };
+                let found = if rng.u8(..5) == 0 { vec![] } else { web() };
+                let live: BTreeMap<Workload, Live> = match (found.first(), rng.usize(..4)) {
+                    (Some(w), 0) => {
+                        [(w.clone(), Live { value: lives[rng.usize(..lives.len())].into(), owned: rng.bool() })].into()
+                    }
+                    (Some(w), 1) => {
+                        let value = previous.applied_checksum.clone().unwrap_or_default();
+                        [(w.clone(), Live { value, owned: rng.bool() })].into()
+                    }
+                    _ => BTreeMap::new(),
+                };
+                let reset_hold = rng.u8(..6) == 0;
+                let failed = rng.u8(..8) == 0;
+                let consul = match failed {
+                    true => Consul::Failed { reason: reason::CONSUL_UNREACHABLE, message: "down".into() },
+                    false => Consul::Ready(vec![KeyContent { source: &spec.keys[0], entries: &entries, reset_hold }]),
+                };
+                // As the reconcile sets it: the flag, or the binding's own mode.
+                let dry_run = rng.u8(..8) == 0 || spec.rollout.as_ref().is_some_and(|r| r.mode.is_some());
+                let input = Input {
+                    window,
+                    consul,
+                    live: &live,
+                    dry_run,
+                    generation: Some(rng.i64(0..4)),
+                    ..input(&spec, &previous, &entries, &found)
+                };
+                let plan = plan(&input, &mut pending, at);
+                assert!(plan.roll.iter().all(|w| found.contains(w)), "rolled a workload that was not found");
+                assert!(!dry_run || plan.roll.is_empty(), "a dry run rolled");
+                let outcome = Outcome { rolled: plan.roll.clone(), failed: vec![] };
+                previous = status(&input, &plan, &outcome, &now());
+            }
         }
     }
 

@@ -4,7 +4,9 @@
 use std::time::{Duration, Instant};
 
 use consul_kv::{KvQuery, Token};
-use consulbind_api::{ConsulBinding, ConsulBindingSpec, ConsulBindingStatus, parse_duration};
+use consulbind_api::{
+    ConsulBinding, ConsulBindingSpec, ConsulBindingStatus, MAX_DELAY, MAX_QUIET_PERIOD, parse_duration,
+};
 use kube::ResourceExt;
 
 use super::{
@@ -41,10 +43,22 @@ pub fn validate(spec: &ConsulBindingSpec) -> Result<Window, String> {
         }
     }
     let rollout = spec.rollout.clone().unwrap_or_default();
-    let duration = |text: Option<String>, default| text.map_or(Ok(default), |t| parse_duration(&t));
-    let quiet = duration(rollout.quiet_period, DEFAULT_QUIET)?;
-    let max = duration(rollout.max_delay, DEFAULT_MAX.max(quiet))?;
+    let duration = |field: &str, text: Option<String>, default, limit: Duration| {
+        let Some(text) = text else { return Ok(default) };
+        let value = parse_duration(&text).map_err(|e| format!("spec.rollout.{field}: {e}"))?;
+        match value <= limit {
+            true => Ok(value),
+            false => Err(format!("spec.rollout.{field} is {text}; at most {} is allowed", human(limit))),
+        }
+    };
+    let quiet = duration("quietPeriod", rollout.quiet_period, DEFAULT_QUIET, MAX_QUIET_PERIOD)?;
+    let max = duration("maxDelay", rollout.max_delay, DEFAULT_MAX.max(quiet), MAX_DELAY)?;
     Ok(Window { quiet, max })
+}
+
+/// A whole number of hours as `1h`, for messages.
+fn human(limit: Duration) -> String {
+    format!("{}h", limit.as_secs() / 3600)
 }
 
 /// Where a binding's Consul token comes from.
@@ -193,6 +207,25 @@ mod tests {
             validate(&spec(named(), Some(rollout))),
             Ok(Window { quiet: Duration::from_secs(60), max: Duration::from_secs(300) })
         );
+    }
+
+    #[test]
+    fn durations_are_bounded_and_the_message_names_the_field() {
+        let rollout = |quiet: &str, max: &str| RolloutPolicy {
+            quiet_period: Some(quiet.into()),
+            max_delay: Some(max.into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            validate(&spec(named(), Some(rollout("1h", "24h")))),
+            Ok(Window { quiet: MAX_QUIET_PERIOD, max: MAX_DELAY })
+        );
+        let error = validate(&spec(named(), Some(rollout("9223372036854775807s", "1m")))).unwrap_err();
+        assert!(error.contains("spec.rollout.quietPeriod") && error.contains("at most 1h"), "{error}");
+        let error = validate(&spec(named(), Some(rollout("1s", "24h1s")))).unwrap_err();
+        assert!(error.contains("spec.rollout.maxDelay") && error.contains("at most 24h"), "{error}");
+        let error = validate(&spec(named(), Some(rollout("1s", "99999999999999999999h")))).unwrap_err();
+        assert!(error.contains("spec.rollout.maxDelay"), "{error}");
     }
 
     #[test]

@@ -62,14 +62,19 @@ pub async fn status(
     Ok(())
 }
 
-/// The status of a binding whose spec cannot be served: Ready and TargetsUpdated say why.
-pub fn invalid(binding: &ConsulBinding, previous: &ConsulBindingStatus, message: &str) -> ConsulBindingStatus {
+/// The status of a binding that cannot be served (an invalid spec, a controller bug): Ready
+/// and TargetsUpdated say why; the rest stays as it was.
+pub fn not_served(
+    binding: &ConsulBinding,
+    previous: &ConsulBindingStatus,
+    reason: &str,
+    message: &str,
+) -> ConsulBindingStatus {
     let now = Time(Timestamp::now());
     let generation = binding.metadata.generation;
     let conditions = [conditions::READY, conditions::TARGETS_UPDATED]
         .into_iter()
         .map(|type_| {
-            let reason = conditions::reason::INVALID_SPEC;
             plan::condition(&previous.conditions, type_, Some(false), reason, message.into(), generation, &now)
         })
         .collect();

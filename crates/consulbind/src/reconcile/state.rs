@@ -7,14 +7,14 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-use consulbind_api::{ConsulBinding, ConsulBindingStatus};
+use consulbind_api::{ConsulBinding, ConsulBindingStatus, WorkloadKind};
 use kube::ResourceExt;
 
 use super::debounce::Pending;
 use crate::{
-    BindingRef, binding_ref,
+    BindingRef, Lock, binding_ref,
     cluster::Workload,
-    metrics::{Metrics, ReadyLabels},
+    metrics::{Metrics, ReadyLabels, RolloutLabels},
 };
 
 #[derive(Debug, Default)]
@@ -45,14 +45,14 @@ impl States {
 
     /// Runs `f` on the binding's record, made empty if there was none.
     pub fn update<R>(&self, binding: &BindingRef, f: impl FnOnce(&mut Record) -> R) -> R {
-        f(self.records.lock().unwrap().entry(binding.clone()).or_default())
+        f(self.records.locked().entry(binding.clone()).or_default())
     }
 
     /// The binding cache has a new version of the binding: once it shows the status this
     /// replica wrote, the copy goes, so that the copies do not add up to a second store of
     /// every status.
     pub fn apply(&self, binding: &ConsulBinding) {
-        let mut records = self.records.lock().unwrap();
+        let mut records = self.records.locked();
         let Some(record) = records.get_mut(&binding_ref(binding)) else { return };
         if let Some((uid, status)) = &record.written
             && binding.uid().as_ref() == Some(uid)
@@ -62,26 +62,33 @@ impl States {
         }
     }
 
-    /// The binding is gone: its whole record goes.
+    /// The binding is gone: its whole record goes, and its metric series.
     pub fn delete(&self, binding: &BindingRef) {
-        let removed = self.records.lock().unwrap().remove(binding);
-        if let Some(state) = removed.and_then(|r| r.ready) {
-            self.gauge(state).dec();
-        }
+        let removed = self.records.locked().remove(binding);
+        self.forget(binding, removed);
     }
 
     /// Drops the record of every binding for which `keep` is false, after a re-list.
     pub fn reset(&self, keep: impl Fn(&BindingRef) -> bool) {
-        let mut gone = Vec::new();
-        self.records.lock().unwrap().retain(|binding, record| {
-            let kept = keep(binding);
-            if !kept && let Some(state) = record.ready {
-                gone.push(state);
-            }
-            kept
-        });
-        for state in gone {
+        let gone: Vec<(BindingRef, Record)> = {
+            let mut records = self.records.locked();
+            let gone: Vec<BindingRef> = records.keys().filter(|b| !keep(b)).cloned().collect();
+            gone.into_iter().filter_map(|b| records.remove(&b).map(|r| (b, r))).collect()
+        };
+        for (binding, record) in gone {
+            self.forget(&binding, Some(record));
+        }
+    }
+
+    fn forget(&self, binding: &BindingRef, record: Option<Record>) {
+        if let Some(state) = record.and_then(|r| r.ready) {
             self.gauge(state).dec();
+        }
+        let namespace = binding.namespace.clone().unwrap_or_default();
+        for kind in WorkloadKind::ALL {
+            let labels =
+                RolloutLabels { namespace: namespace.clone(), binding: binding.name.clone(), kind: kind.as_str() };
+            self.metrics.rollouts.remove(&labels);
         }
     }
 
@@ -102,7 +109,7 @@ impl States {
 
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.records.lock().unwrap().len()
+        self.records.locked().len()
     }
 }
 
@@ -115,7 +122,7 @@ fn same_as_stored(cached: Option<&ConsulBindingStatus>, written: &ConsulBindingS
 
 #[cfg(test)]
 mod tests {
-    use consulbind_api::{ConsulBindingSpec, WorkloadKind};
+    use consulbind_api::ConsulBindingSpec;
     use prometheus_client::registry::Registry;
 
     use super::*;
@@ -148,8 +155,11 @@ mod tests {
         });
         assert_eq!((gauge(&states, "True"), gauge(&states, "False")), (1, 1));
 
+        let rolled = RolloutLabels { namespace: "ns".into(), binding: "a".into(), kind: "Deployment" };
+        states.metrics.rollouts.get_or_create(&rolled).inc();
         states.delete(&a);
         assert_eq!(states.len(), 1);
+        assert_eq!(states.metrics.rollouts.get_or_create(&rolled).get(), 0, "the series of a deleted binding stayed");
         assert_eq!((gauge(&states, "True"), gauge(&states, "False")), (0, 1));
         states.reset(|binding| binding != &b);
         assert_eq!(states.len(), 0);

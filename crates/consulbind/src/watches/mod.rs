@@ -27,7 +27,7 @@ pub use self::{
     path::{Content, KeyState, Wake},
     runner::{KvSource, Limits},
 };
-use crate::{BindingRef, metrics::Metrics};
+use crate::{BindingRef, Lock, metrics::Metrics};
 
 /// How long membership changes settle before the groups are planned again, so that a burst of
 /// new bindings costs one re-plan rather than one per binding.
@@ -86,7 +86,7 @@ impl Watches {
     /// Makes `binding` subscribe to exactly `queries`, adding paths as needed and releasing the
     /// ones it no longer uses. Returns the current state of each query, in order.
     pub fn subscribe(&self, binding: &BindingRef, queries: &[KvQuery]) -> Vec<KeyState> {
-        let mut inner = self.shared.inner.lock().unwrap();
+        let mut inner = self.shared.inner.locked();
         let wanted: HashSet<KvQuery> = queries.iter().cloned().collect();
         let old: HashSet<KvQuery> =
             inner.by_binding.remove(binding).unwrap_or_default().into_vec().into_iter().collect();
@@ -112,7 +112,7 @@ impl Watches {
 
     /// Releases every path of a binding that is gone.
     pub fn release(&self, binding: &BindingRef) {
-        let mut inner = self.shared.inner.lock().unwrap();
+        let mut inner = self.shared.inner.locked();
         let mut replan = false;
         for query in inner.by_binding.remove(binding).unwrap_or_default().iter() {
             replan |= inner.unsubscribe(binding, query);
@@ -127,14 +127,14 @@ impl Watches {
     /// deletion was missed while the binding watch was down.
     pub fn retain(&self, keep: impl Fn(&BindingRef) -> bool) {
         let gone: Vec<BindingRef> =
-            self.shared.inner.lock().unwrap().by_binding.keys().filter(|b| !keep(b)).cloned().collect();
+            self.shared.inner.locked().by_binding.keys().filter(|b| !keep(b)).cloned().collect();
         for binding in gone {
             self.release(&binding);
         }
     }
 
     pub fn list(&self) -> Vec<WatchInfo> {
-        let inner = self.shared.inner.lock().unwrap();
+        let inner = self.shared.inner.locked();
         let mut read_by = HashMap::new();
         for (query, group) in &inner.groups {
             for cell in &group.roster().cells {
@@ -183,7 +183,7 @@ async fn plan_forever(shared: Arc<Shared>) {
     loop {
         shared.runner.replan.notified().await;
         tokio::time::sleep(SETTLE).await;
-        let inner = &mut *shared.inner.lock().unwrap();
+        let inner = &mut *shared.inner.locked();
         planner::plan(&shared.runner, &inner.paths, &mut inner.groups);
     }
 }

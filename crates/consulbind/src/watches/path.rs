@@ -11,6 +11,7 @@ use std::{
 use consul_kv::{KvEntry, same_entries};
 
 use crate::BindingRef;
+use crate::Lock;
 
 /// Called with each binding a watch wants reconciled.
 pub type Wake = Arc<dyn Fn(BindingRef) + Send + Sync>;
@@ -70,11 +71,11 @@ impl Default for Path {
 
 impl Path {
     pub fn state(&self) -> KeyState {
-        self.state.lock().unwrap().clone()
+        self.state.locked().clone()
     }
 
     pub fn subscribe(&self, binding: &BindingRef) {
-        let mut subscribers = self.subscribers.lock().unwrap();
+        let mut subscribers = self.subscribers.locked();
         if !subscribers.contains(binding) {
             subscribers.push(binding.clone());
         }
@@ -82,17 +83,17 @@ impl Path {
 
     /// Returns whether no binding reads the path any more.
     pub fn unsubscribe(&self, binding: &BindingRef) -> bool {
-        let mut subscribers = self.subscribers.lock().unwrap();
+        let mut subscribers = self.subscribers.locked();
         subscribers.retain(|b| b != binding);
         subscribers.is_empty()
     }
 
     pub fn subscribers(&self) -> Vec<BindingRef> {
-        self.subscribers.lock().unwrap().clone()
+        self.subscribers.locked().clone()
     }
 
     pub fn wake(&self, wake: &Wake) {
-        self.subscribers.lock().unwrap().iter().cloned().for_each(|b| wake(b));
+        self.subscribers.locked().iter().cloned().for_each(|b| wake(b));
     }
 
     pub fn solo(&self) -> bool {
@@ -106,7 +107,7 @@ impl Path {
     /// Records new entries. Content that turns missing or empty in the same answer as an index
     /// reset is marked as lost data; it stays marked until the content is back.
     pub fn set_ready(&self, entries: &[KvEntry], reset: bool) -> Update {
-        let current = &mut *self.state.lock().unwrap();
+        let current = &mut *self.state.locked();
         let (before, was_ready) = match current {
             KeyState::Ready(content) => (Some(&*content), true),
             KeyState::Failed { last, .. } => (last.as_ref(), false),
@@ -129,7 +130,7 @@ impl Path {
 
     /// Records a failure; returns whether it is news (not the same reason and message again).
     pub fn set_failed(&self, reason: &'static str, message: &str) -> bool {
-        let current = &mut *self.state.lock().unwrap();
+        let current = &mut *self.state.locked();
         let last = match current {
             KeyState::Failed { reason: r, message: m, .. } if *r == reason && m == message => return false,
             KeyState::Failed { last, .. } => last.take(),

@@ -185,7 +185,18 @@ impl Runner {
                     }
                     let seen =
                         last.take().filter(|(seen, _)| Arc::ptr_eq(seen, &members) && !reset).map(|(_, old)| old);
-                    last = Some(self.deliver(&members, response.entries, seen.as_deref(), reset, response.index));
+                    match self.confirm_vanished(&query, &members, response.entries, seen.as_deref()).await {
+                        Ok((entries, denied)) => {
+                            last =
+                                Some(self.deliver(&members, entries, seen.as_deref(), &denied, reset, response.index))
+                        }
+                        // Read the whole group afresh; nothing was told.
+                        Err(error) => {
+                            cursor.failed();
+                            warn!(key = %query.key, %error, "could not confirm a key missing from a shared read");
+                            tokio::time::sleep(backoff.next_delay()).await;
+                        }
+                    }
                 }
                 Err(error) if error.kind() == ErrorKind::TooLarge => {
                     cursor.failed();
@@ -282,15 +293,55 @@ impl Runner {
         Some(entries)
     }
 
+    /// Consul filters a recursive read by the token's ACL without a word, so a key the token may
+    /// no longer read looks deleted. Each exact key that goes missing from a shared recursive
+    /// read (or is missing from a fresh one) is read alone under the same token: a 404 confirms
+    /// it is gone, a 403 is returned as denied with its message, and its content is merged in
+    /// if it is there after all. Any other failure fails the whole answer.
+    async fn confirm_vanished(
+        &self,
+        query: &KvQuery,
+        members: &Roster,
+        entries: Vec<KvEntry>,
+        old: Option<&[KvEntry]>,
+    ) -> Result<(Vec<KvEntry>, Vec<(usize, String)>), Error> {
+        let mut entries = members.members.retain(entries);
+        if !query.recurse {
+            return Ok((entries, Vec::new()));
+        }
+        let vanished: Vec<usize> = (0..members.paths.len())
+            .filter(|&i| {
+                let path = &members.paths[i];
+                !path.recurse
+                    && group::select(&entries, path).is_empty()
+                    && old.is_none_or(|old| !group::select(old, path).is_empty())
+            })
+            .collect();
+        let reads = vanished.iter().map(|&i| {
+            let query = KvQuery { key: members.paths[i].key.clone(), recurse: false, ..query.clone() };
+            async move { self.consul.get_wait(&query, 0, MIN_WAIT, self.limits.answer_bytes(false)).await }
+        });
+        let mut denied = Vec::new();
+        for (&i, read) in vanished.iter().zip(futures::future::join_all(reads).await) {
+            match read {
+                Ok(response) => group::merge(&mut entries, &members.paths[i], response.entries),
+                Err(error) if error.kind() == ErrorKind::AccessDenied => denied.push((i, error.to_string())),
+                Err(error) => return Err(error),
+            }
+        }
+        Ok((entries, denied))
+    }
+
     /// Hands each path of `members` its part of `entries`: only the paths whose entries differ
-    /// from `old`, or all of them without `old`. Wakes the bindings of paths whose content
-    /// changed or came back after a failure. `reset` says the index went backwards with this
-    /// answer.
+    /// from `old`, or all of them without `old`, and an `AccessDenied` failure to the `denied`
+    /// ones. Wakes the bindings of paths whose content changed or came back after a failure.
+    /// `reset` says the index went backwards with this answer.
     fn deliver(
         &self,
         members: &Arc<Roster>,
         entries: Vec<KvEntry>,
         old: Option<&[KvEntry]>,
+        denied: &[(usize, String)],
         reset: bool,
         index: u64,
     ) -> (Arc<Roster>, Vec<KvEntry>) {
@@ -299,7 +350,14 @@ impl Runner {
             Some(old) => members.members.changed(old, &entries),
             None => (0..members.paths.len()).collect(),
         };
-        for i in changed {
+        for (i, message) in denied {
+            let cell = &members.cells[*i];
+            if cell.set_failed(reason::ACCESS_DENIED, message) {
+                warn!(key = %members.paths[*i].key, "the token may no longer read a bound key");
+                cell.wake(&self.wake);
+            }
+        }
+        for i in changed.into_iter().filter(|i| !denied.iter().any(|(d, _)| d == i)) {
             let path = &members.paths[i];
             if self.hand_over(path, &members.cells[i], group::select(&entries, path), reset) == Update::Changed {
                 info!(key = %path.key, recurse = path.recurse, index, "Consul content changed");

@@ -419,6 +419,9 @@ async fn deleting_a_binding_stops_its_watch_and_leaves_the_workload() {
         .await
         .unwrap();
     assert_eq!(s.controller().metric("consulbind_consul_watches").await, Some(1.0), "the twin's watch stopped too");
+    let metrics = s.controller().get("/metrics").await;
+    assert!(!metrics.contains(r#"binding="cfg""#), "the deleted binding's series stayed:\n{metrics}");
+    assert!(metrics.contains(r#"binding="twin""#), "{metrics}");
     s.bindings().delete("twin", &Default::default()).await.unwrap();
     support::wait("the watch to stop", || async {
         Ok(s.controller().metric("consulbind_consul_watches").await == Some(0.0))
@@ -486,7 +489,12 @@ async fn unreachable_consul_is_a_condition_not_a_rollout() {
     let binding = s.wait_condition("cfg", conditions::CONSUL_SYNCED, "False", reason::CONSUL_UNREACHABLE).await;
     let synced = binding.status.unwrap().conditions.into_iter().find(|c| c.type_ == conditions::CONSUL_SYNCED).unwrap();
     assert!(synced.message.contains("cannot reach Consul") || synced.message.contains("connect"), "{}", synced.message);
-    assert!(s.events_for("cfg").await.iter().any(|(r, _)| r == reason::CONSUL_UNREACHABLE));
+    // Events are recorded beside the status write, not before it.
+    support::wait("the ConsulUnreachable event", || async {
+        Ok(s.events_for("cfg").await.iter().any(|(r, _)| r == reason::CONSUL_UNREACHABLE))
+    })
+    .await
+    .unwrap();
     s.wait_revisions(DEPLOY, "web", 1).await;
     s.finish().await;
 }
@@ -584,6 +592,49 @@ async fn acl_token_from_secret_syncs_and_a_bad_one_is_denied_without_leaking() {
     s.finish().await;
 }
 
+/// Consul filters a recursive read by ACL without a word: a key the token may no longer read
+/// would look deleted in a shared read, and roll the targets.
+#[tokio::test]
+async fn a_key_the_token_may_no_longer_read_in_a_shared_read_is_denied_not_deleted() {
+    let (acl_addr, master) =
+        support::acl_consul().expect("CONSULBIND_E2E_ACL_ADDR and CONSULBIND_E2E_ACL_TOKEN must be set");
+    // One blocking slot: the binding's keys share one recursive read.
+    let args = [format!("--consul-http-addr={acl_addr}"), "--consul-max-connections=4".into()];
+    let Some(s) = Scene::with_args("acl-shared", &[&args[0], &args[1]]).await else { return };
+    let (open, secret, other) = (s.key("open"), s.key("secret"), s.key("other"));
+    let acl = acl::Acl::new(&acl_addr, master.clone());
+    acl.put(&open, "v1").await;
+    acl.put(&secret, "v1").await;
+    let prefix = format!("{}/", s.ns);
+    let token = acl.read_token(&prefix).await;
+    let metadata = json!({"name": "token", "labels": {"consulbind.dev/token": "true"}});
+    s.apply(json!({"apiVersion": "v1", "kind": "Secret", "metadata": metadata, "stringData": {"token": token}}))
+        .await
+        .unwrap();
+    s.workload(DEPLOY, "web", json!({})).await;
+    s.binding(
+        "cfg",
+        json!({"keys": [{"key": open}, {"key": secret, "optional": true}], "targets": deploy("web"),
+        "rollout": {"quietPeriod": "0s"}, "consul": {"tokenSecretRef": {"name": "token"}}}),
+    )
+    .await;
+    s.wait_condition("cfg", conditions::READY, "True", reason::BASELINED).await;
+    let watches: serde_json::Value = serde_json::from_str(&s.controller().get("/debug/watches").await).unwrap();
+    let read_by: Vec<&str> = watches.as_array().unwrap().iter().map(|w| w["read_by"].as_str().unwrap()).collect();
+    assert_eq!(read_by, [prefix.as_str(), prefix.as_str()], "the keys do not share a read: {watches}");
+
+    // The token loses the key; a write elsewhere under the prefix wakes the shared read.
+    acl.deny(&prefix, &secret).await;
+    acl.put(&other, "x").await;
+    let denied = s.wait_condition("cfg", conditions::CONSUL_SYNCED, "False", reason::ACCESS_DENIED).await;
+    let synced = denied.status.unwrap().conditions.into_iter().find(|c| c.type_ == conditions::CONSUL_SYNCED).unwrap();
+    assert!(synced.message.contains(&secret), "{}", synced.message);
+    tokio::time::sleep(support::SETTLE).await;
+    assert_eq!(s.revisions(DEPLOY, "web").await, 1, "a key the token may not read was taken for deleted");
+    assert!(!s.log().contains(&token), "token in the controller log");
+    s.finish().await;
+}
+
 #[tokio::test]
 async fn a_rotated_default_token_file_is_picked_up_without_a_restart() {
     let (acl_addr, master) =
@@ -650,6 +701,18 @@ mod acl {
                 .unwrap();
             assert!(response.status().is_success(), "{path}: {}", response.text().await.unwrap());
             response.json().await.unwrap()
+        }
+
+        /// Denies `key` to the tokens `read_token` made for `prefix`.
+        pub async fn deny(&self, prefix: &str, key: &str) {
+            let policy = format!("e2e-{}", prefix.trim_end_matches('/'));
+            let url = format!("{}/v1/acl/policy/name/{policy}", self.addr);
+            let request = self.http.get(url).header("X-Consul-Token", self.master.expose());
+            let current: Value = request.send().await.unwrap().json().await.unwrap();
+            let rules =
+                format!("key_prefix \"{prefix}\" {{ policy = \"read\" }}\nkey \"{key}\" {{ policy = \"deny\" }}");
+            let path = format!("/v1/acl/policy/{}", current["ID"].as_str().unwrap());
+            self.call(&path, json!({"Name": policy, "Rules": rules})).await;
         }
 
         /// A token that may read keys under `prefix`.

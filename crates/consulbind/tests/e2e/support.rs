@@ -302,6 +302,8 @@ pub fn workload(kind: &str, name: &str, labels: Value) -> Value {
 pub struct Controller {
     child: Child,
     pub admin: SocketAddr,
+    /// The debug listener, on loopback.
+    pub debug: SocketAddr,
     log_path: PathBuf,
 }
 
@@ -315,14 +317,18 @@ impl Controller {
         let own = controller_kubeconfig().display().to_string();
         let identity = [("KUBECONFIG", own.as_str())];
         let identity = if envs.iter().any(|(k, _)| *k == "KUBECONFIG") { &[][..] } else { &identity[..] };
-        let admin = free_port();
+        // A test may put the admin listener elsewhere, with its own --admin-addr.
+        let given = args.iter().find_map(|a| a.strip_prefix("--admin-addr="));
+        let admin = given.map_or_else(free_port, |a| a.parse().expect("--admin-addr"));
+        let debug = free_port();
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("e2e-logs");
         std::fs::create_dir_all(&dir)?;
         let log_path = dir.join(format!("{ns}.log"));
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&log_path)?;
         let child = Command::new(env!("CARGO_BIN_EXE_consulbind"))
             .arg(format!("--namespaces={ns}"))
-            .arg(format!("--admin-addr={admin}"))
+            .args(given.is_none().then(|| format!("--admin-addr={admin}")))
+            .arg(format!("--debug-addr={debug}"))
             .args(args)
             .env("RUST_LOG", "info,consulbind=debug")
             .envs(identity.iter().copied())
@@ -332,7 +338,7 @@ impl Controller {
             .kill_on_drop(true)
             .spawn()
             .context("starting consulbind")?;
-        let controller = Self { child, admin, log_path };
+        let controller = Self { child, admin, debug, log_path };
         let url = format!("http://{admin}/readyz");
         if let Err(error) =
             wait("controller to be ready", || async { Ok(get(&url).await.is_ok_and(|(code, _)| code == 200)) }).await
@@ -346,8 +352,10 @@ impl Controller {
         std::fs::read_to_string(&self.log_path).unwrap_or_default()
     }
 
+    /// A GET of `path` from the admin listener, or the debug listener for `/debug/` paths.
     pub async fn get(&self, path: &str) -> String {
-        get(&format!("http://{}{path}", self.admin)).await.unwrap().1
+        let addr = if path.starts_with("/debug/") { self.debug } else { self.admin };
+        get(&format!("http://{addr}{path}")).await.unwrap().1
     }
 
     pub fn pid(&self) -> u32 {

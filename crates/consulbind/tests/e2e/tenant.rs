@@ -294,3 +294,71 @@ async fn a_prefix_over_the_limits_is_refused_without_loading_it() {
     s.wait_revisions(DEPLOY, "web", 1).await;
     s.finish().await;
 }
+
+/// Behind a service-mesh sidecar every request reaches the pod from loopback, so the debug
+/// listing cannot trust a peer address: it has a listener of its own, on loopback only. Here
+/// 127.0.0.2 stands for the pod's address.
+#[tokio::test]
+async fn the_debug_listing_has_a_loopback_listener_of_its_own() {
+    let port = crate::support::free_port().port();
+    let Some(s) = Scene::with_args("debug", &[&format!("--admin-addr=127.0.0.2:{port}")]).await else { return };
+    let controller = s.controller();
+    assert_eq!(controller.get("/debug/watches").await, "[]", "loopback reaches the listing");
+    let get = |url: String| async move { crate::support::get(&url).await };
+    let (code, body) = get(format!("http://127.0.0.2:{port}/debug/watches")).await.unwrap();
+    assert_eq!(code, 404, "the admin listener served the listing: {body}");
+    assert_eq!(get(format!("http://127.0.0.2:{port}/livez")).await.unwrap().0, 200);
+    let outside = get(format!("http://127.0.0.2:{}/debug/watches", controller.debug.port())).await;
+    assert!(outside.is_err(), "the debug listener answered on another address: {outside:?}");
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn a_tenant_cannot_stop_the_controller_with_the_largest_durations() {
+    let Some(mut s) = Scene::without_controller("hostile").await else { return };
+    let Some(neighbour) = Scene::without_controller("neighbour").await else { return };
+    s.start_controller(&[&format!("--namespaces={}", neighbour.ns)]).await;
+    let kubeconfig = tenant(&s);
+    let (key, theirs) = (s.key("config"), neighbour.key("config"));
+    s.put(&key, "v1").await;
+    neighbour.put(&theirs, "v1").await;
+    neighbour.workload(DEPLOY, "web", json!({})).await;
+    neighbour.binding("cfg", spec(json!([{"key": theirs}]), deploy("web"), "0s")).await;
+    neighbour.wait_condition("cfg", conditions::READY, "True", reason::BASELINED).await;
+
+    // The largest a duration's schema lets through, and the largest the controller allows.
+    let huge = "9223372036854775807s";
+    let rollout = |quiet: &str, max: &str| {
+        json!({"keys": [{"key": key}], "targets": deploy("web"),
+        "rollout": {"quietPeriod": quiet, "maxDelay": max}})
+    };
+    s.workload(DEPLOY, "web", json!({})).await;
+    kubectl_apply(Some(&kubeconfig), &binding(&s.ns, "huge", rollout(huge, huge))).unwrap();
+    kubectl_apply(Some(&kubeconfig), &binding(&s.ns, "longest", rollout("1h", "24h"))).unwrap();
+    let too_long = "9".repeat(24) + "h";
+    let refused = kubectl_apply(Some(&kubeconfig), &binding(&s.ns, "refused", rollout(&too_long, "1s")));
+    assert!(refused.unwrap_err().contains("quietPeriod"), "the schema bounds a duration's length");
+
+    let huge = s.wait_condition("huge", conditions::READY, "False", reason::INVALID_SPEC).await;
+    let ready = huge.status.unwrap().conditions.into_iter().find(|c| c.type_ == conditions::READY).unwrap();
+    assert!(
+        ready.message.contains("spec.rollout.quietPeriod") && ready.message.contains("at most 1h"),
+        "{}",
+        ready.message
+    );
+    s.wait_condition("longest", conditions::READY, "True", reason::BASELINED).await;
+
+    // A change waits out the longest window; the controller serves everyone meanwhile.
+    s.put(&key, "v2").await;
+    s.wait_condition("longest", conditions::READY, "False", reason::PENDING).await;
+    neighbour.put(&theirs, "v2").await;
+    neighbour.wait_revisions(DEPLOY, "web", 2).await;
+    neighbour.wait_condition("cfg", conditions::READY, "True", reason::UP_TO_DATE).await;
+    let (code, _) = crate::support::get(&format!("http://{}/livez", s.controller().admin)).await.unwrap();
+    assert_eq!(code, 200, "the controller stopped:\n{}", s.log());
+    assert!(!s.log().contains("panicked"), "{}", s.log());
+    assert_eq!(s.revisions(DEPLOY, "web").await, 1, "nothing rolled before the quiet period");
+    assert_eq!(neighbour.revisions(DEPLOY, "web").await, 2, "the neighbour rolled once");
+    neighbour.finish().await;
+    s.finish().await;
+}

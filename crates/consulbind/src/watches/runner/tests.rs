@@ -19,7 +19,7 @@ use tokio::{
 
 use super::{KvSource, Limits, Roster, Runner};
 use crate::{
-    BindingRef,
+    BindingRef, Lock,
     metrics::Metrics,
     watches::path::{KeyState, Path},
 };
@@ -102,7 +102,7 @@ fn start(query: KvQuery, paths: &[(&str, bool, &[&str])], limits: Limits) -> Gro
     let woken = Arc::new(Mutex::new(Vec::new()));
     let wake = {
         let woken = woken.clone();
-        Arc::new(move |b| woken.lock().unwrap().push(b))
+        Arc::new(move |b| woken.locked().push(b))
     };
     let runner = Arc::new(Runner {
         consul: Arc::new(Script(tx)),
@@ -147,7 +147,7 @@ impl Group {
 
     /// The bindings woken since the last look, each once.
     fn woken(&self) -> BTreeSet<String> {
-        self.woken.lock().unwrap().drain(..).map(|b| b.name).collect()
+        self.woken.locked().drain(..).map(|b| b.name).collect()
     }
 
     fn content(&self, i: usize) -> Vec<(String, String)> {
@@ -390,4 +390,63 @@ async fn a_prefix_over_the_limits_fails_on_its_own_and_keeps_nothing() {
     assert!(message.contains("3 keys") && message.contains("--max-prefix-entries"), "{message}");
     assert!(last.is_none(), "content over the limits was kept");
     assert_eq!(group.content(1), [("app/small".to_owned(), "s".to_owned())], "the other path is served");
+}
+
+fn denied(key: &str) -> Error {
+    Error::AccessDenied { key: key.into(), status: 403, message: "Permission denied".into(), policy: "read" }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_key_filtered_out_of_a_shared_read_is_confirmed_alone() {
+    let mut group = start(
+        KvQuery::prefix("app/"),
+        &[("app/a", false, &["one"]), ("app/b", false, &["two"]), ("app/c", false, &["three"])],
+        no_limits(),
+    );
+    group.request().await.reply(10, &[("app/a", "1", 5), ("app/b", "1", 6), ("app/c", "1", 7)]);
+    let blocking = group.request().await;
+    group.woken();
+
+    // The token may no longer read app/b, and app/c was deleted: both vanish from the answer.
+    blocking.reply(11, &[("app/a", "1", 5)]);
+    let (mut b, mut c) = (group.request().await, group.request().await);
+    if b.query.key != "app/b" {
+        std::mem::swap(&mut b, &mut c);
+    }
+    assert_eq!((b.query.key.as_str(), b.query.recurse, b.index), ("app/b", false, 0));
+    assert_eq!((c.query.key.as_str(), c.query.recurse), ("app/c", false));
+    assert!(group.woken().is_empty(), "a binding heard before the key was confirmed");
+    b.fail(denied("app/b"));
+    c.reply(12, &[]);
+    let next = group.request().await;
+    assert_eq!((next.query.key.as_str(), next.index), ("app/", 11));
+    assert_eq!(group.woken(), names(&["two", "three"]));
+    let KeyState::Failed { reason, .. } = group.cells[1].state() else { panic!("app/b is not failed") };
+    assert_eq!(reason, reason::ACCESS_DENIED, "a key the token may not read is not a deleted key");
+    assert!(group.content(2).is_empty(), "a 404 confirms the deletion");
+    assert_eq!(group.content(0), [("app/a".to_owned(), "1".to_owned())]);
+
+    // Still filtered: no more reads, no more wakes.
+    next.reply(13, &[("app/a", "2", 13)]);
+    let after = group.request().await;
+    assert_eq!(after.query.key, "app/");
+    assert_eq!(group.woken(), names(&["one"]));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_missing_key_that_cannot_be_confirmed_tells_no_one() {
+    let mut group =
+        start(KvQuery::prefix("app/"), &[("app/a", false, &["one"]), ("app/b", false, &["two"])], no_limits());
+    group.request().await.reply(10, &[("app/a", "1", 5), ("app/b", "1", 6)]);
+    let blocking = group.request().await;
+    group.woken();
+    blocking.reply(11, &[("app/a", "1", 5)]);
+    group.request().await.fail(unreachable());
+    let fresh = group.request().await;
+    assert_eq!((fresh.query.key.as_str(), fresh.index), ("app/", 0), "the group is read afresh");
+    assert!(group.woken().is_empty());
+    assert_eq!(group.content(1), [("app/b".to_owned(), "1".to_owned())], "the key was taken for deleted");
+    fresh.reply(12, &[("app/a", "1", 5), ("app/b", "1", 6)]);
+    group.request().await;
+    assert!(group.woken().is_empty(), "nothing changed");
 }
