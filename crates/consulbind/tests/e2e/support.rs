@@ -319,8 +319,8 @@ impl Controller {
         let identity = if envs.iter().any(|(k, _)| *k == "KUBECONFIG") { &[][..] } else { &identity[..] };
         // A test may put the admin listener elsewhere, with its own --admin-addr.
         let given = args.iter().find_map(|a| a.strip_prefix("--admin-addr="));
-        let admin = given.map_or_else(free_port, |a| a.parse().expect("--admin-addr"));
-        let debug = free_port();
+        let [own_admin, debug] = free_ports();
+        let admin = given.map_or(own_admin, |a| a.parse().expect("--admin-addr"));
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("e2e-logs");
         std::fs::create_dir_all(&dir)?;
         let log_path = dir.join(format!("{ns}.log"));
@@ -450,6 +450,12 @@ pub fn controller_kubeconfig() -> &'static PathBuf {
 
 pub fn free_port() -> SocketAddr {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+}
+
+/// Distinct free ports: each is held until all are chosen, so none is handed out twice.
+pub fn free_ports<const N: usize>() -> [SocketAddr; N] {
+    let held: [TcpListener; N] = std::array::from_fn(|_| TcpListener::bind("127.0.0.1:0").unwrap());
+    held.map(|listener| listener.local_addr().unwrap())
 }
 
 /// A plain HTTP GET, returning status and body.
