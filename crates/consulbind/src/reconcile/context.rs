@@ -45,8 +45,7 @@ pub struct Context {
 impl Context {
     /// Forgets a deleted binding: its watches, its interest and its record.
     pub fn forget(&self, binding: &BindingRef) {
-        self.watches.release(binding);
-        self.interest.locked().remove(binding);
+        self.unsubscribe(binding);
         self.states.delete(binding);
     }
 

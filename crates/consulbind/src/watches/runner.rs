@@ -332,7 +332,8 @@ impl Runner {
         Ok((entries, denied))
     }
 
-    /// Hands each path of `members` its part of `entries`: only the paths whose entries differ
+    /// Hands each path of `members` its part of `entries` (already cut down to what the paths
+    /// cover, by [`Runner::confirm_vanished`]): only the paths whose entries differ
     /// from `old`, or all of them without `old`, and an `AccessDenied` failure to the `denied`
     /// ones. Wakes the bindings of paths whose content changed or came back after a failure.
     /// `reset` says the index went backwards with this answer.
@@ -345,7 +346,6 @@ impl Runner {
         reset: bool,
         index: u64,
     ) -> (Arc<Roster>, Vec<KvEntry>) {
-        let entries = members.members.retain(entries);
         let changed: Vec<usize> = match old {
             Some(old) => members.members.changed(old, &entries),
             None => (0..members.paths.len()).collect(),
