@@ -77,6 +77,27 @@ pub fn shares(sizes: &[usize], slots: usize) -> Vec<usize> {
     sizes.iter().map(|&n| 1 + (spare * n).checked_div(total).unwrap_or(0)).collect()
 }
 
+/// Splits `slots` fairly among claimants that can use at most `demands` each: every claimant
+/// gets as much as it asks for or an equal part of what is left, whichever is less (max-min
+/// fairness), so one claimant's size never shrinks another's part below an equal split. When
+/// slots are fewer than claimants, the first ones get one each.
+pub fn fair(demands: &[usize], slots: usize) -> Vec<usize> {
+    let mut got = vec![0; demands.len()];
+    let mut left = slots;
+    loop {
+        let wanting: Vec<usize> = (0..demands.len()).filter(|&i| got[i] < demands[i]).collect();
+        if wanting.is_empty() || left == 0 {
+            return got;
+        }
+        let each = (left / wanting.len()).max(1);
+        for i in wanting {
+            let add = each.min(demands[i] - got[i]).min(left);
+            got[i] += add;
+            left -= add;
+        }
+    }
+}
+
 /// One watched key, or prefix when `recurse` is set.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct WatchPath {
@@ -168,6 +189,20 @@ pub fn assign(paths: &[WatchPath], current: &[(String, bool)], slots: usize) -> 
         groups[g].members.push(i);
     }
     groups.retain(|g| !g.members.is_empty());
+    // A group whose paths have left it narrower than its key reads only what they share now,
+    // so that a wide read does not outlive the paths that needed it.
+    for group in groups.iter_mut().filter(|g| g.recurse) {
+        match group.members[..] {
+            [only] => (group.key, group.recurse) = (paths[only].key.clone(), paths[only].recurse),
+            [first, .., last] => {
+                let shared = common_prefix(&paths[first].key, &paths[last].key);
+                if shared.len() > group.key.len() {
+                    group.key = shared.to_owned();
+                }
+            }
+            [] => unreachable!("empty groups are gone"),
+        }
+    }
     if groups.len() + homeless.len() > slots {
         return partition(paths, slots);
     }
@@ -529,6 +564,43 @@ mod tests {
             }
         }
         assert_eq!(shares(&[1, 9_999], 24), [1, 22]);
+    }
+
+    #[test]
+    fn fair_shares_give_the_small_what_they_ask_and_split_the_rest() {
+        assert_eq!(fair(&[1, 200], 20), [1, 19], "one namespace's many scopes leave the other its need");
+        assert_eq!(fair(&[5, 200, 300], 20), [5, 8, 7]);
+        assert_eq!(fair(&[10_000, 1], 20), [19, 1]);
+        assert_eq!(fair(&[2, 2], 20), [2, 2], "never more than asked");
+        assert_eq!(fair(&[3, 3, 3], 2), [1, 1, 0], "fewer slots than claimants");
+        assert_eq!(fair(&[], 5), Vec::<usize>::new());
+        let mut rng = Lcg(11);
+        for _ in 0..2_000 {
+            let demands: Vec<usize> = (0..rng.below(8)).map(|_| rng.below(50) as usize).collect();
+            let slots = rng.below(40) as usize;
+            let got = fair(&demands, slots);
+            assert_eq!(got.iter().sum::<usize>(), slots.min(demands.iter().sum()), "{demands:?} {slots}");
+            for (i, (&g, &d)) in got.iter().zip(&demands).enumerate() {
+                assert!(g <= d);
+                // Anyone short of its demand holds at least as much as every other, less one.
+                if g < d {
+                    assert!(got.iter().all(|&o| o <= g + 1), "{demands:?} {slots}: {got:?} at {i}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_group_narrows_when_the_paths_that_widened_it_leave() {
+        let wide = [path("a/x", false), path("b/y", false)];
+        let current: Vec<(String, bool)> = partition(&wide, 1).into_iter().map(|g| (g.key, g.recurse)).collect();
+        assert_eq!(current, [(String::new(), true)], "the two share nothing: the whole store");
+        let narrow = [path("a/x", false), path("a/z", false)];
+        let groups = assign(&narrow, &current, 1);
+        assert_eq!(groups.len(), 1);
+        assert_eq!((groups[0].key.as_str(), groups[0].recurse), ("a/", true));
+        let one = assign(&narrow[..1], &current, 1);
+        assert_eq!((one[0].key.as_str(), one[0].recurse), ("a/x", false), "one key left: read it alone");
     }
 
     #[test]

@@ -12,6 +12,9 @@ pub mod reason {
     pub const ROLLED_OUT: &str = "RolledOut";
     pub const BASELINED: &str = "Baselined";
     pub const SYNCED: &str = "Synced";
+    /// Read, but the namespace has more Consul tokens than its share of blocking queries: its
+    /// watches take turns, and changes may show seconds late.
+    pub const WATCHES_IN_TURNS: &str = "WatchesInTurns";
     pub const PENDING: &str = "ChangePending";
     pub const SUSPENDED: &str = "Suspended";
     pub const KEY_MISSING: &str = "KeyMissing";

@@ -27,6 +27,11 @@ pub struct RolloutLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NamespaceLabels {
+    pub namespace: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StageLabels {
     pub stage: &'static str,
 }
@@ -54,6 +59,7 @@ pub struct Metrics {
     pub consul_watches: Gauge,
     pub consul_watch_groups: Gauge,
     pub consul_watch_groups_over_budget: Gauge,
+    pub consul_watch_groups_in_turns: Family<NamespaceLabels, Gauge>,
     pub bindings: Family<ReadyLabels, Gauge>,
     pub change_to_rollout: Histogram,
     rollout_stages: Family<StageLabels, Histogram, fn() -> Histogram>,
@@ -71,6 +77,7 @@ impl Metrics {
             consul_watches: Gauge::default(),
             consul_watch_groups: Gauge::default(),
             consul_watch_groups_over_budget: Gauge::default(),
+            consul_watch_groups_in_turns: Family::default(),
             bindings: Family::default(),
             change_to_rollout: seconds(),
             rollout_stages: Family::new_with_constructor(fine_seconds as fn() -> Histogram),
@@ -94,8 +101,14 @@ impl Metrics {
         );
         r.register(
             "consul_watch_groups_over_budget",
-            "Watch groups beyond the blocking-query slots of --consul-max-connections; above 0 they take turns",
+            "Watch groups beyond the blocking-query slots their namespaces may use; above 0 some take turns",
             metrics.consul_watch_groups_over_budget.clone(),
+        );
+        r.register(
+            "consul_watch_groups_in_turns",
+            "Watch groups of a namespace that take turns for its share of the blocking-query slots \
+             (namespace \"*\" for keys read for several namespaces)",
+            metrics.consul_watch_groups_in_turns.clone(),
         );
         r.register("bindings", "Bindings by Ready condition status", metrics.bindings.clone());
         r.register(

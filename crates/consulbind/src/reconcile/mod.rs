@@ -122,6 +122,7 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
         }
     };
     let mut contents = Vec::new();
+    let mut in_turns = false;
     let consul = match read::token(ctx, &namespace, spec) {
         TokenSource::Invalid(message) => {
             ctx.watches.release(&oref);
@@ -133,7 +134,9 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
             Consul::Failed { reason: conditions::reason::DEFAULT_TOKEN_FORBIDDEN, message }
         }
         source => {
-            contents = read::subscribe(ctx, &oref, &read::queries(spec, source.into_token()));
+            let queries = read::queries(spec, source.into_token());
+            contents = read::subscribe(ctx, &oref, &queries);
+            in_turns = ctx.watches.in_turns(&queries);
             match read::consul_view(spec, &contents) {
                 Some(consul) => consul,
                 // Consul answers within moments, and its first answer wakes the binding: writing
@@ -160,6 +163,7 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
         missing: &resolved.missing,
         unserved: &resolved.unserved,
         dry_run: ctx.dry_run || spec.rollout.as_ref().and_then(|r| r.mode) == Some(RolloutMode::DryRun),
+        in_turns,
     };
     let upgraded = plan::upgrade_legacy(&input);
     let input = match &upgraded {

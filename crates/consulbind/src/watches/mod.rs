@@ -22,10 +22,10 @@ use serde::Serialize;
 use tokio::sync::Notify;
 use tracing::debug;
 
-use self::{path::Path, planner::GroupHandle, runner::Runner};
+use self::{path::Path, planner::Groups, runner::Runner};
 pub use self::{
     path::{Content, KeyState, Wake},
-    runner::{KvSource, Limits},
+    runner::{KvSource, Limits, ROTATION_WAIT},
 };
 use crate::{BindingRef, Lock, metrics::Metrics};
 
@@ -48,7 +48,7 @@ struct Inner {
     paths: HashMap<KvQuery, Arc<Path>>,
     /// Each binding's queries, without duplicates: a short list takes less room than a set.
     by_binding: HashMap<BindingRef, Box<[KvQuery]>>,
-    groups: HashMap<KvQuery, GroupHandle>,
+    groups: Groups,
 }
 
 /// One watched path, for the debug endpoint. Tokens are never shown.
@@ -76,7 +76,6 @@ impl Watches {
             grace,
             limits,
             replan: Notify::new(),
-            rotating: Default::default(),
         });
         let shared = Arc::new(Shared { runner, inner: Mutex::default() });
         tokio::spawn(plan_forever(shared.clone()));
@@ -110,6 +109,12 @@ impl Watches {
         states
     }
 
+    /// Whether any of `queries` is read by a group that takes turns for a slot.
+    pub fn in_turns(&self, queries: &[KvQuery]) -> bool {
+        let inner = self.shared.inner.locked();
+        queries.iter().any(|q| inner.paths.get(q).is_some_and(|p| p.in_turns()))
+    }
+
     /// Releases every path of a binding that is gone.
     pub fn release(&self, binding: &BindingRef) {
         let mut inner = self.shared.inner.locked();
@@ -136,7 +141,7 @@ impl Watches {
     pub fn list(&self) -> Vec<WatchInfo> {
         let inner = self.shared.inner.locked();
         let mut read_by = HashMap::new();
-        for (query, group) in &inner.groups {
+        for (query, group) in &inner.groups.running {
             for cell in &group.roster().cells {
                 read_by.insert(Arc::as_ptr(cell), query.key.clone());
             }

@@ -9,6 +9,7 @@ use std::{
 };
 
 use consul_kv::{KvEntry, same_entries};
+use consulbind_api::conditions::reason;
 
 use crate::BindingRef;
 use crate::Lock;
@@ -61,11 +62,18 @@ pub struct Path {
     subscribers: Mutex<Vec<BindingRef>>,
     /// A shared read that included this path was too large: it is read on its own from now on.
     solo: AtomicBool,
+    /// Its group takes turns with others of its namespace for a blocking-query slot.
+    in_turns: AtomicBool,
 }
 
 impl Default for Path {
     fn default() -> Self {
-        Self { state: Mutex::new(KeyState::Pending), subscribers: Mutex::default(), solo: AtomicBool::new(false) }
+        Self {
+            state: Mutex::new(KeyState::Pending),
+            subscribers: Mutex::default(),
+            solo: AtomicBool::new(false),
+            in_turns: AtomicBool::new(false),
+        }
     }
 }
 
@@ -102,6 +110,20 @@ impl Path {
 
     pub fn set_solo(&self) {
         self.solo.store(true, Ordering::Relaxed);
+    }
+
+    pub fn in_turns(&self) -> bool {
+        self.in_turns.load(Ordering::Relaxed)
+    }
+
+    /// Returns whether that is news.
+    pub fn set_in_turns(&self, in_turns: bool) -> bool {
+        self.in_turns.swap(in_turns, Ordering::Relaxed) != in_turns
+    }
+
+    /// Whether Consul refuses this path's token.
+    pub fn denied(&self) -> bool {
+        matches!(&*self.state.locked(), KeyState::Failed { reason, .. } if *reason == reason::ACCESS_DENIED)
     }
 
     /// Records new entries. Content that turns missing or empty in the same answer as an index

@@ -2,14 +2,7 @@
 //! hands each watched path its part of every answer, wakes the bindings whose content changed,
 //! and reports failures once they outlast the grace period.
 
-use std::{
-    collections::HashSet,
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
-    time::Duration,
-};
+use std::{collections::HashSet, sync::Arc, time::Duration};
 
 use consul_kv::{
     Backoff, Client, Error, ErrorKind, KvEntry, KvQuery, KvResponse,
@@ -20,7 +13,7 @@ use consul_kv::{
 use consulbind_api::conditions::reason;
 use futures::future::BoxFuture;
 use tokio::{
-    sync::{Notify, watch},
+    sync::{Notify, Semaphore, watch},
     time::{Instant, sleep_until},
 };
 use tracing::{info, warn};
@@ -28,8 +21,7 @@ use tracing::{info, warn};
 use super::path::{Path, Update, Wake};
 use crate::metrics::Metrics;
 
-/// The wait of each blocking query while there are more groups than slots, so that the groups
-/// take turns.
+/// The wait of each blocking query of a group in a lane, so that the lane's groups take turns.
 pub const ROTATION_WAIT: Duration = Duration::from_secs(10);
 /// The shortest wait of a blocking query.
 const MIN_WAIT: Duration = Duration::from_secs(1);
@@ -102,24 +94,32 @@ pub struct Runner {
     pub limits: Limits,
     /// Asks the planner to cut the groups afresh.
     pub replan: Notify,
-    /// More groups than blocking slots: the groups rotate with short waits.
-    pub rotating: AtomicBool,
 }
 
-/// The paths one group's query serves.
+/// The paths one group's query serves, and how it may block.
 pub struct Roster {
     pub paths: Vec<WatchPath>,
     pub cells: Vec<Arc<Path>>,
     members: Members,
+    /// The slots the group takes turns on with the other groups of its namespace.
+    lane: Option<Arc<Semaphore>>,
+    /// Consul refuses the token of every path: the planner gave it no slot.
+    parked: bool,
 }
 
 impl Roster {
-    pub fn new(paths: Vec<WatchPath>, cells: Vec<Arc<Path>>) -> Self {
-        Self { members: Members::new(&paths), paths, cells }
+    pub fn new(paths: Vec<WatchPath>, cells: Vec<Arc<Path>>, lane: Option<Arc<Semaphore>>, parked: bool) -> Self {
+        Self { members: Members::new(&paths), paths, cells, lane, parked }
     }
 
-    pub fn serves(&self, paths: &[WatchPath], cells: &[Arc<Path>]) -> bool {
-        self.paths == paths && self.cells.iter().zip(cells).all(|(a, b)| Arc::ptr_eq(a, b))
+    pub fn same(&self, other: &Roster) -> bool {
+        self.paths == other.paths
+            && self.cells.iter().zip(&other.cells).all(|(a, b)| Arc::ptr_eq(a, b))
+            && self.parked == other.parked
+            && match (&self.lane, &other.lane) {
+                (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                (a, b) => a.is_none() && b.is_none(),
+            }
     }
 }
 
@@ -141,8 +141,19 @@ impl Runner {
             }
             let index = if last.is_some() { cursor.index() } else { 0 };
             let started = Instant::now();
-            let limit = answer_limit(&self.limits, &roster.borrow());
-            let request = self.consul.get_wait(&query, index, self.group_wait(born), limit);
+            let (limit, lane) = {
+                let current = roster.borrow();
+                (answer_limit(&self.limits, &current), current.lane.clone())
+            };
+            let wait = self.group_wait(born, lane.is_some());
+            let request = async {
+                // A blocking query in a lane waits for its turn; a plain read needs none.
+                let _turn = match (&lane, index) {
+                    (Some(lane), 1..) => Some(lane.acquire().await.expect("never closed")),
+                    _ => None,
+                };
+                self.consul.get_wait(&query, index, wait, limit).await
+            };
             tokio::pin!(request);
             let result = loop {
                 tokio::select! {
@@ -179,6 +190,10 @@ impl Runner {
                 Ok(response) => {
                     backoff.reset();
                     failing_since = None;
+                    if members.parked {
+                        // The token is accepted again: the group needs a slot.
+                        self.replan.notify_one();
+                    }
                     let reset = cursor.answered(response.index) == Progress::Reset;
                     if reset {
                         warn!(key = %query.key, index = response.index, "Consul's index went backwards (a restore or a rebuilt cluster?); reading afresh");
@@ -224,6 +239,10 @@ impl Runner {
                             if cell.set_failed(reason, &message) {
                                 cell.wake(&self.wake);
                             }
+                        }
+                        if reason == reason::ACCESS_DENIED && !members.parked {
+                            // A refused token blocks nothing: park it, and free its slot.
+                            self.replan.notify_one();
                         }
                     };
                     // A blip within the grace period shows nowhere; a longer failure shows once
@@ -396,11 +415,10 @@ impl Runner {
 
     /// The wait of a group's next blocking query. A young group waits no longer than it has
     /// lived, so that one replaced soon after it started (while many bindings arrive at once)
-    /// leaves no request behind on the agent for long; and groups take turns while there are
-    /// too many.
-    fn group_wait(&self, born: Instant) -> Duration {
-        let wait = match self.rotating.load(Ordering::Relaxed) {
-            true => ROTATION_WAIT,
+    /// leaves no request behind on the agent for long; and groups in a lane take turns.
+    fn group_wait(&self, born: Instant, in_lane: bool) -> Duration {
+        let wait = match in_lane {
+            true => ROTATION_WAIT.min(self.consul.wait()),
             false => self.consul.wait(),
         };
         jitter(wait.min(born.elapsed().max(MIN_WAIT)), 0.1)

@@ -17,7 +17,7 @@ use tokio::{
     time::Instant,
 };
 
-use super::{KvSource, Limits, Roster, Runner};
+use super::{KvSource, Limits, ROTATION_WAIT, Roster, Runner};
 use crate::{
     BindingRef, Lock,
     metrics::Metrics,
@@ -29,6 +29,7 @@ const GRACE: Duration = Duration::from_secs(5);
 struct Request {
     query: KvQuery,
     index: u64,
+    wait: Duration,
     answer: oneshot::Sender<Result<KvResponse, Error>>,
 }
 
@@ -51,11 +52,11 @@ impl KvSource for Script {
         &'a self,
         query: &'a KvQuery,
         index: u64,
-        _wait: Duration,
+        wait: Duration,
         _max_bytes: u64,
     ) -> BoxFuture<'a, Result<KvResponse, Error>> {
         let (answer, answered) = oneshot::channel();
-        let _ = self.0.send(Request { query: query.clone(), index, answer });
+        let _ = self.0.send(Request { query: query.clone(), index, wait, answer });
         Box::pin(async move {
             match answered.await {
                 Ok(result) => result,
@@ -96,8 +97,8 @@ struct Group {
     task: JoinHandle<()>,
 }
 
-/// Starts a runner of `query` over `paths`, each `(key, recurse, subscribers)`.
-fn start(query: KvQuery, paths: &[(&str, bool, &[&str])], limits: Limits) -> Group {
+/// A runner that sends every request to the returned channel, and records what it wakes.
+fn runner(limits: Limits) -> (Arc<Runner>, mpsc::UnboundedReceiver<Request>, Arc<Mutex<Vec<BindingRef>>>) {
     let (tx, requests) = mpsc::unbounded_channel();
     let woken = Arc::new(Mutex::new(Vec::new()));
     let wake = {
@@ -111,17 +112,27 @@ fn start(query: KvQuery, paths: &[(&str, bool, &[&str])], limits: Limits) -> Gro
         grace: GRACE,
         limits,
         replan: Notify::new(),
-        rotating: Default::default(),
     });
-    let (watch_paths, cells): (Vec<WatchPath>, Vec<Arc<Path>>) = paths
+    (runner, requests, woken)
+}
+
+/// Cells for `paths`, each `(key, recurse, subscribers)`.
+fn cells(paths: &[(&str, bool, &[&str])]) -> (Vec<WatchPath>, Vec<Arc<Path>>) {
+    paths
         .iter()
         .map(|&(key, recurse, subscribers)| {
             let cell = Arc::new(Path::default());
             subscribers.iter().for_each(|b| cell.subscribe(&binding(b)));
             (WatchPath { key: key.into(), recurse }, cell)
         })
-        .unzip();
-    let (roster, rx) = watch::channel(Arc::new(Roster::new(watch_paths.clone(), cells.clone())));
+        .unzip()
+}
+
+/// Starts a runner of `query` over `paths`, each `(key, recurse, subscribers)`.
+fn start(query: KvQuery, paths: &[(&str, bool, &[&str])], limits: Limits) -> Group {
+    let (runner, requests, woken) = runner(limits);
+    let (watch_paths, cells) = cells(paths);
+    let (roster, rx) = watch::channel(Arc::new(Roster::new(watch_paths.clone(), cells.clone(), None, false)));
     let task = tokio::spawn(runner.clone().run_group(query, rx));
     Group { runner, requests, woken, roster: Some(roster), cells, paths: watch_paths, task }
 }
@@ -167,7 +178,7 @@ impl Group {
             self.paths.push(WatchPath { key: key.into(), recurse });
             self.cells.push(cell);
         }
-        let roster = Roster::new(self.paths.clone(), self.cells.clone());
+        let roster = Roster::new(self.paths.clone(), self.cells.clone(), None, false);
         self.roster.as_ref().unwrap().send_replace(Arc::new(roster));
     }
 }
@@ -449,4 +460,67 @@ async fn a_missing_key_that_cannot_be_confirmed_tells_no_one() {
     fresh.reply(12, &[("app/a", "1", 5), ("app/b", "1", 6)]);
     group.request().await;
     assert!(group.woken().is_empty(), "nothing changed");
+}
+
+#[tokio::test(start_paused = true)]
+async fn groups_in_a_lane_take_turns_on_its_slots_with_short_waits() {
+    let (runner, mut requests, _woken) = runner(no_limits());
+    let lane = Arc::new(tokio::sync::Semaphore::new(1));
+    let mut rosters = Vec::new();
+    for key in ["a", "b"] {
+        let (paths, cells) = cells(&[(key, false, &["one"])]);
+        let (roster, rx) = watch::channel(Arc::new(Roster::new(paths, cells, Some(lane.clone()), false)));
+        tokio::spawn(runner.clone().run_group(KvQuery::exact(key), rx));
+        rosters.push(roster);
+    }
+    let next = |requests: &mut mpsc::UnboundedReceiver<Request>| requests.try_recv().ok();
+    tokio::task::yield_now().await;
+    let (first, second) = (next(&mut requests).unwrap(), next(&mut requests).unwrap());
+    assert_eq!((first.index, second.index), (0, 0), "plain reads need no turn");
+    first.reply(10, &[("a", "1", 5)]);
+    second.reply(10, &[("b", "1", 6)]);
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    let blocking = next(&mut requests).expect("one group blocks");
+    assert_eq!(blocking.index, 10);
+    assert!(blocking.wait <= ROTATION_WAIT + ROTATION_WAIT / 10, "a lane's query waits briefly: {:?}", blocking.wait);
+    assert!(next(&mut requests).is_none(), "the other waits for its turn");
+    let turn = blocking.query.key.clone();
+    let same = if turn == "a" { ("a", "1", 5) } else { ("b", "1", 6) };
+    blocking.reply(10, &[same]);
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    let other = next(&mut requests).expect("the turn passes");
+    assert_ne!(other.query.key, turn);
+    drop(rosters);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refused_token_asks_for_a_new_plan_and_so_does_its_return() {
+    let (runner, mut requests, _woken) = runner(no_limits());
+    let (paths, cells) = cells(&[("a", false, &["one"])]);
+    let (roster, rx) = watch::channel(Arc::new(Roster::new(paths.clone(), cells.clone(), None, false)));
+    tokio::spawn(runner.clone().run_group(KvQuery::exact("a"), rx));
+    let replanned = runner.replan.notified();
+    tokio::pin!(replanned);
+    replanned.as_mut().enable();
+    let mut request = requests.recv().await.unwrap();
+    // Refused until the grace is over: then the bindings hear it, and the planner parks it.
+    while !cells[0].denied() {
+        request.fail(denied("a"));
+        request = requests.recv().await.unwrap();
+    }
+    assert_eq!(request.index, 0, "a refused token reads without blocking");
+    tokio::time::timeout(Duration::from_secs(1), replanned).await.expect("no new plan asked for");
+
+    // Parked, the group reads on; once Consul accepts the token it needs a slot again.
+    roster.send_replace(Arc::new(Roster::new(paths, cells.clone(), None, true)));
+    let replanned = runner.replan.notified();
+    tokio::pin!(replanned);
+    replanned.as_mut().enable();
+    request.reply(10, &[("a", "1", 5)]);
+    tokio::time::timeout(Duration::from_secs(1), replanned).await.expect("no new plan asked for");
+    assert!(!cells[0].denied());
 }
