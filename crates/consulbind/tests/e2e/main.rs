@@ -724,11 +724,20 @@ mod acl {
 
         /// A token that may read keys under `prefix`.
         pub async fn read_token(&self, prefix: &str) -> String {
+            self.read_tokens(prefix, 1).await.remove(0)
+        }
+
+        /// `n` distinct tokens that may read keys under `prefix`.
+        pub async fn read_tokens(&self, prefix: &str, n: usize) -> Vec<String> {
             let policy = format!("e2e-{}", prefix.trim_end_matches('/'));
             let rules = format!("key_prefix \"{prefix}\" {{ policy = \"read\" }}");
             self.call("/v1/acl/policy", json!({"Name": policy, "Rules": rules})).await;
-            let token = self.call("/v1/acl/token", json!({"Policies": [{"Name": policy}]})).await;
-            token["SecretID"].as_str().unwrap().to_owned()
+            let mut tokens = Vec::new();
+            for _ in 0..n {
+                let token = self.call("/v1/acl/token", json!({"Policies": [{"Name": policy}]})).await;
+                tokens.push(token["SecretID"].as_str().unwrap().to_owned());
+            }
+            tokens
         }
     }
 }

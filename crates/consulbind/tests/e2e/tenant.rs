@@ -14,7 +14,7 @@ use kube::{
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use crate::support::{Scene, deploy, kubeconfig_in, spec, workload};
+use crate::support::{self, Scene, deploy, kubeconfig_in, spec, workload};
 
 const DEPLOY: &str = "Deployment";
 
@@ -361,4 +361,83 @@ async fn a_tenant_cannot_stop_the_controller_with_the_largest_durations() {
     assert_eq!(neighbour.revisions(DEPLOY, "web").await, 2, "the neighbour rolled once");
     neighbour.finish().await;
     s.finish().await;
+}
+
+/// A namespace with more token scopes than its share of blocking queries takes turns among its
+/// own watches; another namespace keeps a query of its own, and refused tokens take no slot.
+#[tokio::test]
+async fn many_token_scopes_in_one_namespace_leave_another_its_own_watch() {
+    let (acl_addr, master) =
+        support::acl_consul().expect("CONSULBIND_E2E_ACL_ADDR and CONSULBIND_E2E_ACL_TOKEN must be set");
+    let Some(mut busy) = Scene::without_controller("busy").await else { return };
+    let Some(quiet) = Scene::without_controller("quiet").await else { return };
+    // Eight connections leave five blocking slots: the quiet namespace needs one, the busy one
+    // gets four for its twelve tokens.
+    let args = [
+        format!("--consul-http-addr={acl_addr}"),
+        "--consul-max-connections=8".to_owned(),
+        format!("--namespaces={}", quiet.ns),
+    ];
+    busy.start_controller(&[&args[0], &args[1], &args[2]]).await;
+    let acl = crate::acl::Acl::new(&acl_addr, master);
+    let tokens = acl.read_tokens(&format!("{}/", busy.ns), 12).await;
+    let quiet_token = acl.read_token(&format!("{}/", quiet.ns)).await;
+
+    let token_secret = |ns: &str, name: &str, token: &str| {
+        json!({"apiVersion": "v1", "kind": "Secret",
+               "metadata": {"name": name, "namespace": ns, "labels": {"consulbind.dev/token": "true"}},
+               "stringData": {"token": token}})
+    };
+    let with_token = |key: &str, secret: &str| {
+        json!({"keys": [{"key": key}], "targets": deploy("web"), "rollout": {"quietPeriod": "0s"},
+               "consul": {"tokenSecretRef": {"name": secret}}})
+    };
+    busy.workload(DEPLOY, "web", json!({})).await;
+    quiet.workload(DEPLOY, "web", json!({})).await;
+    for (i, token) in tokens.iter().enumerate() {
+        let (key, secret) = (busy.key(&format!("k{i}")), format!("token-{i}"));
+        acl.put(&key, "v1").await;
+        busy.apply(token_secret(&busy.ns, &secret, token)).await.unwrap();
+        busy.binding(&format!("b{i}"), with_token(&key, &secret)).await;
+    }
+    for i in 0..5 {
+        let secret = format!("refused-{i}");
+        busy.apply(token_secret(&busy.ns, &secret, &format!("00000000-1111-2222-3333-44444444444{i}"))).await.unwrap();
+        busy.binding(&format!("refused-{i}"), with_token(&busy.key("k0"), &secret)).await;
+    }
+    let quiet_key = quiet.key("config");
+    acl.put(&quiet_key, "v1").await;
+    quiet.apply(token_secret(&quiet.ns, "token", &quiet_token)).await.unwrap();
+    quiet.binding("cfg", with_token(&quiet_key, "token")).await;
+
+    quiet.wait_condition("cfg", conditions::READY, "True", reason::BASELINED).await;
+    for i in 0..5 {
+        busy.wait_condition(&format!("refused-{i}"), conditions::CONSUL_SYNCED, "False", reason::ACCESS_DENIED).await;
+    }
+    for i in 0..12 {
+        busy.wait_condition(&format!("b{i}"), conditions::CONSUL_SYNCED, "True", reason::WATCHES_IN_TURNS).await;
+    }
+    let controller = busy.controller();
+    let in_turns = |ns: &str| format!("consulbind_consul_watch_groups_in_turns{{namespace=\"{ns}\"}}");
+    assert_eq!(controller.metric(&in_turns(&busy.ns)).await, Some(12.0), "the busy namespace's groups take turns");
+    assert_eq!(controller.metric(&in_turns(&quiet.ns)).await, None, "the quiet namespace takes no turns");
+
+    // Every turn of the busy namespace waits up to ten seconds; the quiet one waits for none.
+    for round in 2..=4 {
+        let written = std::time::Instant::now();
+        acl.put(&quiet_key, &format!("v{round}")).await;
+        let rolled = || async { Ok(quiet.revisions(DEPLOY, "web").await >= round) };
+        support::wait("the quiet namespace's rollout", rolled).await.unwrap();
+        let took = written.elapsed();
+        assert!(took < std::time::Duration::from_secs(3), "round {round}: the quiet namespace waited {took:?}");
+        let synced = quiet.get_binding("cfg").await.status.unwrap();
+        let synced = synced.conditions.iter().find(|c| c.type_ == conditions::CONSUL_SYNCED).unwrap();
+        assert_eq!((synced.status.as_str(), synced.reason.as_str()), ("True", reason::SYNCED));
+    }
+    quiet.wait_revisions(DEPLOY, "web", 4).await;
+    // The busy namespace still rolls, in its turn.
+    acl.put(&busy.key("k7"), "v2").await;
+    busy.wait_revisions(DEPLOY, "web", 2).await;
+    quiet.finish().await;
+    busy.finish().await;
 }
