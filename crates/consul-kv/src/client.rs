@@ -16,6 +16,11 @@ use crate::{ClientConfig, Error, KvQuery, KvResponse, Token};
 const TOKEN_HEADER: &str = "X-Consul-Token";
 const INDEX_HEADER: &str = "X-Consul-Index";
 
+/// Over HTTP/2 every request is a stream on one connection, and Go's HTTP/2 server (Consul's)
+/// serves 250 streams per connection by default: blocking queries may take this many of them,
+/// and the rest stay free for short requests.
+const STREAM_SLOTS: usize = 200;
+
 /// A Consul KV client. Clones share one connection pool and one connection budget.
 ///
 /// Over HTTP/1.1 every request in flight holds its own connection, and Consul
@@ -46,6 +51,10 @@ struct Inner {
     /// Blocking queries hold one of these as well.
     blocking: Semaphore,
     blocking_slots: usize,
+    /// Over HTTP/2, blocking queries hold one of these instead: they need no connection each.
+    streams: Semaphore,
+    /// The pool's connection speaks HTTP/2.
+    multiplexed: AtomicBool,
     /// Over TLS: whether the pool holds a connection whose protocol it knows (see `settle`).
     settled: AtomicBool,
     settling: tokio::sync::Mutex<()>,
@@ -85,6 +94,8 @@ impl Client {
                 requests: Semaphore::new(budget.requests),
                 blocking: Semaphore::new(budget.blocking),
                 blocking_slots: budget.blocking,
+                streams: Semaphore::new(STREAM_SLOTS),
+                multiplexed: AtomicBool::new(false),
                 settled: AtomicBool::new(false),
                 settling: tokio::sync::Mutex::new(()),
             }),
@@ -119,9 +130,14 @@ impl Client {
         self.inner.token.read().unwrap().clone()
     }
 
-    /// How many blocking queries may be in flight at once; more wait for a slot.
+    /// How many blocking queries may be in flight at once; more wait for a slot. Over HTTP/2,
+    /// once the first connection is up, the streams of that one connection, not the connection
+    /// budget.
     pub fn blocking_slots(&self) -> usize {
-        self.inner.blocking_slots
+        match self.inner.multiplexed.load(Ordering::Acquire) {
+            true => STREAM_SLOTS,
+            false => self.inner.blocking_slots,
+        }
     }
 
     /// The configured wait of a blocking query.
@@ -153,11 +169,17 @@ impl Client {
     ) -> Result<KvResponse, Error> {
         let wait = wait.clamp(Duration::from_millis(1), self.inner.wait);
         let blocking = (index >= 1).then_some(wait);
+        let multiplexed = self.inner.multiplexed.load(Ordering::Acquire);
+        let slots = if multiplexed { &self.inner.streams } else { &self.inner.blocking };
         let _slot = match blocking {
-            Some(_) => Some(self.inner.blocking.acquire().await.expect("never closed")),
+            Some(_) => Some(slots.acquire().await.expect("never closed")),
             None => None,
         };
-        let _permit = self.permit().await;
+        // A blocking stream holds no connection, so it takes no room from the short requests.
+        let _permit = match blocking.is_some() && multiplexed {
+            true => None,
+            false => Some(self.permit().await),
+        };
         let url = kv_url(&self.inner.base, query, index, wait);
         let token = query.token.clone().or_else(|| self.default_token());
         let token = token.as_ref();
@@ -263,10 +285,13 @@ impl Client {
             return;
         }
         let url = api_url(&self.inner.base, ["status", "leader"]);
-        if let Ok(response) = http.get(url).timeout(request_timeout(None)).send().await
-            && response.bytes().await.is_ok()
-        {
-            self.inner.settled.store(true, Ordering::Release);
+        if let Ok(response) = http.get(url).timeout(request_timeout(None)).send().await {
+            let multiplexed = response.version() == reqwest::Version::HTTP_2;
+            tracing::debug!(version = ?response.version(), "settled the connection to Consul");
+            if response.bytes().await.is_ok() {
+                self.inner.multiplexed.store(multiplexed, Ordering::Release);
+                self.inner.settled.store(true, Ordering::Release);
+            }
         }
     }
 
@@ -342,8 +367,12 @@ async fn build_http(config: &ClientConfig, idle: usize) -> Result<(reqwest::Clie
     let mut builder = reqwest::Client::builder()
         .user_agent(concat!("consulbind-consul-kv/", env!("CARGO_PKG_VERSION")))
         .connect_timeout(Duration::from_secs(5))
-        // Detect dead peers on long polls that carry no data for minutes.
+        // Detect dead peers on long polls that carry no data for minutes: TCP keep-alive for
+        // HTTP/1.1, and pings on the one HTTP/2 connection, which a hung agent leaves unanswered.
         .tcp_keepalive(Duration::from_secs(30))
+        .http2_keep_alive_interval(Duration::from_secs(10))
+        .http2_keep_alive_timeout(Duration::from_secs(5))
+        .http2_keep_alive_while_idle(true)
         .pool_max_idle_per_host(idle)
         // A redirect could carry the token to another host.
         .redirect(reqwest::redirect::Policy::none());

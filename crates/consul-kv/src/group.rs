@@ -159,11 +159,17 @@ pub fn partition(paths: &[WatchPath], slots: usize) -> Vec<Group> {
 /// Plans again after paths came or went, keeping the `current` groups (key and recurse) that
 /// still serve: each path joins the current group that covers it (the deepest prefix, or an
 /// exact read of that very key), a path no group covers gets a group of its own while slots
-/// last, and groups left without paths go. Only when that cannot fit does it cut afresh with
-/// [`partition`]. Stable groups matter: a blocking query given up early keeps its connection
-/// busy on the Consul agent until its wait runs out.
+/// last, groups left without paths go, and a group its paths no longer fill narrows to what
+/// they share. It cuts afresh with [`partition`] only when that cannot fit, or when every path
+/// can have a query of its own. Stable groups matter: a blocking query given up early keeps its
+/// connection busy on the Consul agent until its wait runs out.
 pub fn assign(paths: &[WatchPath], current: &[(String, bool)], slots: usize) -> Vec<Group> {
     let slots = slots.max(1);
+    // Room for a query per path, as when slots were freed or found: that transfers the least,
+    // and a path's own query is never given up while it stays.
+    if paths.len() <= slots {
+        return partition(paths, slots);
+    }
     let mut groups: Vec<Group> = current
         .iter()
         .map(|(key, recurse)| Group { key: key.clone(), recurse: *recurse, members: Vec::new() })
@@ -443,9 +449,12 @@ mod tests {
         // No slot left for a new query: cut afresh.
         let full = assign(&more, &current, current.len());
         assert!(full.len() <= current.len());
-        // Groups without paths go.
+        // Groups without paths go, and with a slot for each path every path has its own query.
         let fewer = assign(&paths[..5], &current, 12);
-        assert_eq!(fewer.len(), 1);
+        assert_eq!(fewer.len(), 5);
+        assert!(fewer.iter().all(|g| !g.recurse && g.members.len() == 1));
+        let kept = assign(&paths[..20], &current, 12);
+        assert!(kept.iter().all(|g| current.contains(&(g.key.clone(), g.recurse))), "too few slots: kept");
     }
 
     #[test]

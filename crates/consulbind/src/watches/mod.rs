@@ -76,6 +76,7 @@ impl Watches {
             grace,
             limits,
             replan: Notify::new(),
+        planned_slots: Default::default(),
         });
         let shared = Arc::new(Shared { runner, inner: Mutex::default() });
         tokio::spawn(plan_forever(shared.clone()));

@@ -241,6 +241,7 @@ pub fn plan(runner: &Arc<Runner>, paths: &HashMap<KvQuery, Arc<Path>>, groups: &
         })
         .collect();
     let slots = runner.consul.blocking_slots();
+    runner.planned_slots.store(slots, std::sync::atomic::Ordering::Relaxed);
     let layout = layout(&scopes, slots);
 
     let mut kept = std::mem::take(&mut groups.lanes);

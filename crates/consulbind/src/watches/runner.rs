@@ -2,7 +2,14 @@
 //! hands each watched path its part of every answer, wakes the bindings whose content changed,
 //! and reports failures once they outlast the grace period.
 
-use std::{collections::HashSet, sync::Arc, time::Duration};
+use std::{
+    collections::HashSet,
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
 
 use consul_kv::{
     Backoff, Client, Error, ErrorKind, KvEntry, KvQuery, KvResponse,
@@ -94,6 +101,9 @@ pub struct Runner {
     pub limits: Limits,
     /// Asks the planner to cut the groups afresh.
     pub replan: Notify,
+    /// The blocking slots the groups were last planned for: the source may offer more once it
+    /// knows it speaks HTTP/2.
+    pub planned_slots: AtomicUsize,
 }
 
 /// The paths one group's query serves, and how it may block.
@@ -190,8 +200,9 @@ impl Runner {
                 Ok(response) => {
                     backoff.reset();
                     failing_since = None;
-                    if members.parked {
-                        // The token is accepted again: the group needs a slot.
+                    let slots_moved = self.consul.blocking_slots() != self.planned_slots.load(Ordering::Relaxed);
+                    if members.parked || slots_moved {
+                        // The token is accepted again, or the slots changed: plan again.
                         self.replan.notify_one();
                     }
                     let reset = cursor.answered(response.index) == Progress::Reset;

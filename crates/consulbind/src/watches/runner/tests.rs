@@ -112,6 +112,7 @@ fn runner(limits: Limits) -> (Arc<Runner>, mpsc::UnboundedReceiver<Request>, Arc
         grace: GRACE,
         limits,
         replan: Notify::new(),
+        planned_slots: 20.into(),
     });
     (runner, requests, woken)
 }
