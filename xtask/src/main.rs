@@ -12,6 +12,7 @@ mod monitoring;
 mod process;
 mod provision;
 mod scale;
+mod tenants;
 mod test;
 
 use std::path::{Path, PathBuf};
@@ -94,6 +95,22 @@ enum Bench {
         #[arg(long)]
         consul_tls: bool,
     },
+    /// One namespace with many Consul tokens, another with one, on the ACL agent: the quiet
+    /// namespace's change-to-rollout latency while the busy one takes turns, and the busy one's.
+    Tenants {
+        /// Distinct tokens, each with its own binding, in the busy namespace.
+        #[arg(long, default_value_t = 200)]
+        scopes: usize,
+        /// Consul writes to the quiet namespace's key, one at a time.
+        #[arg(long, default_value_t = 100)]
+        changes: usize,
+        /// Consul writes to the busy namespace's keys, one at a time, after those.
+        #[arg(long, default_value_t = 5)]
+        busy_changes: usize,
+        /// The controller's --consul-max-connections.
+        #[arg(long, default_value_t = 32)]
+        max_connections: usize,
+    },
     /// Time from one Consul write to every bound Deployment rolled, and the controller's memory.
     Rollout {
         /// Number of Deployments, each with its own binding.
@@ -162,6 +179,9 @@ fn run(command: Command) -> Result<()> {
         Command::Image => image::build(),
         Command::Demo => demo::run(&env),
         Command::Bench { bench: Bench::Rollout { bindings, rounds } } => bench::rollout(&env, bindings, rounds),
+        Command::Bench { bench: Bench::Tenants { scopes, changes, busy_changes, max_connections } } => {
+            tenants::run(&env, tenants::Sizes { scopes, changes, busy_changes, max_connections })
+        }
         Command::Bench {
             bench: Bench::Scale { bindings, workloads, keys, changes, idle, max_connections, consul_tls },
         } => {

@@ -106,7 +106,7 @@ async fn measure(env: &Env, vars: &[(&'static str, String)], sizes: &Sizes) -> R
     stream::iter(0..workloads)
         .map(|w| {
             let (deployments, apply) = (&deployments, &apply);
-            async move { deployments.patch(&format!("w{w:05}"), apply, &Patch::Apply(deployment(w))).await }
+            async move { deployments.patch(&format!("w{w:05}"), apply, &Patch::Apply(deployment(&format!("w{w:05}")))).await }
         })
         .buffer_unordered(SETUP_CONCURRENCY)
         .try_collect::<Vec<_>>()
@@ -317,8 +317,7 @@ async fn wait_for_earlier_runs(namespaces: &Api<Namespace>) -> Result<()> {
     }
 }
 
-fn deployment(w: usize) -> serde_json::Value {
-    let name = format!("w{w:05}");
+pub(crate) fn deployment(name: &str) -> serde_json::Value {
     json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name}, "spec": {
         "replicas": 0,
         "selector": {"matchLabels": {"app": name}},
