@@ -106,7 +106,9 @@ async fn measure(env: &Env, vars: &[(&'static str, String)], sizes: &Sizes) -> R
     stream::iter(0..workloads)
         .map(|w| {
             let (deployments, apply) = (&deployments, &apply);
-            async move { deployments.patch(&format!("w{w:05}"), apply, &Patch::Apply(deployment(&format!("w{w:05}")))).await }
+            async move {
+                deployments.patch(&format!("w{w:05}"), apply, &Patch::Apply(deployment(&format!("w{w:05}")))).await
+            }
         })
         .buffer_unordered(SETUP_CONCURRENCY)
         .try_collect::<Vec<_>>()

@@ -105,7 +105,9 @@ async fn measure(env: &Env, vars: &[(&'static str, String)], sizes: &Sizes) -> R
         }
     };
     for ns in [&busy, &quiet] {
-        Api::<Deployment>::namespaced(client.clone(), ns).patch("web", &apply, &Patch::Apply(crate::scale::deployment("web"))).await?;
+        Api::<Deployment>::namespaced(client.clone(), ns)
+            .patch("web", &apply, &Patch::Apply(crate::scale::deployment("web")))
+            .await?;
     }
     let busy_key = |i: usize| format!("{busy}/k{i:04}");
     stream::iter(busy_tokens.iter().enumerate())
@@ -134,8 +136,10 @@ async fn measure(env: &Env, vars: &[(&'static str, String)], sizes: &Sizes) -> R
     let pid = controller.pid().context("the controller exited at once")?;
 
     let result = async {
-        let (busy_bindings, quiet_bindings) =
-            (Api::<ConsulBinding>::namespaced(client.clone(), &busy), Api::<ConsulBinding>::namespaced(client.clone(), &quiet));
+        let (busy_bindings, quiet_bindings) = (
+            Api::<ConsulBinding>::namespaced(client.clone(), &busy),
+            Api::<ConsulBinding>::namespaced(client.clone(), &quiet),
+        );
         wait_ready(&busy_bindings, scopes).await.context("the busy namespace's bindings")?;
         wait_ready(&quiet_bindings, 1).await.context("the quiet namespace's binding")?;
         let in_turns = busy_bindings

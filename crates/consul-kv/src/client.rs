@@ -199,6 +199,17 @@ impl Client {
         }
     }
 
+    /// Whether the agent answers at all within `timeout`: any HTTP answer to
+    /// `/v1/status/leader` (which needs no token) counts. A hung agent keeps its connections
+    /// open and its kernel acknowledges TCP keep-alives, so only a request tells. It takes no
+    /// permit, so that requests stuck on a hung agent cannot delay the check.
+    pub async fn alive(&self, timeout: Duration) -> bool {
+        let http = self.inner.http.read().unwrap().clone();
+        let url = api_url(&self.inner.base, ["status", "leader"]);
+        let answered = async { http.get(url).send().await?.bytes().await };
+        matches!(tokio::time::timeout(timeout, answered).await, Ok(Ok(_)))
+    }
+
     /// Writes a value (a plain, non-CAS PUT). Mostly for tests and demos.
     pub async fn put(&self, key: &str, value: &[u8], token: Option<&Token>) -> Result<(), Error> {
         let url = key_url(&self.inner.base, key);
@@ -657,5 +668,19 @@ mod tests {
         let text = format!("{err} {err:?}");
         assert!(text.contains("cannot reach Consul at 127.0.0.1:9"), "{text}");
         assert!(!text.contains("s3cr3t"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn an_agent_that_accepts_and_never_answers_is_not_alive() {
+        // A listener nobody reads from: connections are accepted by the kernel, as with a
+        // stopped process, and no answer ever comes.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        let client = Client::new(ClientConfig { address, ..Default::default() }).await.unwrap();
+        assert!(!client.alive(Duration::from_millis(300)).await);
+        let (addr, _requests) = serve("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n\"\"".into()).await;
+        let client = Client::new(ClientConfig { address: addr.to_string(), ..Default::default() }).await.unwrap();
+        assert!(client.alive(Duration::from_secs(5)).await);
+        drop(listener);
     }
 }

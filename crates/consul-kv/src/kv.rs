@@ -109,7 +109,8 @@ pub(crate) fn api_url<'a>(base: &Url, segments: impl IntoIterator<Item = &'a str
 /// little late under load, so anything shorter cuts healthy long polls.
 pub(crate) fn request_timeout(blocking_wait: Option<Duration>) -> Duration {
     const MARGIN: Duration = Duration::from_secs(5);
-    const NON_BLOCKING: Duration = Duration::from_secs(30);
+    // Short, so that a hung agent shows within seconds; a large prefix still reads in far less.
+    const NON_BLOCKING: Duration = Duration::from_secs(10);
     match blocking_wait {
         Some(wait) => wait + wait / 16 + MARGIN,
         None => NON_BLOCKING,
@@ -204,7 +205,7 @@ mod tests {
         let five_min = Duration::from_secs(300);
         assert_eq!(request_timeout(Some(five_min)), five_min + Duration::from_millis(18_750) + Duration::from_secs(5));
         assert_eq!(request_timeout(Some(Duration::from_secs(16))), Duration::from_secs(22));
-        assert_eq!(request_timeout(None), Duration::from_secs(30));
+        assert_eq!(request_timeout(None), Duration::from_secs(10));
     }
 
     #[test]

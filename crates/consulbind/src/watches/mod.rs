@@ -76,10 +76,12 @@ impl Watches {
             grace,
             limits,
             replan: Notify::new(),
-        planned_slots: Default::default(),
+            planned_slots: Default::default(),
+            agent: tokio::sync::watch::Sender::new(true),
         });
         let shared = Arc::new(Shared { runner, inner: Mutex::default() });
         tokio::spawn(plan_forever(shared.clone()));
+        tokio::spawn(runner::watch_agent(shared.runner.clone()));
         Self { shared }
     }
 

@@ -301,7 +301,11 @@ fn report_turns(runner: &Runner, scopes: &[ScopePaths], layout: &Layout, groups:
         .sum();
     runner.metrics.consul_watch_groups_over_budget.set(over as i64);
     for (namespace, count) in &per_namespace {
-        runner.metrics.consul_watch_groups_in_turns.get_or_create(&NamespaceLabels { namespace: namespace.clone() }).set(*count);
+        runner
+            .metrics
+            .consul_watch_groups_in_turns
+            .get_or_create(&NamespaceLabels { namespace: namespace.clone() })
+            .set(*count);
         if !groups.in_turns.contains(namespace) {
             warn!(
                 namespace,

@@ -50,6 +50,12 @@ pub trait KvSource: Send + Sync + 'static {
 
     /// The longest wait of a blocking query.
     fn wait(&self) -> Duration;
+
+    /// Whether the agent answers at all within `timeout`.
+    fn alive(&self, timeout: Duration) -> BoxFuture<'_, bool>;
+
+    /// Where the answers come from, for messages.
+    fn address(&self) -> &str;
 }
 
 impl KvSource for Client {
@@ -69,6 +75,14 @@ impl KvSource for Client {
 
     fn wait(&self) -> Duration {
         Client::wait(self)
+    }
+
+    fn alive(&self, timeout: Duration) -> BoxFuture<'_, bool> {
+        Box::pin(Client::alive(self, timeout))
+    }
+
+    fn address(&self) -> &str {
+        Client::address(self)
     }
 }
 
@@ -104,6 +118,8 @@ pub struct Runner {
     /// The blocking slots the groups were last planned for: the source may offer more once it
     /// knows it speaks HTTP/2.
     pub planned_slots: AtomicUsize,
+    /// Whether the agent answers, as [`watch_agent`] last found.
+    pub agent: watch::Sender<bool>,
 }
 
 /// The paths one group's query serves, and how it may block.
@@ -145,6 +161,7 @@ impl Runner {
         // The roster and the entries its paths need, as of the last answer every path was told of.
         let mut last: Option<(Arc<Roster>, Vec<KvEntry>)> = None;
         let mut failing_since: Option<Instant> = None;
+        let mut agent = self.agent.subscribe();
         loop {
             if roster.has_changed().is_err() {
                 return;
@@ -156,32 +173,37 @@ impl Runner {
                 (answer_limit(&self.limits, &current), current.lane.clone())
             };
             let wait = self.group_wait(born, lane.is_some());
-            let request = async {
-                // A blocking query in a lane waits for its turn; a plain read needs none.
-                let _turn = match (&lane, index) {
-                    (Some(lane), 1..) => Some(lane.acquire().await.expect("never closed")),
-                    _ => None,
+            // Scoped, so that a request given up is dropped before any backoff.
+            let result = {
+                let request = async {
+                    // A blocking query in a lane waits for its turn; a plain read needs none.
+                    let _turn = match (&lane, index) {
+                        (Some(lane), 1..) => Some(lane.acquire().await.expect("never closed")),
+                        _ => None,
+                    };
+                    self.consul.get_wait(&query, index, wait, limit).await
                 };
-                self.consul.get_wait(&query, index, wait, limit).await
-            };
-            tokio::pin!(request);
-            let result = loop {
-                tokio::select! {
-                    result = &mut request => break Some(result),
-                    // New paths need their content now. Short reads of just those paths give it
-                    // to them; the blocking query goes on, since one given up keeps a connection
-                    // busy on the Consul agent until its wait runs out.
-                    changed = roster.changed(), if index != 0 => {
-                        if changed.is_err() {
-                            // Retired: finish the request, tell no one.
-                            let _ = (&mut request).await;
-                            return;
-                        }
-                        let members = roster.borrow_and_update().clone();
-                        let Some((before, entries)) = last.take() else { break None };
-                        match self.read_new_paths(&query, &before, &members, entries).await {
-                            Some(entries) => last = Some((members, entries)),
-                            None => break None,
+                tokio::pin!(request);
+                loop {
+                    tokio::select! {
+                        result = &mut request => break Some(result),
+                        // A hung agent answers nothing until the request times out, minutes away.
+                        () = went_down(&mut agent) => break Some(Err(self.agent_down())),
+                        // New paths need their content now. Short reads of just those paths give it
+                        // to them; the blocking query goes on, since one given up keeps a connection
+                        // busy on the Consul agent until its wait runs out.
+                        changed = roster.changed(), if index != 0 => {
+                            if changed.is_err() {
+                                // Retired: finish the request, tell no one.
+                                let _ = (&mut request).await;
+                                return;
+                            }
+                            let members = roster.borrow_and_update().clone();
+                            let Some((before, entries)) = last.take() else { break None };
+                            match self.read_new_paths(&query, &before, &members, entries).await {
+                                Some(entries) => last = Some((members, entries)),
+                                None => break None,
+                            }
                         }
                     }
                 }
@@ -256,19 +278,17 @@ impl Runner {
                             self.replan.notify_one();
                         }
                     };
-                    // A blip within the grace period shows nowhere; a longer failure shows once
-                    // the grace is over, even in the middle of a backoff.
                     let due = *failing_since.get_or_insert_with(Instant::now) + self.grace;
-                    let retry = Instant::now() + delay;
-                    if Instant::now() >= due {
-                        report();
-                    } else if due < retry {
-                        sleep_until(due).await;
-                        report();
-                    }
-                    sleep_until(retry).await;
+                    wait_to_retry(&mut agent, due, Instant::now() + delay, report).await;
                 }
             }
+        }
+    }
+
+    fn agent_down(&self) -> Error {
+        Error::Unreachable {
+            address: self.consul.address().to_owned(),
+            detail: format!("the agent stopped answering (no answer to a status check within {AGENT_TIMEOUT:?})"),
         }
     }
 
@@ -433,6 +453,68 @@ impl Runner {
             false => self.consul.wait(),
         };
         jitter(wait.min(born.elapsed().max(MIN_WAIT)), 0.1)
+    }
+}
+
+/// Waits out a failed request's backoff. A blip within the grace period shows nowhere; a
+/// longer failure is reported once the grace is over, even in the middle of a backoff. While
+/// the agent is known to be down nothing is retried, and when it answers again every group
+/// retries at once rather than at the end of its own backoff.
+async fn wait_to_retry(agent: &mut watch::Receiver<bool>, due: Instant, retry: Instant, report: impl Fn()) {
+    let mut reported = false;
+    loop {
+        let up = *agent.borrow_and_update();
+        let now = Instant::now();
+        if !reported && now >= due {
+            report();
+            reported = true;
+        }
+        if up && now >= retry {
+            return;
+        }
+        let next = match (reported, up) {
+            (false, true) => due.min(retry),
+            (false, false) => due,
+            (true, true) => retry,
+            (true, false) => now + Duration::from_secs(3600),
+        };
+        tokio::select! {
+            _ = sleep_until(next) => {}
+            changed = agent.changed() => if changed.is_err() || *agent.borrow() { return },
+        }
+    }
+}
+
+/// Returns once the agent is known to be down.
+async fn went_down(agent: &mut watch::Receiver<bool>) {
+    if agent.wait_for(|up| !*up).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// How often the agent is asked whether it answers at all, and how long it may take.
+const AGENT_CHECK: Duration = Duration::from_secs(3);
+pub const AGENT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Keeps [`Runner::agent`] current: the agent counts as down after two checks in a row went
+/// unanswered (one slow answer under load is no reason to give up every blocking query), and
+/// up again at its first answer, checked every second while it is down.
+pub async fn watch_agent(runner: Arc<Runner>) {
+    let mut unanswered = 0;
+    loop {
+        let alive = runner.consul.alive(AGENT_TIMEOUT).await;
+        unanswered = if alive { 0 } else { unanswered + 1 };
+        let up = unanswered < 2;
+        if runner.agent.send_if_modified(|was| std::mem::replace(was, up) != up) {
+            match up {
+                true => info!(address = runner.consul.address(), "the Consul agent answers again"),
+                false => warn!(
+                    address = runner.consul.address(),
+                    "the Consul agent stopped answering; its watches fail over to reads once it is back"
+                ),
+            }
+        }
+        tokio::time::sleep(if up { AGENT_CHECK } else { Duration::from_secs(1) }).await;
     }
 }
 

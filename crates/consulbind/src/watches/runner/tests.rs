@@ -72,6 +72,14 @@ impl KvSource for Script {
     fn wait(&self) -> Duration {
         Duration::from_secs(300)
     }
+
+    fn alive(&self, _timeout: Duration) -> BoxFuture<'_, bool> {
+        Box::pin(async { true })
+    }
+
+    fn address(&self) -> &str {
+        "http://127.0.0.1:8500"
+    }
 }
 
 fn entry(key: &str, value: &str, modify_index: u64) -> KvEntry {
@@ -113,6 +121,7 @@ fn runner(limits: Limits) -> (Arc<Runner>, mpsc::UnboundedReceiver<Request>, Arc
         limits,
         replan: Notify::new(),
         planned_slots: 20.into(),
+        agent: watch::Sender::new(true),
     });
     (runner, requests, woken)
 }
@@ -524,4 +533,36 @@ async fn a_refused_token_asks_for_a_new_plan_and_so_does_its_return() {
     request.reply(10, &[("a", "1", 5)]);
     tokio::time::timeout(Duration::from_secs(1), replanned).await.expect("no new plan asked for");
     assert!(!cells[0].denied());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hung_agent_fails_the_groups_and_its_return_retries_them_at_once() {
+    let mut group = start(KvQuery::exact("app/a"), &[("app/a", false, &["one"])], no_limits());
+    group.request().await.reply(10, &[("app/a", "1", 5)]);
+    let hung = group.request().await;
+    assert_eq!(hung.index, 10);
+    group.woken();
+
+    // The agent stops answering: the blocking query is given up, not waited out.
+    let down_at = Instant::now();
+    group.runner.agent.send_replace(false);
+    group.settle().await;
+    assert!(hung.answer.is_closed(), "the hung request is still awaited");
+    tokio::time::sleep(GRACE + Duration::from_secs(30)).await;
+    assert!(group.requests.try_recv().is_err(), "a request went to an agent known to be down");
+    let KeyState::Failed { reason, message, .. } = group.cells[0].state() else { panic!("no failure shown") };
+    assert_eq!(reason, reason::CONSUL_UNREACHABLE);
+    assert!(message.contains("stopped answering"), "{message}");
+    assert_eq!(group.woken(), names(&["one"]));
+    assert!(Instant::now() - down_at >= GRACE);
+
+    // Back: the group reads at once, not at the end of a backoff, and the same content is no change.
+    let up_at = Instant::now();
+    group.runner.agent.send_replace(true);
+    let read = group.request().await;
+    assert_eq!(read.index, 0);
+    assert!(Instant::now() - up_at < Duration::from_millis(100), "waited {:?}", Instant::now() - up_at);
+    read.reply(11, &[("app/a", "1", 5)]);
+    group.request().await;
+    assert!(matches!(group.cells[0].state(), KeyState::Ready(_)));
 }
