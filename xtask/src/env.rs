@@ -170,10 +170,7 @@ impl Env {
     /// Stops a Consul agent, keeps it down for `down`, optionally deletes its data (a rebuilt
     /// cluster, or a restore that lost everything), and starts it again, ready with a leader.
     pub fn restart_consul(&self, name: &str, empty: bool, down: Duration) -> Result<()> {
-        let agent = AGENTS.into_iter().find(|a| a.name == name).with_context(|| {
-            let names: Vec<&str> = AGENTS.iter().map(|a| a.name).collect();
-            format!("no Consul agent {name:?}; the agents are {}", names.join(", "))
-        })?;
+        let agent = agent(name)?;
         let tools = provision::tools()?;
         let master_token = self.secret("consul-acl-master-token")?;
         let daemon = self.daemon(agent.name);
@@ -184,6 +181,22 @@ impl Env {
         }
         self.start_agent(&tools, agent, &master_token)?;
         daemon.wait_ready("serving with a leader", Duration::from_secs(60), || agent.ready(&master_token))
+    }
+
+    /// Freezes an agent for `time`; it is thawed even when the wait is interrupted.
+    pub fn hang_consul(&self, name: &str, time: Duration) -> Result<()> {
+        let pid = self.daemon(agent(name)?.name).pid().with_context(|| format!("{name} is not running"))?;
+        let signal = |signal| match unsafe { libc::kill(pid as libc::pid_t, signal) } {
+            0 => Ok(()),
+            _ => Err(std::io::Error::last_os_error()).with_context(|| format!("signalling {name} (pid {pid})")),
+        };
+        crate::process::catch_interrupts();
+        signal(libc::SIGSTOP)?;
+        let deadline = std::time::Instant::now() + time;
+        while std::time::Instant::now() < deadline && !crate::process::interrupted() {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        signal(libc::SIGCONT)
     }
 
     /// etcd, kube-apiserver and kube-controller-manager, each ready before the next starts.
@@ -544,4 +557,11 @@ fn uuid() -> Result<String> {
     b[8] = (b[8] & 0x3f) | 0x80;
     let hex: String = b.iter().map(|byte| format!("{byte:02x}")).collect();
     Ok(format!("{}-{}-{}-{}-{}", &hex[..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..]))
+}
+
+fn agent(name: &str) -> Result<&'static Agent> {
+    AGENTS.into_iter().find(|a| a.name == name).with_context(|| {
+        let names: Vec<&str> = AGENTS.iter().map(|a| a.name).collect();
+        format!("no Consul agent {name:?}; the agents are {}", names.join(", "))
+    })
 }

@@ -147,6 +147,16 @@ enum EnvAction {
         #[arg(long, default_value_t = 0)]
         down: u64,
     },
+    /// Freeze a Consul agent (SIGSTOP) and thaw it (SIGCONT) after a while: its connections stay
+    /// open and nothing answers, as in a long pause of the agent or its machine.
+    ConsulHang {
+        /// consul, consul-acl or consul-faults (the one the fault tests use).
+        #[arg(long, default_value = "consul")]
+        agent: String,
+        /// Seconds to keep it frozen.
+        #[arg(long, default_value_t = 20)]
+        seconds: u64,
+    },
 }
 
 fn main() -> ExitCode {
@@ -170,6 +180,7 @@ fn run(command: Command) -> Result<()> {
             EnvAction::ConsulRestart { agent, empty, down } => {
                 env.restart_consul(&agent, empty, Duration::from_secs(down))
             }
+            EnvAction::ConsulHang { agent, seconds } => env.hang_consul(&agent, Duration::from_secs(seconds)),
         },
         Command::Test { args } => test::all(&env, &args),
         Command::E2e { args } => test::e2e_on_running(&env, &args),

@@ -122,7 +122,7 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
         }
     };
     let mut contents = Vec::new();
-    let mut in_turns = false;
+    let mut in_turns = None;
     let consul = match read::token(ctx, &namespace, spec) {
         TokenSource::Invalid(message) => {
             ctx.watches.release(&oref);

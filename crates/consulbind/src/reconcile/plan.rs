@@ -15,7 +15,6 @@ use super::debounce::{Decision, Pending, Window};
 use crate::{
     checksum::{self, Source},
     cluster::{Live, Workload},
-    watches::ROTATION_WAIT,
 };
 
 /// The content of one bound key or prefix; no entries means missing.
@@ -54,8 +53,8 @@ pub struct Input<'a> {
     pub unserved: &'a [String],
     /// Report what would be rolled instead of rolling it.
     pub dry_run: bool,
-    /// The binding's watches take turns with others of its namespace.
-    pub in_turns: bool,
+    /// The binding's watches take turns with others of its namespace, a round in at most this.
+    pub in_turns: Option<std::time::Duration>,
 }
 
 /// The annotation value that rolls a workload whose template already carries `checksum` (put
@@ -327,8 +326,8 @@ pub fn status(input: &Input<'_>, plan: &Plan, outcome: &Outcome, now: &Time) -> 
         Consul::Ready(contents) => {
             let read = format!("read {} from Consul", count(contents.len(), "key"));
             match input.in_turns {
-                false => set(conditions::CONSUL_SYNCED, Some(true), reason::SYNCED, read),
-                true => set(
+                None => set(conditions::CONSUL_SYNCED, Some(true), reason::SYNCED, read),
+                Some(cycle) => set(
                     conditions::CONSUL_SYNCED,
                     Some(true),
                     reason::WATCHES_IN_TURNS,
@@ -336,7 +335,7 @@ pub fn status(input: &Input<'_>, plan: &Plan, outcome: &Outcome, now: &Time) -> 
                         "{read}; this namespace uses more distinct Consul tokens than its share of the controller's \
                          blocking queries, so its watches take turns and a change may show up to {}s late: use \
                          fewer tokens, or ask for a higher --consul-max-connections",
-                        ROTATION_WAIT.as_secs()
+                        cycle.as_secs().max(1)
                     ),
                 ),
             }
@@ -577,7 +576,7 @@ mod tests {
             missing: &[],
             unserved: &[],
             dry_run: false,
-            in_turns: false,
+            in_turns: None,
         }
     }
 

@@ -25,7 +25,7 @@ use tracing::debug;
 use self::{path::Path, planner::Groups, runner::Runner};
 pub use self::{
     path::{Content, KeyState, Wake},
-    runner::{KvSource, Limits, ROTATION_WAIT},
+    runner::{KvSource, Limits},
 };
 use crate::{BindingRef, Lock, metrics::Metrics};
 
@@ -112,10 +112,11 @@ impl Watches {
         states
     }
 
-    /// Whether any of `queries` is read by a group that takes turns for a slot.
-    pub fn in_turns(&self, queries: &[KvQuery]) -> bool {
+    /// How long a round of turns may take for the slowest of `queries` read by a group that
+    /// takes turns for a slot; `None` when none does.
+    pub fn in_turns(&self, queries: &[KvQuery]) -> Option<Duration> {
         let inner = self.shared.inner.locked();
-        queries.iter().any(|q| inner.paths.get(q).is_some_and(|p| p.in_turns()))
+        queries.iter().filter_map(|q| inner.paths.get(q)?.in_turns()).max()
     }
 
     /// Releases every path of a binding that is gone.

@@ -3,9 +3,9 @@
 use std::{
     sync::{
         Arc, Mutex,
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
     },
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use consul_kv::{KvEntry, same_entries};
@@ -62,8 +62,9 @@ pub struct Path {
     subscribers: Mutex<Vec<BindingRef>>,
     /// A shared read that included this path was too large: it is read on its own from now on.
     solo: AtomicBool,
-    /// Its group takes turns with others of its namespace for a blocking-query slot.
-    in_turns: AtomicBool,
+    /// Its group takes turns with others of its namespace for a blocking-query slot: the
+    /// milliseconds a round of turns may take, 0 when not in turns.
+    in_turns: AtomicU64,
 }
 
 impl Default for Path {
@@ -72,7 +73,7 @@ impl Default for Path {
             state: Mutex::new(KeyState::Pending),
             subscribers: Mutex::default(),
             solo: AtomicBool::new(false),
-            in_turns: AtomicBool::new(false),
+            in_turns: AtomicU64::new(0),
         }
     }
 }
@@ -112,13 +113,16 @@ impl Path {
         self.solo.store(true, Ordering::Relaxed);
     }
 
-    pub fn in_turns(&self) -> bool {
-        self.in_turns.load(Ordering::Relaxed)
+    /// How long a round of its group's turns may take, when it takes turns.
+    pub fn in_turns(&self) -> Option<Duration> {
+        let millis = self.in_turns.load(Ordering::Relaxed);
+        (millis > 0).then(|| Duration::from_millis(millis))
     }
 
     /// Returns whether that is news.
-    pub fn set_in_turns(&self, in_turns: bool) -> bool {
-        self.in_turns.swap(in_turns, Ordering::Relaxed) != in_turns
+    pub fn set_in_turns(&self, cycle: Option<Duration>) -> bool {
+        let millis = cycle.map_or(0, |c| c.as_millis().clamp(1, u64::MAX.into()) as u64);
+        self.in_turns.swap(millis, Ordering::Relaxed) != millis
     }
 
     /// Whether Consul refuses this path's token.

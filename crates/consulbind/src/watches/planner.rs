@@ -17,15 +17,12 @@ use consul_kv::{
     KvQuery,
     group::{self, Scope, WatchPath},
 };
-use tokio::{
-    sync::{Semaphore, watch},
-    task::JoinHandle,
-};
+use tokio::{sync::watch, task::JoinHandle};
 use tracing::{debug, info, warn};
 
 use super::{
     path::Path,
-    runner::{ROTATION_WAIT, Roster, Runner},
+    runner::{Lane, Roster, Runner},
 };
 use crate::metrics::NamespaceLabels;
 
@@ -203,8 +200,8 @@ impl Drop for GroupHandle {
 #[derive(Default)]
 pub struct Groups {
     pub running: HashMap<KvQuery, GroupHandle>,
-    /// Each lane's slots and semaphore; a lane keeps its semaphore while its slots stay the same.
-    lanes: HashMap<Tenant, (usize, Arc<Semaphore>)>,
+    /// A lane is kept while its slots and wait stay the same.
+    lanes: HashMap<Tenant, Arc<Lane>>,
     /// The namespaces with groups in turns, for their metric series.
     in_turns: HashSet<String>,
 }
@@ -246,26 +243,29 @@ pub fn plan(runner: &Arc<Runner>, paths: &HashMap<KvQuery, Arc<Path>>, groups: &
 
     let mut kept = std::mem::take(&mut groups.lanes);
     for (tenant, &slots) in &layout.lanes {
+        let members = layout.cuts.iter().filter(|c| c.lane.as_ref() == Some(tenant)).count();
+        let fresh = Lane::new(members, slots);
         let lane = match kept.remove(tenant) {
-            Some((same, lane)) if same == slots => lane,
-            _ => Arc::new(Semaphore::new(slots)),
+            Some(lane) if lane.permits == fresh.permits && lane.wait == fresh.wait => lane,
+            _ => Arc::new(fresh),
         };
-        groups.lanes.insert(tenant.clone(), (slots, lane));
+        groups.lanes.insert(tenant.clone(), lane);
     }
     report_turns(runner, &scopes, &layout, groups);
 
     let mut running = std::mem::take(&mut groups.running);
-    let mut in_turns: HashSet<*const Path> = HashSet::new();
+    let mut in_turns: HashMap<*const Path, Duration> = HashMap::new();
     for cut in layout.cuts {
         let scope = &scopes[cut.scope];
         let mut members: Vec<(WatchPath, Arc<Path>)> =
             cut.members.iter().map(|&i| (scope.paths[i].clone(), cells[cut.scope][i].clone())).collect();
         members.sort_by(|a, b| a.0.cmp(&b.0));
         let (paths, group_cells): (Vec<WatchPath>, Vec<Arc<Path>>) = members.into_iter().unzip();
-        if cut.lane.is_some() {
-            in_turns.extend(group_cells.iter().map(Arc::as_ptr));
+        let lane = cut.lane.map(|t| groups.lanes[&t].clone());
+        if let Some(lane) = &lane {
+            in_turns.extend(group_cells.iter().map(|c| (Arc::as_ptr(c), lane.cycle)));
         }
-        let roster = Roster::new(paths, group_cells, cut.lane.map(|t| groups.lanes[&t].1.clone()), cut.parked);
+        let roster = Roster::new(paths, group_cells, lane, cut.parked);
         let handle = match running.remove(&cut.query) {
             Some(handle) => {
                 if !handle.roster.borrow().same(&roster) {
@@ -278,7 +278,7 @@ pub fn plan(runner: &Arc<Runner>, paths: &HashMap<KvQuery, Arc<Path>>, groups: &
         groups.running.insert(cut.query, handle);
     }
     for cell in cells.iter().flatten() {
-        if cell.set_in_turns(in_turns.contains(&Arc::as_ptr(cell))) {
+        if cell.set_in_turns(in_turns.get(&Arc::as_ptr(cell)).copied()) {
             cell.wake(&runner.wake);
         }
     }
@@ -311,7 +311,7 @@ fn report_turns(runner: &Runner, scopes: &[ScopePaths], layout: &Layout, groups:
                 namespace,
                 groups = count,
                 "a namespace has more Consul token scopes than its share of blocking-query slots; its watches take \
-                 turns with {ROTATION_WAIT:?} waits, so its changes may show late. Raise --consul-max-connections"
+                 turns, so its changes may show late. Raise --consul-max-connections"
             );
         }
     }

@@ -28,8 +28,11 @@ use tracing::{info, warn};
 use super::path::{Path, Update, Wake};
 use crate::metrics::Metrics;
 
-/// The wait of each blocking query of a group in a lane, so that the lane's groups take turns.
+/// The longest wait of a blocking query of a group in a lane, so that the lane's groups take turns.
 pub const ROTATION_WAIT: Duration = Duration::from_secs(10);
+/// How long a lane's turns may take to come round, as long as its waits are at least
+/// [`MIN_WAIT`]: a lane of many groups on few slots waits less each time.
+const LANE_CYCLE: Duration = Duration::from_secs(30);
 /// The shortest wait of a blocking query.
 const MIN_WAIT: Duration = Duration::from_secs(1);
 /// How soon a prefix found too large is read again: it rarely shrinks by itself.
@@ -105,6 +108,25 @@ impl Limits {
     }
 }
 
+/// Slots that the groups of one namespace take turns on, when it has more groups than its share.
+pub struct Lane {
+    pub slots: Semaphore,
+    pub permits: usize,
+    /// The wait of each of its blocking queries.
+    pub wait: Duration,
+    /// How long a full round of turns takes, at most: how late a change may show.
+    pub cycle: Duration,
+}
+
+impl Lane {
+    pub fn new(groups: usize, permits: usize) -> Self {
+        let permits = permits.max(1);
+        let rounds = groups.div_ceil(permits).max(1) as u32;
+        let wait = (LANE_CYCLE / rounds).clamp(MIN_WAIT, ROTATION_WAIT);
+        Self { slots: Semaphore::new(permits), permits, wait, cycle: wait * rounds }
+    }
+}
+
 /// What every group's runner shares.
 pub struct Runner {
     pub consul: Arc<dyn KvSource>,
@@ -128,13 +150,13 @@ pub struct Roster {
     pub cells: Vec<Arc<Path>>,
     members: Members,
     /// The slots the group takes turns on with the other groups of its namespace.
-    lane: Option<Arc<Semaphore>>,
+    lane: Option<Arc<Lane>>,
     /// Consul refuses the token of every path: the planner gave it no slot.
     parked: bool,
 }
 
 impl Roster {
-    pub fn new(paths: Vec<WatchPath>, cells: Vec<Arc<Path>>, lane: Option<Arc<Semaphore>>, parked: bool) -> Self {
+    pub fn new(paths: Vec<WatchPath>, cells: Vec<Arc<Path>>, lane: Option<Arc<Lane>>, parked: bool) -> Self {
         Self { members: Members::new(&paths), paths, cells, lane, parked }
     }
 
@@ -172,13 +194,13 @@ impl Runner {
                 let current = roster.borrow();
                 (answer_limit(&self.limits, &current), current.lane.clone())
             };
-            let wait = self.group_wait(born, lane.is_some());
+            let wait = self.group_wait(born, lane.as_ref().map(|l| l.wait));
             // Scoped, so that a request given up is dropped before any backoff.
             let result = {
                 let request = async {
                     // A blocking query in a lane waits for its turn; a plain read needs none.
                     let _turn = match (&lane, index) {
-                        (Some(lane), 1..) => Some(lane.acquire().await.expect("never closed")),
+                        (Some(lane), 1..) => Some(lane.slots.acquire().await.expect("never closed")),
                         _ => None,
                     };
                     self.consul.get_wait(&query, index, wait, limit).await
@@ -447,11 +469,8 @@ impl Runner {
     /// The wait of a group's next blocking query. A young group waits no longer than it has
     /// lived, so that one replaced soon after it started (while many bindings arrive at once)
     /// leaves no request behind on the agent for long; and groups in a lane take turns.
-    fn group_wait(&self, born: Instant, in_lane: bool) -> Duration {
-        let wait = match in_lane {
-            true => ROTATION_WAIT.min(self.consul.wait()),
-            false => self.consul.wait(),
-        };
+    fn group_wait(&self, born: Instant, lane_wait: Option<Duration>) -> Duration {
+        let wait = lane_wait.map_or(self.consul.wait(), |w| w.min(self.consul.wait()));
         jitter(wait.min(born.elapsed().max(MIN_WAIT)), 0.1)
     }
 }

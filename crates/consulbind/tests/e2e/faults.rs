@@ -13,13 +13,20 @@ const GRACE: &str = "--consul-failure-grace=6s";
 
 /// `cargo xtask env consul-restart` on the fault tests' own agent.
 fn restart(empty: bool, down: Duration) {
+    let down = format!("--down={}", down.as_secs());
+    let mut args = vec!["consul-restart", down.as_str()];
+    if empty {
+        args.push("--empty");
+    }
+    xtask(&args);
+}
+
+/// `cargo xtask env <args>` on the fault tests' own agent.
+fn xtask(args: &[&str]) {
     let xtask =
         std::env::var("CONSULBIND_XTASK").expect("CONSULBIND_XTASK names the xtask binary; run `cargo xtask e2e`");
     let mut cmd = std::process::Command::new(xtask);
-    cmd.args(["env", "consul-restart", "--agent=consul-faults", &format!("--down={}", down.as_secs())]);
-    if empty {
-        cmd.arg("--empty");
-    }
+    cmd.arg("env").args(args).arg("--agent=consul-faults");
     let out = cmd.output().expect("running xtask");
     assert!(
         out.status.success(),
@@ -111,6 +118,22 @@ async fn consul_blips_restarts_and_data_loss_roll_nothing_and_show_within_second
     s.wait_revisions(DEPLOY, "api", 1).await;
     // The next real change rolls exactly once.
     consul.put(&format!("{prefix}a"), b"off", None).await.unwrap();
+    s.wait_revisions(DEPLOY, "api", 2).await;
+
+    // Frozen: connections stay open and nothing answers. Seen within 15 s, Ready within 5 s of
+    // the agent answering again, and no rollout either way.
+    s.wait_condition("required", conditions::READY, "True", reason::UP_TO_DATE).await;
+    let frozen = tokio::task::spawn_blocking(|| xtask(&["consul-hang", "--seconds=25"]));
+    let hung_at = tokio::time::Instant::now();
+    s.wait_condition("required", conditions::CONSUL_SYNCED, "False", reason::CONSUL_UNREACHABLE).await;
+    let seen = hung_at.elapsed();
+    assert!(seen < Duration::from_secs(15), "a hung agent showed after {seen:?}\n{}", s.log());
+    frozen.await.unwrap();
+    let back = tokio::time::Instant::now();
+    s.wait_condition("required", conditions::READY, "True", reason::UP_TO_DATE).await;
+    s.wait_condition("optional", conditions::READY, "True", reason::UP_TO_DATE).await;
+    assert!(back.elapsed() < Duration::from_secs(5), "Ready {:?} after the agent answered again", back.elapsed());
+    s.wait_revisions(DEPLOY, "web", 2).await;
     s.wait_revisions(DEPLOY, "api", 2).await;
     s.finish().await;
 }

@@ -17,7 +17,7 @@ use tokio::{
     time::Instant,
 };
 
-use super::{KvSource, Limits, ROTATION_WAIT, Roster, Runner};
+use super::{KvSource, Lane, Limits, ROTATION_WAIT, Roster, Runner};
 use crate::{
     BindingRef, Lock,
     metrics::Metrics,
@@ -475,7 +475,7 @@ async fn a_missing_key_that_cannot_be_confirmed_tells_no_one() {
 #[tokio::test(start_paused = true)]
 async fn groups_in_a_lane_take_turns_on_its_slots_with_short_waits() {
     let (runner, mut requests, _woken) = runner(no_limits());
-    let lane = Arc::new(tokio::sync::Semaphore::new(1));
+    let lane = Arc::new(Lane::new(2, 1));
     let mut rosters = Vec::new();
     for key in ["a", "b"] {
         let (paths, cells) = cells(&[(key, false, &["one"])]);
@@ -565,4 +565,16 @@ async fn a_hung_agent_fails_the_groups_and_its_return_retries_them_at_once() {
     read.reply(11, &[("app/a", "1", 5)]);
     group.request().await;
     assert!(matches!(group.cells[0].state(), KeyState::Ready(_)));
+}
+
+#[test]
+fn a_crowded_lane_waits_less_so_that_every_turn_comes_round_soon() {
+    let lane = Lane::new(200, 19);
+    assert_eq!(lane.wait, Duration::from_secs(30) / 11);
+    assert!(lane.cycle <= Duration::from_secs(30) && lane.cycle > Duration::from_secs(29));
+    assert_eq!(Lane::new(12, 4).wait, ROTATION_WAIT, "a short round keeps the longest wait");
+    assert_eq!(Lane::new(12, 4).cycle, Duration::from_secs(30));
+    let crowded = Lane::new(2_000, 1);
+    assert_eq!(crowded.wait, Duration::from_secs(1), "never below a second");
+    assert_eq!(crowded.cycle, Duration::from_secs(2_000));
 }
