@@ -15,6 +15,20 @@ use kube::Resource;
 /// A workload found for one of a binding's targets.
 pub type Workload = (WorkloadKind, String);
 
+/// Which object a workload is, and how far its spec has come: one deleted and made again under
+/// its name has another uid, and starts again at generation 1.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Version {
+    pub uid: String,
+    pub generation: i64,
+}
+
+impl Version {
+    pub fn of<K: kube::Resource>(obj: &K) -> Self {
+        Self { uid: obj.meta().uid.clone().unwrap_or_default(), generation: obj.meta().generation.unwrap_or_default() }
+    }
+}
+
 /// A binding's annotation as a workload carries it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Live {

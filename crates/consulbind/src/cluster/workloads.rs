@@ -24,7 +24,7 @@ use kube::{
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
-use super::{Live, Workload, argo::Rollout};
+use super::{Live, Version, Workload, argo::Rollout};
 use crate::names;
 
 /// Metadata caches of the workload kinds in one scope (a namespace, or all).
@@ -68,8 +68,8 @@ pub struct Resolved {
     pub found: Vec<Workload>,
     /// The binding's annotation on each found workload that has it.
     pub live: BTreeMap<Workload, Live>,
-    /// The generation of each found workload, as cached.
-    pub generations: BTreeMap<Workload, i64>,
+    /// The uid and generation of each found workload, as cached.
+    pub versions: BTreeMap<Workload, Version>,
     pub missing: Vec<String>,
     /// A sentence for each target whose kind the cluster does not serve to the controller.
     pub unserved: Vec<String>,
@@ -152,11 +152,11 @@ impl Workloads {
                     (None, _) => format!("no {} matches the selector", target.kind),
                 });
             }
-            found.extend(live.into_iter().map(|(name, live, generation, _)| ((target.kind, name), (live, generation))));
+            found.extend(live.into_iter().map(|(name, live, version, _)| ((target.kind, name), (live, version))));
         }
         let live = found.iter().filter_map(|(w, (l, _))| Some((w.clone(), l.clone()?))).collect();
-        let generations = found.iter().map(|(w, (_, g))| (w.clone(), *g)).collect();
-        Resolved { found: found.into_keys().collect(), live, generations, missing, unserved }
+        let versions = found.iter().map(|(w, (_, v))| (w.clone(), v.clone())).collect();
+        Resolved { found: found.into_keys().collect(), live, versions, missing, unserved }
     }
 }
 
@@ -364,16 +364,12 @@ fn owned_by_its_binding(meta: &ObjectMeta, annotation: &str) -> bool {
     })
 }
 
-pub fn generation<K: Resource>(obj: &K) -> i64 {
-    obj.meta().generation.unwrap_or_default()
-}
-
-/// A workload found for a target: its name, what it carries, its generation, and the workload it
-/// takes its template from, if any.
-type Selected = (String, Option<Live>, i64, Option<String>);
+/// A workload found for a target: its name, what it carries, its uid and generation, and the
+/// workload it takes its template from, if any.
+type Selected = (String, Option<Live>, Version, Option<String>);
 
 fn selected<K: Resource>(obj: &PartialObjectMeta<K>, live: Option<Live>) -> Selected {
-    (obj.name_any(), live, generation(obj), obj.annotations().get(WORKLOAD_REF).cloned())
+    (obj.name_any(), live, Version::of(obj), obj.annotations().get(WORKLOAD_REF).cloned())
 }
 
 fn select<K>(

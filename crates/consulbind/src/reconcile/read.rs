@@ -1,7 +1,10 @@
 //! The first steps of a reconcile: check the spec, find the token, and gather what Consul and
 //! the workload caches say. Nothing here writes to the cluster.
 
-use std::time::{Duration, Instant};
+use std::{
+    collections::BTreeMap,
+    time::{Duration, Instant},
+};
 
 use consul_kv::{KvQuery, Token};
 use consulbind_api::{
@@ -17,7 +20,7 @@ use super::{
 use crate::{
     BindingRef,
     cluster::{
-        Live,
+        Live, Version, Workload,
         tokens::{Lookup, TOKEN_LABEL},
         workloads::{self, Resolved},
     },
@@ -157,19 +160,22 @@ pub fn latest_change(contents: &[KeyState]) -> Option<Instant> {
 }
 
 /// The workload cache can lag behind a stamp this binding just made; until it catches up, what
-/// was stamped is what the workload carries. Stamps of workloads no longer found are dropped.
+/// was stamped is what the workload carries.
 pub fn trust_own_stamps(ctx: &Context, binding: &BindingRef, resolved: &mut Resolved) {
-    ctx.states.update(binding, |record| {
-        record.stamps.retain(|workload, (generation, value)| {
-            if !resolved.found.contains(workload) {
-                return false;
-            }
-            let behind = resolved.generations.get(workload).is_some_and(|cached| cached < generation);
-            if behind {
-                resolved.live.insert(workload.clone(), Live { value: value.clone(), owned: true });
-            }
-            behind
-        });
+    ctx.states.update(binding, |record| trust(&mut record.stamps, resolved));
+}
+
+/// Puts each stamp the cache has not seen yet into `resolved.live`, and drops the rest: those
+/// the cache has caught up with, those of workloads no longer found, and those of a workload
+/// made again under the same name (another uid), which carries nothing of the old stamp.
+fn trust(stamps: &mut BTreeMap<Workload, (Version, String)>, resolved: &mut Resolved) {
+    stamps.retain(|workload, (stamped, value)| {
+        let Some(cached) = resolved.versions.get(workload) else { return false };
+        let behind = cached.uid == stamped.uid && cached.generation < stamped.generation;
+        if behind {
+            resolved.live.insert(workload.clone(), Live { value: value.clone(), owned: true });
+        }
+        behind
     });
 }
 
@@ -189,6 +195,41 @@ mod tests {
     use consulbind_api::{RolloutPolicy, TargetRef, WorkloadKind};
 
     use super::*;
+
+    #[test]
+    fn an_own_stamp_is_trusted_only_on_the_object_it_was_made_on_until_the_cache_has_it() {
+        let web: Workload = (WorkloadKind::Deployment, "web".into());
+        let version = |uid: &str, generation| Version { uid: uid.into(), generation };
+        let resolved = |cached: Option<Version>| Resolved {
+            found: cached.iter().map(|_| web.clone()).collect(),
+            versions: cached.into_iter().map(|v| (web.clone(), v)).collect(),
+            ..Default::default()
+        };
+        let stamped = || BTreeMap::from([(web.clone(), (version("a", 3), "sum".to_owned()))]);
+
+        // The cache lags behind the stamp: the stamp is what the workload carries.
+        let (mut stamps, mut lagging) = (stamped(), resolved(Some(version("a", 2))));
+        trust(&mut stamps, &mut lagging);
+        assert_eq!(lagging.live[&web], Live { value: "sum".into(), owned: true });
+        assert_eq!(stamps.len(), 1, "kept until the cache catches up");
+
+        // Caught up: the cache speaks for itself, and the stamp is forgotten.
+        let mut current = resolved(Some(version("a", 3)));
+        trust(&mut stamps, &mut current);
+        assert!(current.live.is_empty() && stamps.is_empty());
+
+        // Deleted and made again under the same name: generation 1 is behind 3, but it is another
+        // object, which never carried the stamp.
+        let (mut stamps, mut again) = (stamped(), resolved(Some(version("b", 1))));
+        trust(&mut stamps, &mut again);
+        assert!(again.live.is_empty(), "a new object was taken to carry the old one's stamp");
+        assert!(stamps.is_empty());
+
+        // Gone: nothing is kept for it.
+        let (mut stamps, mut gone) = (stamped(), resolved(None));
+        trust(&mut stamps, &mut gone);
+        assert!(stamps.is_empty());
+    }
 
     fn spec(target: TargetRef, rollout: Option<RolloutPolicy>) -> ConsulBindingSpec {
         ConsulBindingSpec { targets: vec![target], rollout, ..Default::default() }

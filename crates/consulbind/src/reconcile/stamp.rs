@@ -17,7 +17,7 @@ use super::{
 };
 use crate::{
     BindingRef,
-    cluster::{Workload, argo::Rollout, workloads::generation},
+    cluster::{Version, Workload, argo::Rollout},
     names,
 };
 
@@ -37,8 +37,8 @@ pub async fn stamp_all(ctx: &Context, binding: &BindingRef, plan: &Plan, desired
             let value = plan.values.get(&workload).map_or(desired, String::as_str);
             let result = stamp(&ctx.client, namespace, &workload, annotation, value, manager).await;
             ctx.metrics.stage("patch", started.elapsed());
-            if let Ok(generation) = &result {
-                ctx.states.update(binding, |r| r.stamps.insert(workload.clone(), (*generation, value.to_owned())));
+            if let Ok(version) = &result {
+                ctx.states.update(binding, |r| r.stamps.insert(workload.clone(), (version.clone(), value.to_owned())));
             }
             (workload, result.map(drop))
         })
@@ -59,7 +59,7 @@ pub async fn stamp_all(ctx: &Context, binding: &BindingRef, plan: &Plan, desired
 
 /// Sets the binding's annotation on the workload's pod template, and nothing else, by
 /// server-side apply as the binding's own field manager. Kubernetes then rolls the workload.
-/// Returns the workload's generation after the patch.
+/// Returns the workload's uid and generation after the patch.
 async fn stamp(
     client: &Client,
     namespace: &str,
@@ -67,7 +67,7 @@ async fn stamp(
     annotation: &str,
     checksum: &str,
     field_manager: &str,
-) -> kube::Result<i64> {
+) -> kube::Result<Version> {
     let body = json!({
         "apiVersion": kind.api_version(),
         "kind": kind.as_str(),
@@ -89,7 +89,7 @@ async fn apply<K>(
     name: &str,
     params: &PatchParams,
     body: &serde_json::Value,
-) -> kube::Result<i64>
+) -> kube::Result<Version>
 where
     K: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
         + Clone
@@ -97,5 +97,5 @@ where
         + std::fmt::Debug,
 {
     let patched = Api::<K>::namespaced(client.clone(), namespace).patch(name, params, &Patch::Apply(body)).await?;
-    Ok(generation(&patched))
+    Ok(Version::of(&patched))
 }

@@ -13,7 +13,7 @@ use kube::ResourceExt;
 use super::debounce::Pending;
 use crate::{
     BindingRef, Lock, binding_ref,
-    cluster::Workload,
+    cluster::{Version, Workload},
     metrics::{Metrics, ReadyLabels, RolloutLabels},
 };
 
@@ -27,9 +27,9 @@ pub struct Record {
     pub written: Option<(String, ConsulBindingStatus)>,
     /// The Ready condition's status, as counted in `consulbind_bindings`.
     ready: Option<&'static str>,
-    /// What this binding stamped on each workload, and the generation that came of it, for as
-    /// long as the workload cache has not caught up.
-    pub stamps: BTreeMap<Workload, (i64, String)>,
+    /// What this binding stamped on each workload, and the object and generation that came of
+    /// it, for as long as the workload cache has not caught up.
+    pub stamps: BTreeMap<Workload, (Version, String)>,
 }
 
 /// Every binding's record, across the scopes this replica serves.
@@ -151,7 +151,10 @@ mod tests {
         states.set_ready(&b, "False");
         states.update(&a, |r| {
             r.written = Some(("uid".into(), ConsulBindingStatus::default()));
-            r.stamps.insert((WorkloadKind::Deployment, "web".into()), (2, "sum".into()));
+            r.stamps.insert(
+                (WorkloadKind::Deployment, "web".into()),
+                (Version { uid: "u".into(), generation: 2 }, "sum".into()),
+            );
         });
         assert_eq!((gauge(&states, "True"), gauge(&states, "False")), (1, 1));
 
