@@ -162,6 +162,9 @@ async fn renew(api: Api<Lease>, name: String, identity: String, lease_duration: 
     let mut last_renewed = Instant::now();
     loop {
         tokio::time::sleep(every).await;
+        // A renewal counts from when it was sent: the answer may come late, and the lease was
+        // renewed no later than the request left.
+        let sent = Instant::now();
         let attempt = async {
             let mut lease = api.get(&name).await?;
             let spec = lease.spec.get_or_insert_with(Default::default);
@@ -173,7 +176,7 @@ async fn renew(api: Api<Lease>, name: String, identity: String, lease_duration: 
         };
         let left = deadline.saturating_sub(last_renewed.elapsed());
         match tokio::time::timeout(left, attempt).await {
-            Ok(Ok(true)) => last_renewed = Instant::now(),
+            Ok(Ok(true)) => last_renewed = sent,
             Ok(Ok(false)) => {
                 error!("another replica holds the leader lease; exiting");
                 std::process::exit(1);
