@@ -58,6 +58,12 @@ pub struct Config {
     #[arg(long, env = "CONSULBIND_CONSUL_FAILURE_GRACE", default_value = "5s", value_parser = duration)]
     pub consul_failure_grace: Duration,
 
+    /// After Consul's index went backwards (a snapshot restore, a rebuilt cluster), content
+    /// that differs from what the targets carry rolls only once it has been stable this long,
+    /// whatever the binding's quiet period: a restore written back key by key is one change.
+    #[arg(long, env = "CONSULBIND_CONSUL_RESTORE_GRACE", default_value = "30s", value_parser = duration)]
+    pub consul_restore_grace: Duration,
+
     /// Consul key prefixes that bindings may read with the default token, comma-separated (`*`
     /// allows every key), in every namespace without the `consulbind.dev/default-token-prefixes`
     /// annotation. Unset, the default token serves only namespaces whose annotation allows it.

@@ -32,6 +32,8 @@ pub struct Context {
     pub checksum_key: checksum::Key,
     /// `--dry-run`: every binding reports instead of rolling.
     pub dry_run: bool,
+    /// See `--consul-restore-grace`.
+    pub restore_grace: std::time::Duration,
     pub bindings: Store<ConsulBinding>,
     /// Which bindings a workload or Secret event wakes.
     pub interest: Arc<Mutex<Interest>>,

@@ -151,6 +151,10 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
     ctx.interest.locked().set(&oref, spec, &resolved.found);
 
     // Plan.
+    let reset_at = read::latest_reset(&contents);
+    let restore = ctx.states.update(&oref, |record| {
+        reset_at.filter(|reset| record.settled_at.is_none_or(|settled| settled < *reset)).map(|_| ctx.restore_grace)
+    });
     let input = Input {
         key: &ctx.checksum_key,
         spec,
@@ -164,6 +168,7 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
         unserved: &resolved.unserved,
         dry_run: ctx.dry_run || spec.rollout.as_ref().and_then(|r| r.mode) == Some(RolloutMode::DryRun),
         in_turns,
+        restore,
     };
     let upgraded = plan::upgrade_legacy(&input);
     let input = match &upgraded {
@@ -199,6 +204,9 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
         report::publish(ctx, binding.object_ref(&()), EventType::Normal, conditions::reason::BASELINED, note);
     }
     report::status(ctx, binding, &previous, &status).await?;
+    if plan.desired.is_some() && status.applied_checksum == plan.desired {
+        ctx.states.update(&oref, |record| record.settled_at = Some(started));
+    }
 
     // A Consul failure retries on its own, but a binding that is not healthy is looked at soon.
     let healthy = outcome.failed.is_empty() && matches!(input.consul, Consul::Ready(_));

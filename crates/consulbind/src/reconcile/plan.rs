@@ -55,6 +55,9 @@ pub struct Input<'a> {
     pub dry_run: bool,
     /// The binding's watches take turns with others of its namespace, a round in at most this.
     pub in_turns: Option<std::time::Duration>,
+    /// Consul's index went backwards since the targets last carried the content: a change waits
+    /// until the content has been stable this long.
+    pub restore: Option<std::time::Duration>,
 }
 
 /// The annotation value that rolls a workload whose template already carries `checksum` (put
@@ -198,7 +201,13 @@ pub fn plan(input: &Input<'_>, pending: &mut Option<Pending>, now: Instant) -> P
             return plan.would_roll(behind, why);
         }
     }
-    match Pending::observe(pending, &desired, now, input.window) {
+    // A restore written back key by key passes through states nobody wants rolled out.
+    let restoring = input.restore.filter(|_| content_changed);
+    let window = match restoring {
+        Some(grace) => Window { quiet: input.window.quiet.max(grace), max: input.window.max.max(grace) },
+        None => input.window,
+    };
+    match Pending::observe(pending, &desired, now, window) {
         // With nothing to roll, a dry run records the content like any other mode.
         Decision::RollNow if dry_run => {
             *pending = None;
@@ -223,8 +232,16 @@ pub fn plan(input: &Input<'_>, pending: &mut Option<Pending>, now: Instant) -> P
         }
         Decision::WaitUntil(at) => {
             let secs = at.saturating_duration_since(now).as_secs_f64();
-            plan.hold =
-                Some((reason::PENDING, format!("content changed; rolling out in {secs:.1}s unless it changes again")));
+            let message = match restoring {
+                None => format!("content changed; rolling out in {secs:.1}s unless it changes again"),
+                Some(grace) => format!(
+                    "Consul's index went backwards (a restore?) and the content differs from what the targets \
+                     carry; rolling out once it has been stable for {}s (--consul-restore-grace), in {secs:.1}s \
+                     unless it changes again",
+                    grace.as_secs()
+                ),
+            };
+            plan.hold = Some((reason::PENDING, message));
             plan.wake_at = Some(at);
         }
     }
@@ -577,6 +594,7 @@ mod tests {
             unserved: &[],
             dry_run: false,
             in_turns: None,
+            restore: None,
         }
     }
 
@@ -772,6 +790,40 @@ mod tests {
         let (_, required) = step(&spec(false), &Default::default(), &entry("v1"), &web());
         let (_, missing) = step_at(&spec(false), 3, &required, &[], true, &web());
         assert_eq!(condition(&missing, conditions::READY).reason, reason::KEY_MISSING);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn after_an_index_reset_a_change_waits_for_the_restore_grace_whatever_the_quiet_period() {
+        let grace = Duration::from_secs(30);
+        let (_, baseline) = step(&spec(false), &Default::default(), &entry("v1"), &web());
+        let restoring = |previous: &ConsulBindingStatus, value: &str, pending: &mut Option<Pending>| {
+            let (entries, spec, found) = (entry(value), spec(false), web());
+            let input = Input { restore: Some(grace), ..input(&spec, previous, &entries, &found) };
+            let mut plan = plan(&input, pending, Instant::now());
+            plan.values.clear();
+            (plan.roll, plan.hold.map(|(r, m)| (r.to_owned(), m)), plan.wake_at)
+        };
+        let mut pending = None;
+        // Half the restore written: other content than the targets carry, held for the grace.
+        let start = Instant::now();
+        let (roll, hold, wake) = restoring(&baseline, "half", &mut pending);
+        assert!(roll.is_empty(), "a half-restored state rolled with a quiet period of 0");
+        let (reason, message) = hold.unwrap();
+        assert_eq!(reason, reason::PENDING);
+        assert!(message.contains("--consul-restore-grace"), "{message}");
+        assert_eq!(wake, Some(start + grace));
+        // The rest written back: what the targets carry again, so nothing rolls.
+        tokio::time::advance(Duration::from_secs(3)).await;
+        let (roll, hold, _) = restoring(&baseline, "v1", &mut pending);
+        assert!(roll.is_empty() && hold.is_none());
+        // Other content that stays put rolls once the grace is over, and only then.
+        let changed = Instant::now();
+        restoring(&baseline, "older", &mut pending);
+        tokio::time::advance(grace - Duration::from_secs(1)).await;
+        assert!(restoring(&baseline, "older", &mut pending).0.is_empty());
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(Instant::now(), changed + grace);
+        assert_eq!(restoring(&baseline, "older", &mut pending).0, web());
     }
 
     #[tokio::test(start_paused = true)]

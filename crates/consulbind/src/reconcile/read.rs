@@ -148,6 +148,18 @@ pub fn consul_view<'a>(spec: &'a ConsulBindingSpec, states: &'a [KeyState]) -> O
     Some(Consul::Ready(contents))
 }
 
+/// When an answer for one of the binding's contents last came with Consul's index gone backwards.
+pub fn latest_reset(contents: &[KeyState]) -> Option<std::time::Instant> {
+    contents
+        .iter()
+        .filter_map(|s| match s {
+            KeyState::Ready(content) => content.reset_at,
+            KeyState::Failed { last, .. } => last.as_ref()?.reset_at,
+            KeyState::Pending => None,
+        })
+        .max()
+}
+
 /// When the newest of the binding's contents was first seen.
 pub fn latest_change(contents: &[KeyState]) -> Option<Instant> {
     contents

@@ -30,6 +30,9 @@ pub struct Record {
     /// What this binding stamped on each workload, and the object and generation that came of
     /// it, for as long as the workload cache has not caught up.
     pub stamps: BTreeMap<Workload, (Version, String)>,
+    /// When the targets last carried the content (or were rolled to it): a Consul index reset
+    /// after this puts the binding in its restore grace.
+    pub settled_at: Option<std::time::Instant>,
 }
 
 /// Every binding's record, across the scopes this replica serves.

@@ -41,6 +41,8 @@ pub struct Content {
     /// Consul's index went backwards just as this content became missing or empty: data lost
     /// in a restore or a rebuilt cluster, not a change anyone made.
     pub reset_hold: bool,
+    /// When an answer for this path last came with Consul's index gone backwards.
+    pub reset_at: Option<Instant>,
 }
 
 /// What an answer did to a path.
@@ -134,20 +136,21 @@ impl Path {
     /// reset is marked as lost data; it stays marked until the content is back.
     pub fn set_ready(&self, entries: &[KvEntry], reset: bool) -> Update {
         let current = &mut *self.state.locked();
-        let (before, was_ready) = match current {
+        let (before, was_ready) = match &*current {
             KeyState::Ready(content) => (Some(&*content), true),
             KeyState::Failed { last, .. } => (last.as_ref(), false),
             KeyState::Pending => (None, false),
         };
+        let reset_at = if reset { Some(Instant::now()) } else { before.and_then(|b| b.reset_at) };
         let (update, content) = match before.filter(|b| same_entries(&b.entries, entries)) {
             Some(before) => {
                 let update = if was_ready { Update::Same } else { Update::Recovered };
-                (update, Content { entries: entries.into(), ..before.clone() })
+                (update, Content { entries: entries.into(), reset_at, ..before.clone() })
             }
             None => {
                 let update = if before.is_some() { Update::Changed } else { Update::First };
                 let lost = reset && entries.is_empty() && before.is_some_and(|b| !b.entries.is_empty());
-                (update, Content { entries: entries.into(), changed_at: Instant::now(), reset_hold: lost })
+                (update, Content { entries: entries.into(), changed_at: Instant::now(), reset_hold: lost, reset_at })
             }
         };
         *current = KeyState::Ready(content);
@@ -221,6 +224,10 @@ mod tests {
         // A reset that brings content is no loss.
         assert_eq!(path.set_ready(&[entry("k", "b", 1)], true), Update::Changed);
         assert!(!ready(&path).reset_hold);
+        // Every content since remembers when the index last went backwards.
+        let reset_at = ready(&path).reset_at.expect("the reset is remembered");
+        assert_eq!(path.set_ready(&[entry("k", "c", 2)], false), Update::Changed);
+        assert_eq!(ready(&path).reset_at, Some(reset_at));
     }
 
     #[test]

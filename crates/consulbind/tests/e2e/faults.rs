@@ -58,6 +58,7 @@ async fn consul_blips_restarts_and_data_loss_roll_nothing_and_show_within_second
     let (key, prefix) = (s.key("config"), s.key("features/"));
     consul.put(&key, b"v1", None).await.unwrap();
     consul.put(&format!("{prefix}a"), b"on", None).await.unwrap();
+    consul.put(&format!("{prefix}b"), b"on", None).await.unwrap();
     s.workload(DEPLOY, "web", json!({})).await;
     s.workload(DEPLOY, "api", json!({})).await;
     s.wait_revisions(DEPLOY, "web", 1).await;
@@ -97,7 +98,8 @@ async fn consul_blips_restarts_and_data_loss_roll_nothing_and_show_within_second
     s.wait_revisions(DEPLOY, "web", 2).await;
 
     // Restarted empty: the required key shows as missing, the optional prefix is not rolled to
-    // empty, and restoring the same content rolls nothing.
+    // empty, and restoring the same content rolls nothing, even written back key by key with
+    // the half-restored prefix standing for longer than the quiet period.
     tokio::task::spawn_blocking(|| restart(true, Duration::from_secs(1))).await.unwrap();
     let back = tokio::time::Instant::now();
     let reasons = || async {
@@ -112,6 +114,9 @@ async fn consul_blips_restarts_and_data_loss_roll_nothing_and_show_within_second
     s.wait_revisions(DEPLOY, "api", 1).await;
     consul.put(&key, b"v2", None).await.unwrap();
     consul.put(&format!("{prefix}a"), b"on", None).await.unwrap();
+    s.wait_condition("optional", conditions::READY, "False", reason::PENDING).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    consul.put(&format!("{prefix}b"), b"on", None).await.unwrap();
     s.wait_condition("required", conditions::READY, "True", reason::UP_TO_DATE).await;
     s.wait_condition("optional", conditions::READY, "True", reason::UP_TO_DATE).await;
     s.wait_revisions(DEPLOY, "web", 2).await;
