@@ -137,7 +137,7 @@ impl Path {
     pub fn set_ready(&self, entries: &[KvEntry], reset: bool) -> Update {
         let current = &mut *self.state.locked();
         let (before, was_ready) = match &*current {
-            KeyState::Ready(content) => (Some(&*content), true),
+            KeyState::Ready(content) => (Some(content), true),
             KeyState::Failed { last, .. } => (last.as_ref(), false),
             KeyState::Pending => (None, false),
         };
