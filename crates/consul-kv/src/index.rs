@@ -22,6 +22,8 @@ pub struct Cursor {
     index: u64,
     /// The last index Consul answered, kept across failures to notice a reset behind one.
     high: u64,
+    /// The last answer was lower than `high`, and is being read again before it is believed.
+    doubted: bool,
 }
 
 /// What an answer says about the index.
@@ -31,7 +33,11 @@ pub enum Progress {
     Fresh,
     /// Same or higher than before, on a blocking read.
     Forward,
-    /// Lower than before: a snapshot restore, a rebuilt cluster or reaped tombstones.
+    /// Lower than before, once: an agent that has just restarted may answer from an empty
+    /// state for a moment. Read again (the index to send is 0) before believing it.
+    Suspect,
+    /// Lower than before, twice in a row: a snapshot restore, a rebuilt cluster or reaped
+    /// tombstones.
     Reset,
 }
 
@@ -44,9 +50,15 @@ impl Cursor {
     /// Takes the `X-Consul-Index` of an answer to a request sent with [`Cursor::index`].
     pub fn answered(&mut self, returned: u64) -> Progress {
         let sent = self.index;
-        let reset = returned < self.high;
+        let lower = returned < self.high;
+        if lower && !self.doubted {
+            self.doubted = true;
+            self.index = 0;
+            return Progress::Suspect;
+        }
+        self.doubted = false;
         self.high = returned;
-        if reset {
+        if lower {
             self.index = 0;
             return Progress::Reset;
         }
@@ -74,12 +86,15 @@ mod tests {
         cursor.failed();
         assert_eq!(cursor.index(), 0);
         assert_eq!(cursor.answered(12), Progress::Fresh);
-        assert_eq!(cursor.answered(3), Progress::Reset);
+        assert_eq!(cursor.answered(3), Progress::Suspect);
+        assert_eq!(cursor.index(), 0, "a lower index is read again");
+        assert_eq!(cursor.answered(2), Progress::Reset, "lower again: believed");
         assert_eq!(cursor.index(), 0, "a reset reads fresh next");
         assert_eq!(cursor.answered(3), Progress::Fresh);
         assert_eq!(cursor.index(), 3);
         // A restart that lost data, seen only through the fresh read after the failure.
         cursor.failed();
+        assert_eq!(cursor.answered(2), Progress::Suspect);
         assert_eq!(cursor.answered(2), Progress::Reset);
         // A missing key on an empty store answers index 0; never block on it.
         let mut cursor = Cursor::default();
@@ -106,5 +121,18 @@ mod tests {
         assert_eq!(next(0, 0), 1);
         // After a reset the next response restarts from whatever Consul says.
         assert_eq!(next(0, 3), 3);
+    }
+
+    #[test]
+    fn a_lower_index_that_the_next_read_contradicts_is_no_reset() {
+        let mut cursor = Cursor::default();
+        cursor.answered(0);
+        assert_eq!(cursor.answered(10), Progress::Forward);
+        // A restarted agent's first answer, then its real state.
+        assert_eq!(cursor.answered(1), Progress::Suspect);
+        assert_eq!(cursor.answered(11), Progress::Fresh);
+        assert_eq!(cursor.index(), 11);
+        // The doubt does not carry over to a later lower answer.
+        assert_eq!(cursor.answered(5), Progress::Suspect);
     }
 }

@@ -249,7 +249,14 @@ impl Runner {
                         // The token is accepted again, or the slots changed: plan again.
                         self.replan.notify_one();
                     }
-                    let reset = cursor.answered(response.index) == Progress::Reset;
+                    let progress = cursor.answered(response.index);
+                    if progress == Progress::Suspect {
+                        // Nothing is told until a second read agrees.
+                        info!(key = %query.key, index = response.index, "Consul's index went backwards; reading again before believing it");
+                        tokio::time::sleep(MIN_WAIT).await;
+                        continue;
+                    }
+                    let reset = progress == Progress::Reset;
                     if reset {
                         warn!(key = %query.key, index = response.index, "Consul's index went backwards (a restore or a rebuilt cluster?); reading afresh");
                     }

@@ -304,8 +304,15 @@ async fn an_index_reset_reads_afresh_and_marks_lost_content() {
     assert_eq!(blocking.index, 100);
     group.woken();
 
-    // Consul's data is gone and its index went backwards: a restore, or a rebuilt cluster.
+    // Consul's data is gone and its index went backwards: a restore, or a rebuilt cluster. The
+    // first such answer is read again before anyone hears of it.
+    let answered = Instant::now();
     blocking.reply(5, &[]);
+    let again = group.request().await;
+    assert_eq!(again.index, 0, "a lower index is read again, fresh");
+    assert!(Instant::now() - answered >= Duration::from_secs(1), "read again at once");
+    assert!(group.woken().is_empty(), "a binding heard of a reset before it was confirmed");
+    again.reply(5, &[]);
     let fresh = group.request().await;
     assert_eq!(fresh.index, 0, "after a reset the next read is fresh");
     assert_eq!(group.woken(), names(&["one"]));
@@ -322,6 +329,24 @@ async fn an_index_reset_reads_afresh_and_marks_lost_content() {
     assert_eq!(group.woken(), names(&["one"]));
     let KeyState::Ready(back) = group.cells[0].state() else { panic!("not ready") };
     assert!(!back.reset_hold);
+}
+
+/// An agent that has just restarted may answer once from an empty state with a low index.
+#[tokio::test(start_paused = true)]
+async fn a_low_index_that_the_next_read_contradicts_changes_nothing() {
+    let mut group = start(KvQuery::exact("app/a"), &[("app/a", false, &["one"])], no_limits());
+    group.request().await.reply(100, &[("app/a", "1", 90)]);
+    let blocking = group.request().await;
+    group.woken();
+    blocking.reply(1, &[]);
+    let again = group.request().await;
+    assert_eq!(again.index, 0);
+    again.reply(101, &[("app/a", "1", 90)]);
+    let next = group.request().await;
+    assert_eq!(next.index, 101);
+    assert!(group.woken().is_empty(), "a binding heard of a blip");
+    let KeyState::Ready(content) = group.cells[0].state() else { panic!("not ready") };
+    assert!(content.reset_at.is_none() && !content.reset_hold && !content.entries.is_empty());
 }
 
 #[tokio::test(start_paused = true)]
