@@ -183,7 +183,7 @@ where
         None => Api::all(client.clone()),
     };
     let (reader, writer) = reflector::store();
-    let mut seen = std::collections::HashMap::new();
+    let mut seen = Seen::default();
     // Whole objects arrive, for the pod template's annotations; what is kept is their name,
     // labels and this controller's annotations, so memory stays small per workload.
     let events = watcher(api, watcher::Config::default());
@@ -201,7 +201,7 @@ where
     };
     let stream = stream.map_ok(|event| event_of(event, live_meta));
     let stream = reflector::reflector(writer, stream)
-        .filter_map(move |event| {
+        .flat_map(move |event| {
             if let Some(served) = &served {
                 let now = match &event {
                     Ok(watcher::Event::InitDone) => Some(Served::Yes),
@@ -219,7 +219,25 @@ where
                     });
                 }
             }
-            let touched = match event {
+            let touched = |obj: &PartialObjectMeta<K>| Touched {
+                kind,
+                namespace: obj.namespace().unwrap_or_default(),
+                name: obj.name_any(),
+                labels: obj.labels().clone(),
+            };
+            let touched: Vec<Touched> = match event {
+                Ok(watcher::Event::Init) => {
+                    seen.relisting();
+                    Vec::new()
+                }
+                Ok(watcher::Event::InitDone) => seen
+                    .relisted()
+                    .into_iter()
+                    .map(|gone| {
+                        let namespace = gone.namespace.unwrap_or_default();
+                        Touched { kind, namespace, name: gone.name, labels: Default::default() }
+                    })
+                    .collect(),
                 Ok(watcher::Event::Apply(obj) | watcher::Event::InitApply(obj)) => {
                     // A hash, not a copy: this map has an entry per workload in the cluster.
                     let signature = {
@@ -227,32 +245,72 @@ where
                         (obj.labels(), obj.annotations()).hash(&mut hasher);
                         hasher.finish()
                     };
-                    (seen.insert(ObjectRef::from_obj(&obj), signature) != Some(signature)).then_some(obj)
+                    match seen.applied(ObjectRef::from_obj(&obj), signature) {
+                        true => vec![touched(&obj)],
+                        false => Vec::new(),
+                    }
                 }
                 Ok(watcher::Event::Delete(obj)) => {
-                    seen.remove(&ObjectRef::from_obj(&obj));
-                    Some(obj)
+                    seen.deleted(&ObjectRef::from_obj(&obj));
+                    vec![touched(&obj)]
                 }
                 // An optional kind that is not installed is no news on every retry.
                 Err(error) if served.as_ref().is_some_and(|s| *s.borrow() == Served::NotInstalled) => {
                     tracing::debug!(%kind, %error, "kind not served; retrying");
-                    None
+                    Vec::new()
                 }
                 Err(error) => {
                     tracing::warn!(%kind, %error, "watching workloads failed; retrying");
-                    None
+                    Vec::new()
                 }
-                _ => None,
             };
-            futures::future::ready(touched.map(|obj| Touched {
-                kind,
-                namespace: obj.namespace().unwrap_or_default(),
-                name: obj.name_any(),
-                labels: obj.labels().clone(),
-            }))
+            futures::stream::iter(touched)
         })
         .boxed();
     (reader, stream)
+}
+
+/// What a cache has shown of each object: a hash of its labels and annotations, not a copy, since
+/// this has an entry per workload in the cluster. A status update alone is no news.
+struct Seen<K: Resource<DynamicType = ()>> {
+    signatures: std::collections::HashMap<ObjectRef<K>, u64>,
+    /// What a re-list has shown so far: what it never shows was deleted while the watch was
+    /// down, and gets no deletion event of its own.
+    relisted: Option<std::collections::HashSet<ObjectRef<K>>>,
+}
+
+impl<K: Resource<DynamicType = ()>> Default for Seen<K> {
+    fn default() -> Self {
+        Self { signatures: Default::default(), relisted: None }
+    }
+}
+
+impl<K: Resource<DynamicType = ()>> Seen<K> {
+    /// Returns whether the object is new or its labels or annotations changed.
+    fn applied(&mut self, object: ObjectRef<K>, signature: u64) -> bool {
+        if let Some(listed) = &mut self.relisted {
+            listed.insert(object.clone());
+        }
+        self.signatures.insert(object, signature) != Some(signature)
+    }
+
+    fn deleted(&mut self, object: &ObjectRef<K>) {
+        self.signatures.remove(object);
+    }
+
+    fn relisting(&mut self) {
+        self.relisted = Some(Default::default());
+    }
+
+    /// The list is complete: forgets and returns the objects it did not show.
+    fn relisted(&mut self) -> Vec<ObjectRef<K>> {
+        let Some(listed) = self.relisted.take() else { return Vec::new() };
+        let gone: Vec<ObjectRef<K>> = self.signatures.keys().filter(|k| !listed.contains(*k)).cloned().collect();
+        for k in &gone {
+            self.signatures.remove(k);
+        }
+        gone
+    }
 }
 
 /// What a failed list or watch says about whether the kind is served.
@@ -415,6 +473,25 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn a_relist_forgets_and_reports_what_was_deleted_while_the_watch_was_down() {
+        let deploy = |name: &str| ObjectRef::<Deployment>::new(name).within("ns");
+        let mut seen = Seen::<Deployment>::default();
+        assert!(seen.applied(deploy("a"), 1));
+        assert!(seen.applied(deploy("b"), 1));
+        assert!(!seen.applied(deploy("a"), 1), "a status update alone is no news");
+        assert!(seen.applied(deploy("a"), 2), "new labels or annotations are");
+        // The watch was down while b was deleted; the re-list shows only a and c.
+        seen.relisting();
+        assert!(!seen.applied(deploy("a"), 2));
+        assert!(seen.applied(deploy("c"), 1));
+        assert_eq!(seen.relisted(), [deploy("b")]);
+        assert_eq!(seen.signatures.len(), 2, "nothing is kept for b");
+        assert!(seen.relisted().is_empty(), "only a complete list says what is gone");
+        seen.deleted(&deploy("c"));
+        assert_eq!(seen.signatures.len(), 1);
+    }
 
     fn api_error(code: u16) -> kube::Error {
         kube::Error::Api(Box::new(Status { code, ..Status::default() }))
