@@ -157,15 +157,9 @@ fn claim(identity: &str, lease_secs: i32, now: &MicroTime, transitions: i32) -> 
 }
 
 async fn renew(api: Api<Lease>, name: String, identity: String, lease_duration: Duration, every: Duration) {
-    // Stop acting well before a standby may take over: a hung request counts as a failure.
-    let deadline = lease_duration * 2 / 3;
-    let mut last_renewed = Instant::now();
-    loop {
-        tokio::time::sleep(every).await;
-        // A renewal counts from when it was sent: the answer may come late, and the lease was
-        // renewed no later than the request left.
-        let sent = Instant::now();
-        let attempt = async {
+    let attempt = || {
+        let (api, name, identity) = (api.clone(), name.clone(), identity.clone());
+        async move {
             let mut lease = api.get(&name).await?;
             let spec = lease.spec.get_or_insert_with(Default::default);
             if spec.holder_identity.as_deref() != Some(identity.as_str()) {
@@ -173,20 +167,45 @@ async fn renew(api: Api<Lease>, name: String, identity: String, lease_duration: 
             }
             spec.renew_time = Some(MicroTime(Timestamp::now()));
             api.replace(&name, &PostParams::default(), &lease).await.map(|_| true)
-        };
+        }
+    };
+    match keep_renewed(attempt, lease_duration, every).await {
+        Lost::Taken => error!("another replica holds the leader lease; exiting"),
+        Lost::Late => error!("leader lease not renewed in time; exiting so that no two leaders act"),
+    }
+    std::process::exit(1);
+}
+
+/// Why a leader stops.
+#[derive(Debug, PartialEq, Eq)]
+enum Lost {
+    Taken,
+    Late,
+}
+
+/// Renews every `every` until the lease is lost: taken by another replica, or not renewed
+/// within two thirds of `lease_duration`, well before a standby may take over. A renewal counts
+/// from when it was sent, not when its answer came: the lease was renewed no later than that,
+/// and a slow answer must not eat the margin. A hung request counts as a failure.
+async fn keep_renewed<F, R>(mut attempt: F, lease_duration: Duration, every: Duration) -> Lost
+where
+    F: FnMut() -> R,
+    R: std::future::Future<Output = kube::Result<bool>>,
+{
+    let deadline = lease_duration * 2 / 3;
+    let mut last_renewed = Instant::now();
+    loop {
+        tokio::time::sleep(every).await;
+        let sent = Instant::now();
         let left = deadline.saturating_sub(last_renewed.elapsed());
-        match tokio::time::timeout(left, attempt).await {
+        match tokio::time::timeout(left, attempt()).await {
             Ok(Ok(true)) => last_renewed = sent,
-            Ok(Ok(false)) => {
-                error!("another replica holds the leader lease; exiting");
-                std::process::exit(1);
-            }
+            Ok(Ok(false)) => return Lost::Taken,
             Ok(Err(error)) => warn!(%error, "could not renew the leader lease"),
             Err(_) => warn!("renewing the leader lease timed out"),
         }
         if last_renewed.elapsed() >= deadline {
-            error!("leader lease not renewed in time; exiting so that no two leaders act");
-            std::process::exit(1);
+            return Lost::Late;
         }
     }
 }
@@ -195,4 +214,36 @@ fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_owned())
         .unwrap_or_else(|_| "consulbind".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Renewals that each take 4.9 s, on a 15 s lease renewed every 5 s: the one sent at 5 s is
+    /// answered at 9.9 s, and the leader stops 10 s after it was sent, not 10 s after the answer.
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_renewal_counts_from_when_it_was_sent() {
+        let start = Instant::now();
+        let slow = || async {
+            tokio::time::sleep(Duration::from_millis(4_900)).await;
+            Ok(true)
+        };
+        let lost = tokio::time::timeout(
+            Duration::from_secs(120),
+            keep_renewed(slow, Duration::from_secs(15), Duration::from_secs(5)),
+        )
+        .await
+        .expect("a leader with slow renewals never stopped");
+        assert_eq!(lost, Lost::Late);
+        assert_eq!(Instant::now() - start, Duration::from_secs(15));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_taken_by_another_stops_at_once_and_prompt_renewals_go_on() {
+        let taken = keep_renewed(|| async { Ok(false) }, Duration::from_secs(15), Duration::from_secs(5)).await;
+        assert_eq!(taken, Lost::Taken);
+        let prompt = keep_renewed(|| async { Ok(true) }, Duration::from_secs(15), Duration::from_secs(5));
+        assert!(tokio::time::timeout(Duration::from_secs(600), prompt).await.is_err(), "a healthy leader stopped");
+    }
 }

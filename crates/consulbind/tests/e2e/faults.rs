@@ -10,6 +10,7 @@ use crate::support::{Scene, deploy, spec, wait_for};
 
 const DEPLOY: &str = "Deployment";
 const GRACE: &str = "--consul-failure-grace=6s";
+const RESTORE_GRACE: Duration = Duration::from_secs(8);
 
 /// `cargo xtask env consul-restart` on the fault tests' own agent.
 fn restart(empty: bool, down: Duration) {
@@ -52,7 +53,8 @@ fn ready_reason(binding: &consulbind_api::ConsulBinding) -> Option<(String, Stri
 async fn consul_blips_restarts_and_data_loss_roll_nothing_and_show_within_seconds() {
     let consul = faults_consul().await;
     let addr = format!("--consul-http-addr={}", std::env::var("CONSULBIND_E2E_FAULTS_ADDR").unwrap());
-    let Some(s) = Scene::with_args("faults", &[&addr, GRACE]).await else {
+    let restore = format!("--consul-restore-grace={}s", RESTORE_GRACE.as_secs());
+    let Some(s) = Scene::with_args("faults", &[&addr, GRACE, &restore]).await else {
         return;
     };
     let (key, prefix) = (s.key("config"), s.key("features/"));
@@ -140,5 +142,24 @@ async fn consul_blips_restarts_and_data_loss_roll_nothing_and_show_within_second
     assert!(back.elapsed() < Duration::from_secs(5), "Ready {:?} after the agent answered again", back.elapsed());
     s.wait_revisions(DEPLOY, "web", 2).await;
     s.wait_revisions(DEPLOY, "api", 2).await;
+    // The next change rolls once.
+    consul.put(&key, b"v3", None).await.unwrap();
+    s.wait_revisions(DEPLOY, "web", 3).await;
+
+    // Lost again, and restored key by key with other content: one rollout, once the restored
+    // content has stood for the restore grace.
+    tokio::task::spawn_blocking(|| restart(true, Duration::from_secs(1))).await.unwrap();
+    s.wait_condition("optional", conditions::READY, "False", reason::CONSUL_INDEX_RESET).await;
+    consul.put(&key, b"v3", None).await.unwrap();
+    consul.put(&format!("{prefix}a"), b"off", None).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let restored = tokio::time::Instant::now();
+    consul.put(&format!("{prefix}b"), b"older", None).await.unwrap();
+    s.wait_condition("optional", conditions::READY, "False", reason::PENDING).await;
+    let rolled = || async { Ok(s.revisions(DEPLOY, "api").await >= 3) };
+    wait_for("the restored content to roll", RESTORE_GRACE * 4, rolled).await.unwrap();
+    assert!(restored.elapsed() >= RESTORE_GRACE, "rolled {:?} after the restore, within its grace", restored.elapsed());
+    s.wait_revisions(DEPLOY, "api", 3).await;
+    s.wait_revisions(DEPLOY, "web", 3).await;
     s.finish().await;
 }

@@ -124,8 +124,13 @@ impl Scene {
         Ok(())
     }
 
+    /// Applies a workload, and waits until kube-controller-manager has made its first revision:
+    /// had it not seen this template before a stamp, the stamped one would be the first, and a
+    /// rollout would count as none.
     pub async fn workload(&self, kind: &str, name: &str, labels: Value) {
         self.apply(workload(kind, name, labels)).await.unwrap();
+        let seen = || async { Ok(self.revisions(kind, name).await >= 1) };
+        wait(&format!("a first revision of {kind} {name}"), seen).await.unwrap();
     }
 
     pub async fn binding(&self, name: &str, spec: Value) {
