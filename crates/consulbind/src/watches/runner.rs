@@ -519,12 +519,13 @@ async fn went_down(agent: &mut watch::Receiver<bool>) {
 }
 
 /// How often the agent is asked whether it answers at all, and how long it may take.
-const AGENT_CHECK: Duration = Duration::from_secs(3);
-pub const AGENT_TIMEOUT: Duration = Duration::from_secs(2);
+const AGENT_CHECK: Duration = Duration::from_secs(2);
+pub const AGENT_TIMEOUT: Duration = Duration::from_millis(1_500);
 
 /// Keeps [`Runner::agent`] current: the agent counts as down after two checks in a row went
-/// unanswered (one slow answer under load is no reason to give up every blocking query), and
-/// up again at its first answer, checked every second while it is down.
+/// unanswered (one slow answer under load is no reason to give up every blocking query; the
+/// second comes half a second after the first), and up again at its first answer, checked
+/// every second while it is down.
 pub async fn watch_agent(runner: Arc<Runner>) {
     let mut unanswered = 0;
     loop {
@@ -540,7 +541,12 @@ pub async fn watch_agent(runner: Arc<Runner>) {
                 ),
             }
         }
-        tokio::time::sleep(if up { AGENT_CHECK } else { Duration::from_secs(1) }).await;
+        let next = match (unanswered, up) {
+            (0, _) => AGENT_CHECK,
+            (_, true) => Duration::from_millis(500),
+            (_, false) => Duration::from_secs(1),
+        };
+        tokio::time::sleep(next).await;
     }
 }
 
