@@ -35,7 +35,7 @@ use crate::{
     config::Config,
     lease,
     metrics::Metrics,
-    reconcile::{self, Context, state::States},
+    reconcile::{self, Context, desk::Desk, state::States},
     watches::{Limits, Wake, Watches},
 };
 
@@ -63,7 +63,10 @@ pub async fn run(config: Config, shutdown: signal::Receiver<bool>) -> Result<(),
         receivers.push(rx);
     }
     let serves_all = config.namespaces.is_empty();
+    let desk: Arc<Desk> = Arc::default();
+    let woken = desk.clone();
     let wake: Wake = Arc::new(move |binding: BindingRef| {
+        woken.woken(&binding);
         let scope = if serves_all { None } else { binding.namespace.clone() };
         if let Some(tx) = senders.get(&scope) {
             let _ = tx.unbounded_send(binding);
@@ -122,6 +125,7 @@ pub async fn run(config: Config, shutdown: signal::Receiver<bool>) -> Result<(),
             metrics: metrics.clone(),
             states: states.clone(),
             express: Default::default(),
+            desk: desk.clone(),
         });
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
         caches_ready.push(ready_rx);

@@ -20,6 +20,10 @@ pub fn field_manager(binding: &str) -> String {
     format!("consulbind-{}", name_part(binding))
 }
 
+/// The field manager of a write that stamps the annotations of several bindings at once. No
+/// binding's own manager has this name.
+pub const JOINT_MANAGER: &str = "consulbind";
+
 /// Binding names may be 253 characters; an annotation name part may be 63. Long names keep a
 /// readable head and a hash of the whole name.
 fn name_part(binding: &str) -> String {

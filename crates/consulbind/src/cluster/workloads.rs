@@ -9,7 +9,7 @@ use consulbind_api::{TargetRef, WorkloadKind};
 use futures::{Stream, StreamExt, TryStreamExt};
 use k8s_openapi::{
     api::apps::v1::{DaemonSet, Deployment, StatefulSet},
-    apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectMeta},
 };
 use kube::{
     Api, Client, Resource, ResourceExt,
@@ -408,18 +408,26 @@ fn live_meta<K: Resource<DynamicType = ()> + Template>(obj: K) -> PartialObjectM
     PartialObjectMeta { types: None, metadata, _phantom: Default::default() }
 }
 
-/// Whether the field manager of the binding that owns `annotation` manages it, from the
-/// object's managed fields.
+/// Whether this controller set `annotation` for its binding, from the object's managed fields:
+/// the binding's own field manager, or the joint write of several bindings' stamps.
 fn owned_by_its_binding(meta: &ObjectMeta, annotation: &str) -> bool {
     let Some(part) = annotation.strip_prefix(names::ANNOTATION_PREFIX).and_then(|p| p.strip_prefix('/')) else {
         return false;
     };
     let manager = format!("consulbind-{part}");
     let field = format!("f:{annotation}");
-    meta.managed_fields.iter().flatten().filter(|m| m.manager.as_deref() == Some(manager.as_str())).any(|m| {
+    meta.managed_fields.iter().flatten().filter(|m| stamps_for(m, &manager)).any(|m| {
         let fields = m.fields_v1.as_ref().map(|f| &f.0);
         fields.is_some_and(|f| !f["f:spec"]["f:template"]["f:metadata"]["f:annotations"][&field].is_null())
     })
+}
+
+fn stamps_for(entry: &ManagedFieldsEntry, manager: &str) -> bool {
+    match entry.manager.as_deref() {
+        Some(m) if m == manager => true,
+        Some(names::JOINT_MANAGER) => entry.operation.as_deref() == Some("Update"),
+        _ => false,
+    }
 }
 
 /// A workload found for a target: its name, what it carries, its uid and generation, and the
@@ -525,5 +533,25 @@ mod tests {
                 && !annotations.contains_key("kubectl.kubernetes.io/last-applied-configuration")
         );
         assert_eq!(meta.metadata.generation, Some(4));
+    }
+
+    #[test]
+    fn an_annotation_is_owned_when_its_binding_or_a_joint_write_set_it_and_not_after_a_rollback() {
+        let entry = |manager: &str, operation: &str, annotations: &[&str]| {
+            let fields: serde_json::Map<_, _> =
+                annotations.iter().map(|a| (format!("f:checksum.consulbind.dev/{a}"), json!({}))).collect();
+            json!({"manager": manager, "operation": operation, "fieldsType": "FieldsV1",
+                "fieldsV1": {"f:spec": {"f:template": {"f:metadata": {"f:annotations": fields}}}}})
+        };
+        let owned = |entries: Vec<serde_json::Value>, binding: &str| {
+            let meta: ObjectMeta = serde_json::from_value(json!({"managedFields": entries})).unwrap();
+            owned_by_its_binding(&meta, &format!("checksum.consulbind.dev/{binding}"))
+        };
+        assert!(owned(vec![entry("consulbind-a", "Apply", &["a"])], "a"));
+        assert!(!owned(vec![entry("consulbind-b", "Apply", &["a", "b"])], "a"), "another binding's manager");
+        assert!(owned(vec![entry("consulbind", "Update", &["a", "b"])], "b"), "a joint write");
+        assert!(!owned(vec![entry("consulbind", "Apply", &["a"])], "a"), "a joint write is an update");
+        assert!(!owned(vec![entry("kube-controller-manager", "Update", &["a"])], "a"), "a rollback");
+        assert!(!owned(vec![entry("consulbind", "Update", &["b"])], "a"));
     }
 }

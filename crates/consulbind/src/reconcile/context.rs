@@ -9,7 +9,7 @@ use kube::{
     runtime::{events::Reporter, reflector::Store},
 };
 
-use super::{express::Express, state::States};
+use super::{desk::Desk, express::Express, state::States};
 use crate::{
     BindingRef, Lock, checksum,
     cluster::{interest::Interest, policy::Policy, tokens::Tokens, workloads::Workloads},
@@ -42,6 +42,8 @@ pub struct Context {
     pub states: Arc<States>,
     /// Which bindings are being reconciled, and the runs that start on a Consul wake.
     pub express: Arc<Express>,
+    /// Stamps due together on one workload, written together.
+    pub desk: Arc<Desk>,
 }
 
 impl Context {
@@ -60,6 +62,7 @@ impl Context {
 
     /// Stops watching for a binding that cannot be served now, keeping its record.
     pub fn unsubscribe(&self, binding: &BindingRef) {
+        self.desk.planned(binding);
         self.watches.release(binding);
         self.interest.locked().remove(binding);
     }

@@ -6,6 +6,7 @@
 
 pub mod context;
 pub mod debounce;
+pub mod desk;
 pub mod express;
 pub mod plan;
 pub mod read;
@@ -77,6 +78,8 @@ async fn reconcile_marked(binding: Arc<ConsulBinding>, ctx: &Context) -> Result<
         Ok(result) => result,
         Err(panic) => Err(panicked(ctx, &binding, panic).await),
     };
+    // Whatever way it ended, no stamp waits for it any more.
+    ctx.desk.planned(&binding_ref(&binding));
     let label = match &result {
         Ok(_) => "ok",
         Err(e) => e.metric_label(),
@@ -186,7 +189,10 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
             ctx.metrics.stage("reconcile_to_patch", started.elapsed());
             stamp::stamp_all(ctx, &oref, &plan, desired).await
         }
-        _ => Outcome::default(),
+        _ => {
+            ctx.desk.planned(&oref);
+            Outcome::default()
+        }
     };
 
     // Report.

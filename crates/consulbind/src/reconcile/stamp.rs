@@ -1,5 +1,5 @@
-//! The rollout itself: the binding's annotation, server-side-applied to each workload's pod
-//! template. One of the two places that write to the cluster.
+//! The rollout itself: the binding's annotation on each workload's pod template. One of the
+//! two places that write to the cluster.
 
 use consulbind_api::WorkloadKind;
 use futures::StreamExt;
@@ -13,10 +13,11 @@ use serde_json::json;
 
 use super::{
     context::Context,
+    desk::{Stamp, Turn, Written},
     plan::{Outcome, Plan},
 };
 use crate::{
-    BindingRef,
+    BindingRef, Lock,
     cluster::{Version, Workload, argo::Rollout},
     names,
 };
@@ -25,17 +26,32 @@ use crate::{
 const STAMP_CONCURRENCY: usize = 8;
 
 /// Stamps the planned value on every workload of `plan.roll`, a few at a time, and remembers
-/// each stamp until the workload cache shows it.
+/// each stamp until the workload cache shows it. A workload that other bindings in flight may
+/// stamp too gets their stamps in the same write (see [`desk`](super::desk)).
 pub async fn stamp_all(ctx: &Context, binding: &BindingRef, plan: &Plan, desired: &str) -> Outcome {
-    let namespace = binding.namespace.as_deref().unwrap_or_default();
+    let namespace = binding.namespace.clone().unwrap_or_default();
     let annotation = names::annotation_key(&binding.name);
     let manager = names::field_manager(&binding.name);
-    let (annotation, manager) = (&annotation, &manager);
-    let results: Vec<_> = futures::stream::iter(plan.roll.iter().cloned())
-        .map(|workload| async move {
+    let turns: Vec<(Workload, Turn)> = plan
+        .roll
+        .iter()
+        .map(|workload| {
+            let value = plan.values.get(workload).map_or(desired, String::as_str).to_owned();
+            let stamp = Stamp { annotation: annotation.clone(), value, manager: manager.clone() };
+            let (kind, name) = workload;
+            let mut others = ctx.interest.locked().workload(&namespace, *kind, name, &Default::default());
+            others.remove(binding);
+            let target = (namespace.clone(), workload.clone());
+            (workload.clone(), ctx.desk.submit(target, stamp, others.into_iter().collect()))
+        })
+        .collect();
+    ctx.desk.planned(binding);
+    let namespace = namespace.as_str();
+    let results: Vec<_> = futures::stream::iter(turns)
+        .map(|(workload, turn)| async move {
             let started = std::time::Instant::now();
             let value = plan.values.get(&workload).map_or(desired, String::as_str);
-            let result = stamp(&ctx.client, namespace, &workload, annotation, value, manager).await;
+            let result = ctx.desk.run(turn, |stamps| write(&ctx.client, namespace, &workload, stamps)).await;
             ctx.metrics.stage("patch", started.elapsed());
             if let Ok(version) = &result {
                 ctx.states.update(binding, |r| r.stamps.insert(workload.clone(), (version.clone(), value.to_owned())));
@@ -49,7 +65,7 @@ pub async fn stamp_all(ctx: &Context, binding: &BindingRef, plan: &Plan, desired
     for (workload, result) in results {
         match result {
             Ok(()) => outcome.rolled.push(workload),
-            Err(e) => outcome.failed.push((workload, e.to_string())),
+            Err(e) => outcome.failed.push((workload, e)),
         }
     }
     outcome.rolled.sort();
@@ -57,38 +73,45 @@ pub async fn stamp_all(ctx: &Context, binding: &BindingRef, plan: &Plan, desired
     outcome
 }
 
-/// Sets the binding's annotation on the workload's pod template, and nothing else, by
-/// server-side apply as the binding's own field manager. Kubernetes then rolls the workload.
-/// Returns the workload's uid and generation after the patch.
-async fn stamp(
-    client: &Client,
-    namespace: &str,
-    (kind, name): &Workload,
-    annotation: &str,
-    checksum: &str,
-    field_manager: &str,
-) -> kube::Result<Version> {
-    let body = json!({
-        "apiVersion": kind.api_version(),
-        "kind": kind.as_str(),
-        "metadata": { "name": name },
-        "spec": { "template": { "metadata": { "annotations": { annotation: checksum } } } },
-    });
-    let params = PatchParams::apply(field_manager).force();
-    match kind {
-        WorkloadKind::Deployment => apply::<Deployment>(client, namespace, name, &params, &body).await,
-        WorkloadKind::StatefulSet => apply::<StatefulSet>(client, namespace, name, &params, &body).await,
-        WorkloadKind::DaemonSet => apply::<DaemonSet>(client, namespace, name, &params, &body).await,
-        WorkloadKind::Rollout => apply::<Rollout>(client, namespace, name, &params, &body).await,
-    }
+/// Sets the stamped annotations on the workload's pod template, and nothing else. Kubernetes
+/// then rolls the workload. One stamp is server-side-applied as its binding's own field
+/// manager; several, due together, go in one merge patch as [`names::JOINT_MANAGER`], so that
+/// one change is one new generation. Either way the workload's managed fields say that this
+/// controller set each annotation. Returns the workload's uid and generation after the write.
+async fn write(client: &Client, namespace: &str, (kind, name): &Workload, stamps: Vec<Stamp>) -> Written {
+    let annotations: serde_json::Map<String, serde_json::Value> =
+        stamps.iter().map(|s| (s.annotation.clone(), s.value.clone().into())).collect();
+    let template = json!({ "template": { "metadata": { "annotations": annotations } } });
+    let (body, params) = match stamps.as_slice() {
+        [alone] => {
+            let body = json!({
+                "apiVersion": kind.api_version(),
+                "kind": kind.as_str(),
+                "metadata": { "name": name },
+                "spec": template,
+            });
+            (Patch::Apply(body), PatchParams::apply(&alone.manager).force())
+        }
+        _ => {
+            let params = PatchParams { field_manager: Some(names::JOINT_MANAGER.into()), ..PatchParams::default() };
+            (Patch::Merge(json!({ "spec": template })), params)
+        }
+    };
+    let patched = match kind {
+        WorkloadKind::Deployment => patch::<Deployment>(client, namespace, name, &params, &body).await,
+        WorkloadKind::StatefulSet => patch::<StatefulSet>(client, namespace, name, &params, &body).await,
+        WorkloadKind::DaemonSet => patch::<DaemonSet>(client, namespace, name, &params, &body).await,
+        WorkloadKind::Rollout => patch::<Rollout>(client, namespace, name, &params, &body).await,
+    };
+    patched.map_err(|e| e.to_string())
 }
 
-async fn apply<K>(
+async fn patch<K>(
     client: &Client,
     namespace: &str,
     name: &str,
     params: &PatchParams,
-    body: &serde_json::Value,
+    body: &Patch<serde_json::Value>,
 ) -> kube::Result<Version>
 where
     K: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
@@ -96,6 +119,6 @@ where
         + DeserializeOwned
         + std::fmt::Debug,
 {
-    let patched = Api::<K>::namespaced(client.clone(), namespace).patch(name, params, &Patch::Apply(body)).await?;
+    let patched = Api::<K>::namespaced(client.clone(), namespace).patch(name, params, body).await?;
     Ok(Version::of(&patched))
 }

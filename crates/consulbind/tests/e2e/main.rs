@@ -354,6 +354,101 @@ async fn two_bindings_on_one_deployment_keep_their_own_annotations() {
     s.finish().await;
 }
 
+/// Every value of the `Ready` condition of the namespace's bindings, as a watch sees them.
+fn record_ready(s: &Scene) -> std::sync::Arc<std::sync::Mutex<Vec<(String, String, String)>>> {
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, watcher};
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let events = watcher(s.bindings(), watcher::Config::default()).applied_objects();
+    let record = seen.clone();
+    tokio::spawn(events.for_each(move |binding| {
+        if let Ok(binding) = binding {
+            let ready = binding.status.iter().flat_map(|s| &s.conditions).find(|c| c.type_ == conditions::READY);
+            if let Some(c) = ready {
+                let name = binding.metadata.name.clone().unwrap_or_default();
+                record.lock().unwrap().push((name, c.status.clone(), c.reason.clone()));
+            }
+        }
+        futures::future::ready(())
+    }));
+    seen
+}
+
+async fn deployment_generation(s: &Scene, name: &str) -> i64 {
+    Api::<Deployment>::namespaced(s.client.clone(), &s.ns).get(name).await.unwrap().metadata.generation.unwrap()
+}
+
+#[tokio::test]
+async fn two_bindings_due_together_on_one_deployment_give_one_new_generation() {
+    let Some(mut s) = Scene::new("joint-stamp").await else { return };
+    let (shared, own) = (s.key("shared"), s.key("own"));
+    s.put(&shared, "1").await;
+    s.put(&own, "1").await;
+    s.workload(DEPLOY, "web", json!({})).await;
+    s.binding("first", spec(json!([{"key": shared}, {"key": own}]), deploy("web"), "0s")).await;
+    s.binding("second", spec(json!([{"key": shared}]), deploy("web"), "0s")).await;
+    s.wait_condition("first", conditions::READY, "True", reason::BASELINED).await;
+    s.wait_condition("second", conditions::READY, "True", reason::BASELINED).await;
+    let ready = record_ready(&s);
+    let before = deployment_generation(&s, "web").await;
+
+    s.put(&shared, "2").await;
+    s.wait_revisions(DEPLOY, "web", 2).await;
+    assert_eq!(deployment_generation(&s, "web").await, before + 1, "one change, one template change\n{}", s.log());
+    for name in ["first", "second"] {
+        let binding = s.wait_condition(name, conditions::READY, "True", reason::UP_TO_DATE).await;
+        let applied = binding.status.unwrap().applied_checksum;
+        let annotations = s.template_annotations(DEPLOY, "web").await;
+        assert_eq!(annotations.get(&format!("checksum.consulbind.dev/{name}")), applied.as_ref(), "{name}");
+        let rolled = s.events_for(name).await.into_iter().filter(|(r, _)| r == reason::ROLLED_OUT).count();
+        assert_eq!(rolled, 1, "RolledOut events of {name}");
+    }
+    let left: Vec<_> = ready.lock().unwrap().iter().filter(|(_, status, _)| status != "True").cloned().collect();
+    assert!(left.is_empty(), "a binding left Ready: {left:?}");
+
+    // Each binding still knows its annotation as its own: a change of one rolls once, leaves
+    // the other's annotation, and a restart rolls nothing.
+    s.put(&own, "2").await;
+    s.wait_revisions(DEPLOY, "web", 3).await;
+    s.wait_condition("first", conditions::READY, "True", reason::UP_TO_DATE).await;
+    let second = s.get_binding("second").await.status.unwrap().applied_checksum;
+    let annotations = s.template_annotations(DEPLOY, "web").await;
+    assert_eq!(annotations.get("checksum.consulbind.dev/second"), second.as_ref());
+    s.stop_controller().await;
+    s.start_controller(&[]).await;
+    tokio::time::sleep(SETTLE).await;
+    assert_eq!(s.revisions(DEPLOY, "web").await, 3, "rolled after a restart\n{}", s.log());
+    s.wait_condition("second", conditions::READY, "True", reason::UP_TO_DATE).await;
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn a_workload_deleted_right_after_a_stamp_and_made_again_rolls_once_at_the_next_change() {
+    let Some(s) = Scene::new("remade").await else { return };
+    let key = s.key("config");
+    bound_deployment(&s, &key, "0s").await;
+    let deployments = Api::<Deployment>::namespaced(s.client.clone(), &s.ns);
+    s.put(&key, "v2").await;
+    support::wait("the stamp", || async {
+        Ok(deployments.get("web").await?.metadata.generation.unwrap_or_default() > 1)
+    })
+    .await
+    .unwrap();
+    deployments.delete("web", &kube::api::DeleteParams::foreground()).await.unwrap();
+    support::wait("the deletion", || async { Ok(deployments.get_opt("web").await?.is_none()) }).await.unwrap();
+    s.workload(DEPLOY, "web", json!({})).await;
+    tokio::time::sleep(SETTLE).await;
+    let remade = deployments.get("web").await.unwrap();
+    assert_eq!(remade.metadata.generation, Some(1), "the new Deployment was rolled for the old change\n{}", s.log());
+
+    s.put(&key, "v3").await;
+    s.wait_revisions(DEPLOY, "web", 2).await;
+    let binding = s.wait_condition("cfg", conditions::READY, "True", reason::UP_TO_DATE).await;
+    let annotations = s.template_annotations(DEPLOY, "web").await;
+    assert_eq!(annotations.get("checksum.consulbind.dev/cfg"), binding.status.unwrap().applied_checksum.as_ref());
+    s.finish().await;
+}
+
 #[tokio::test]
 async fn api_server_refuses_invalid_bindings() {
     let Some(s) = Scene::new("invalid").await else {

@@ -1,0 +1,274 @@
+//! Stamps due together on one workload go in one write.
+//!
+//! Bindings that read the same key are woken by the same Consul answer. Each stamps its own
+//! annotation, and each write of a pod template is a new generation: two bindings on one
+//! workload would give two rollouts for one change. So a stamp for a workload that another
+//! binding in flight (woken, not yet planned) may also stamp waits, for a moment, until that
+//! binding has planned; whatever was submitted for the workload by then is one write. A stamp
+//! with no other binding in flight goes at once.
+
+use std::{
+    collections::HashMap,
+    future::Future,
+    sync::Mutex,
+    time::{Duration, Instant},
+};
+
+use tokio::sync::{Notify, watch};
+
+use crate::{
+    BindingRef, Lock,
+    cluster::{Version, Workload},
+};
+
+/// How long a stamp waits at most for the other bindings in flight on its workload.
+const GATHER: Duration = Duration::from_millis(250);
+/// A binding woken longer ago than this is not waited for: its reconcile is queued behind
+/// others, or it will not run at all.
+const STALE: Duration = Duration::from_secs(2);
+
+/// One binding's annotation on one workload.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stamp {
+    pub annotation: String,
+    pub value: String,
+    /// The binding's own field manager, for a write of its stamp alone.
+    pub manager: String,
+}
+
+/// A workload in a namespace.
+pub type Target = (String, Workload);
+
+pub type Written = Result<Version, String>;
+
+#[derive(Default)]
+pub struct Desk {
+    inner: Mutex<Inner>,
+    planned: Notify,
+}
+
+#[derive(Default)]
+struct Inner {
+    /// Bindings woken whose reconcile has not planned yet, and since when.
+    flight: HashMap<BindingRef, Instant>,
+    last_sweep: Option<Instant>,
+    /// Stamps waiting for a write, by workload.
+    open: HashMap<Target, Batch>,
+}
+
+struct Batch {
+    stamps: Vec<Stamp>,
+    done: watch::Sender<Option<Written>>,
+}
+
+/// What a submitted stamp does next.
+pub enum Turn {
+    /// Written alone, at once.
+    Alone(Stamp),
+    /// Waits for the bindings in `others` to plan, then writes every stamp of the workload.
+    Lead { target: Target, others: Vec<BindingRef> },
+    /// Another stamp leads the write this one joined.
+    Joined(watch::Receiver<Option<Written>>),
+}
+
+impl Desk {
+    /// A binding was woken, and may soon stamp.
+    pub fn woken(&self, binding: &BindingRef) {
+        let now = Instant::now();
+        let mut inner = self.inner.locked();
+        inner.flight.insert(binding.clone(), now);
+        // Bindings that never planned (deleted, out of scope) must not pile up.
+        if inner.last_sweep.is_none_or(|at| now.duration_since(at) > STALE) {
+            inner.flight.retain(|_, at| now.duration_since(*at) <= STALE);
+            inner.last_sweep = Some(now);
+        }
+    }
+
+    /// The binding has planned: every stamp it will make now is submitted.
+    pub fn planned(&self, binding: &BindingRef) {
+        if self.inner.locked().flight.remove(binding).is_some() {
+            self.planned.notify_waiters();
+        }
+    }
+
+    /// Puts a binding's stamp for a workload on the desk. `others` are the other bindings that
+    /// target the workload.
+    pub fn submit(&self, target: Target, stamp: Stamp, others: Vec<BindingRef>) -> Turn {
+        let mut inner = self.inner.locked();
+        if let Some(batch) = inner.open.get_mut(&target) {
+            batch.stamps.push(stamp);
+            return Turn::Joined(batch.done.subscribe());
+        }
+        let others: Vec<BindingRef> = others.into_iter().filter(|b| inner.in_flight(b)).collect();
+        if others.is_empty() {
+            return Turn::Alone(stamp);
+        }
+        inner.open.insert(target.clone(), Batch { stamps: vec![stamp], done: watch::Sender::new(None) });
+        Turn::Lead { target, others }
+    }
+
+    /// Writes, or waits for, the stamp. `write` gets the stamps of one write: one stamp is
+    /// written as its binding's own, several as one joint write.
+    pub async fn run<F, Fut>(&self, turn: Turn, write: F) -> Written
+    where
+        F: FnOnce(Vec<Stamp>) -> Fut,
+        Fut: Future<Output = Written>,
+    {
+        match turn {
+            Turn::Alone(stamp) => write(vec![stamp]).await,
+            Turn::Joined(done) => outcome(done).await,
+            Turn::Lead { target, others } => {
+                let deadline = tokio::time::Instant::now() + GATHER;
+                loop {
+                    let planned = self.planned.notified();
+                    if !others.iter().any(|b| self.inner.locked().in_flight(b)) {
+                        break;
+                    }
+                    if tokio::time::timeout_at(deadline, planned).await.is_err() {
+                        break;
+                    }
+                }
+                let Some(batch) = self.inner.locked().open.remove(&target) else {
+                    return Err("the stamp was lost from the desk".into());
+                };
+                let written = write(batch.stamps).await;
+                batch.done.send_replace(Some(written.clone()));
+                written
+            }
+        }
+    }
+}
+
+impl Inner {
+    fn in_flight(&self, binding: &BindingRef) -> bool {
+        self.flight.get(binding).is_some_and(|at| at.elapsed() <= STALE)
+    }
+}
+
+async fn outcome(mut done: watch::Receiver<Option<Written>>) -> Written {
+    match done.wait_for(Option::is_some).await {
+        Ok(written) => written.clone().unwrap_or_else(|| Err("no outcome".into())),
+        Err(_) => Err("the joint write was abandoned; it is retried".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use consulbind_api::WorkloadKind;
+
+    use super::*;
+
+    fn web() -> Target {
+        ("ns".into(), (WorkloadKind::Deployment, "web".into()))
+    }
+
+    fn stamp(binding: &str) -> Stamp {
+        Stamp { annotation: format!("a/{binding}"), value: "sum".into(), manager: format!("m-{binding}") }
+    }
+
+    fn binding(name: &str) -> BindingRef {
+        BindingRef::new(name).within("ns")
+    }
+
+    fn version() -> Version {
+        Version { uid: "u".into(), generation: 2 }
+    }
+
+    #[tokio::test]
+    async fn a_stamp_with_no_other_binding_in_flight_is_written_at_once_alone() {
+        let desk = Desk::default();
+        desk.woken(&binding("b"));
+        desk.planned(&binding("b"));
+        // "b" targets the workload too, but has planned already.
+        let turn = desk.submit(web(), stamp("a"), vec![binding("b")]);
+        assert!(matches!(turn, Turn::Alone(_)));
+        let written = desk.run(turn, |stamps| async move {
+            assert_eq!(stamps, [stamp("a")]);
+            Ok(version())
+        });
+        assert_eq!(written.await, Ok(version()));
+    }
+
+    #[tokio::test]
+    async fn bindings_woken_together_on_one_workload_stamp_it_in_one_write() {
+        let desk = Arc::new(Desk::default());
+        let (a, b) = (binding("a"), binding("b"));
+        desk.woken(&a);
+        desk.woken(&b);
+        let writes = Arc::new(Mutex::new(Vec::new()));
+        let turn = desk.submit(web(), stamp("a"), vec![b.clone()]);
+        desk.planned(&a);
+        let lead = tokio::spawn({
+            let (desk, writes) = (desk.clone(), writes.clone());
+            async move {
+                desk.run(turn, |stamps| async move {
+                    writes.locked().push(stamps);
+                    Ok(version())
+                })
+                .await
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!lead.is_finished(), "wrote before the other binding in flight had planned");
+
+        let joined = desk.submit(web(), stamp("b"), vec![a.clone()]);
+        assert!(matches!(joined, Turn::Joined(_)));
+        desk.planned(&b);
+        let second = desk.run(joined, |_| async { panic!("a joined stamp is written by its lead") }).await;
+        assert_eq!(second, Ok(version()));
+        assert_eq!(lead.await.unwrap(), Ok(version()));
+        assert_eq!(*writes.locked(), [vec![stamp("a"), stamp("b")]]);
+    }
+
+    #[tokio::test]
+    async fn a_binding_that_plans_no_stamp_for_the_workload_ends_the_wait() {
+        let desk = Arc::new(Desk::default());
+        let (a, b) = (binding("a"), binding("b"));
+        desk.woken(&b);
+        let turn = desk.submit(web(), stamp("a"), vec![b.clone()]);
+        assert!(matches!(turn, Turn::Lead { .. }));
+        let lead = tokio::spawn({
+            let desk = desk.clone();
+            async move {
+                desk.run(turn, |stamps| async move { Ok(Version { uid: "u".into(), generation: stamps.len() as i64 }) })
+                    .await
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!lead.is_finished());
+        let started = Instant::now();
+        desk.planned(&b);
+        let written = tokio::time::timeout(Duration::from_secs(5), lead).await.unwrap().unwrap();
+        assert_eq!(written, Ok(Version { uid: "u".into(), generation: 1 }), "one stamp, written alone");
+        assert!(started.elapsed() < GATHER, "waited for the gathering window after the other binding planned");
+        let _ = a;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_binding_that_never_plans_delays_a_stamp_by_the_gathering_window_only() {
+        let desk = Desk::default();
+        desk.woken(&binding("stuck"));
+        let turn = desk.submit(web(), stamp("a"), vec![binding("stuck")]);
+        let started = tokio::time::Instant::now();
+        let written = desk.run(turn, |_| async { Ok(version()) }).await;
+        assert_eq!(written, Ok(version()));
+        assert_eq!(started.elapsed(), GATHER);
+        // The next stamp opens a write of its own.
+        assert!(matches!(desk.submit(web(), stamp("a"), vec![]), Turn::Alone(_)));
+    }
+
+    #[tokio::test]
+    async fn a_failed_joint_write_fails_every_stamp_in_it() {
+        let desk = Arc::new(Desk::default());
+        let (a, b) = (binding("a"), binding("b"));
+        desk.woken(&b);
+        let lead = desk.submit(web(), stamp("a"), vec![b.clone()]);
+        let joined = desk.submit(web(), stamp("b"), vec![a]);
+        desk.planned(&b);
+        let failed = |_| async { Err::<Version, _>("forbidden".to_owned()) };
+        assert_eq!(desk.run(lead, failed).await, Err("forbidden".into()));
+        assert_eq!(desk.run(joined, |_| async { Ok(version()) }).await, Err("forbidden".into()));
+    }
+}
