@@ -22,6 +22,7 @@ const ETCD_PEER_PORT: u16 = 23801;
 const APISERVER_PORT: u16 = 16443;
 /// The plain agent's HTTPS port.
 const CONSUL_HTTPS_PORT: u16 = 18501;
+const CONSUL_FAULTS_HTTPS_PORT: u16 = 18701;
 
 /// `base` shifted by CONSULBIND_ENV_PORT_OFFSET (default 0), so two environments can run side by
 /// side on one machine, e.g. two worktrees. Read once: every port of a run must agree.
@@ -74,7 +75,7 @@ const CONSUL: Agent = Agent {
 const CONSUL_FAULTS: Agent = Agent {
     name: "consul-faults",
     http: 18700,
-    https: None,
+    https: Some(CONSUL_FAULTS_HTTPS_PORT),
     server: 18710,
     serf_lan: 18711,
     serf_wan: 18712,
@@ -322,6 +323,7 @@ impl Env {
             ("CONSUL_HTTP_ADDR", CONSUL.addr()),
             ("CONSULBIND_E2E_ACL_ADDR", CONSUL_ACL.addr()),
             ("CONSULBIND_E2E_FAULTS_ADDR", CONSUL_FAULTS.addr()),
+            ("CONSULBIND_E2E_FAULTS_TLS_ADDR", format!("https://127.0.0.1:{}", port(CONSUL_FAULTS_HTTPS_PORT))),
             ("CONSULBIND_E2E_ACL_TOKEN", master_token.trim().to_owned()),
             ("CONSULBIND_E2E_TLS_ADDR", format!("https://127.0.0.1:{}", port(CONSUL_HTTPS_PORT))),
             ("CONSULBIND_E2E_CONSUL_CA", self.consul_tls().ca.display().to_string()),

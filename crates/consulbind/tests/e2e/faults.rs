@@ -54,7 +54,7 @@ async fn consul_blips_restarts_and_data_loss_roll_nothing_and_show_within_second
     let consul = faults_consul().await;
     let addr = format!("--consul-http-addr={}", std::env::var("CONSULBIND_E2E_FAULTS_ADDR").unwrap());
     let restore = format!("--consul-restore-grace={}s", RESTORE_GRACE.as_secs());
-    let Some(s) = Scene::with_args("faults", &[&addr, GRACE, &restore]).await else {
+    let Some(mut s) = Scene::with_args("faults", &[&addr, GRACE, &restore]).await else {
         return;
     };
     let (key, prefix) = (s.key("config"), s.key("features/"));
@@ -127,22 +127,7 @@ async fn consul_blips_restarts_and_data_loss_roll_nothing_and_show_within_second
     consul.put(&format!("{prefix}a"), b"off", None).await.unwrap();
     s.wait_revisions(DEPLOY, "api", 2).await;
 
-    // Frozen: connections stay open and nothing answers. Seen within 15 s, Ready within 5 s of
-    // the agent answering again, and no rollout either way.
-    s.wait_condition("required", conditions::READY, "True", reason::UP_TO_DATE).await;
-    let frozen = tokio::task::spawn_blocking(|| xtask(&["consul-hang", "--seconds=25"]));
-    let hung_at = tokio::time::Instant::now();
-    s.wait_condition("required", conditions::CONSUL_SYNCED, "False", reason::CONSUL_UNREACHABLE).await;
-    let seen = hung_at.elapsed();
-    assert!(seen < Duration::from_secs(15), "a hung agent showed after {seen:?}\n{}", s.log());
-    frozen.await.unwrap();
-    let back = tokio::time::Instant::now();
-    s.wait_condition("required", conditions::READY, "True", reason::UP_TO_DATE).await;
-    s.wait_condition("optional", conditions::READY, "True", reason::UP_TO_DATE).await;
-    assert!(back.elapsed() < Duration::from_secs(5), "Ready {:?} after the agent answered again", back.elapsed());
-    s.wait_revisions(DEPLOY, "web", 2).await;
-    s.wait_revisions(DEPLOY, "api", 2).await;
-    // The next change rolls once.
+    frozen_then_back(&s, 2).await;
     consul.put(&key, b"v3", None).await.unwrap();
     s.wait_revisions(DEPLOY, "web", 3).await;
 
@@ -161,5 +146,38 @@ async fn consul_blips_restarts_and_data_loss_roll_nothing_and_show_within_second
     assert!(restored.elapsed() >= RESTORE_GRACE, "rolled {:?} after the restore, within its grace", restored.elapsed());
     s.wait_revisions(DEPLOY, "api", 3).await;
     s.wait_revisions(DEPLOY, "web", 3).await;
+
+    // Over HTTPS every query shares one HTTP/2 connection, and a frozen agent still
+    // acknowledges its TCP keep-alives.
+    let tls =
+        std::env::var("CONSULBIND_E2E_FAULTS_TLS_ADDR").expect("CONSULBIND_E2E_FAULTS_TLS_ADDR; run `cargo xtask e2e`");
+    let ca = std::env::var("CONSULBIND_E2E_CONSUL_CA").expect("CONSULBIND_E2E_CONSUL_CA; run `cargo xtask e2e`");
+    s.stop_controller().await;
+    let envs = [("CONSUL_HTTP_ADDR", tls.as_str()), ("CONSUL_CACERT", ca.as_str())];
+    s.start_controller_with_env(&[GRACE, &restore], &envs).await;
+    frozen_then_back(&s, 3).await;
+    consul.put(&key, b"v4", None).await.unwrap();
+    s.wait_revisions(DEPLOY, "web", 4).await;
+    s.wait_revisions(DEPLOY, "api", 3).await;
     s.finish().await;
+}
+
+/// Freezes the agent: connections stay open and nothing answers. Seen within 15 s, Ready
+/// within 5 s of the agent answering again, and no rollout either way (`web` has `revisions`).
+async fn frozen_then_back(s: &Scene, revisions: usize) {
+    s.wait_condition("required", conditions::READY, "True", reason::UP_TO_DATE).await;
+    s.wait_condition("optional", conditions::READY, "True", reason::UP_TO_DATE).await;
+    let api = s.revisions(DEPLOY, "api").await;
+    let frozen = tokio::task::spawn_blocking(|| xtask(&["consul-hang", "--seconds=25"]));
+    let hung_at = tokio::time::Instant::now();
+    s.wait_condition("required", conditions::CONSUL_SYNCED, "False", reason::CONSUL_UNREACHABLE).await;
+    let seen = hung_at.elapsed();
+    assert!(seen < Duration::from_secs(15), "a hung agent showed after {seen:?}\n{}", s.log());
+    frozen.await.unwrap();
+    let back = tokio::time::Instant::now();
+    s.wait_condition("required", conditions::READY, "True", reason::UP_TO_DATE).await;
+    s.wait_condition("optional", conditions::READY, "True", reason::UP_TO_DATE).await;
+    assert!(back.elapsed() < Duration::from_secs(5), "Ready {:?} after the agent answered again", back.elapsed());
+    s.wait_revisions(DEPLOY, "web", revisions).await;
+    s.wait_revisions(DEPLOY, "api", api).await;
 }
