@@ -10,7 +10,7 @@ use reqwest::{Method, Response, StatusCode, Url};
 use tokio::sync::{Semaphore, SemaphorePermit};
 
 use crate::error::{chain, excerpt};
-use crate::kv::{api_url, key_url, kv_url, parse_entries, request_timeout};
+use crate::kv::{Digest, api_url, key_url, kv_url, parse_entries, request_timeout};
 use crate::{ClientConfig, Error, KvQuery, KvResponse, Token};
 
 const TOKEN_HEADER: &str = "X-Consul-Token";
@@ -20,6 +20,8 @@ const INDEX_HEADER: &str = "X-Consul-Index";
 /// serves 250 streams per connection by default: blocking queries may take this many of them,
 /// and the rest stay free for short requests.
 const STREAM_SLOTS: usize = 200;
+/// Answers read and parsed at once.
+const READERS: usize = 2;
 
 /// A Consul KV client. Clones share one connection pool and one connection budget.
 ///
@@ -53,6 +55,11 @@ struct Inner {
     blocking_slots: usize,
     /// Over HTTP/2, blocking queries hold one of these instead: they need no connection each.
     streams: Semaphore,
+    /// Answers read and parsed at once: each is held whole while it is, so a burst of big
+    /// answers (a cold start) must not be held all together.
+    reading: Semaphore,
+    /// Stands in for values, when set: see [`Client::digest_values`].
+    digest: std::sync::OnceLock<Digest>,
     /// The pool's connection speaks HTTP/2.
     multiplexed: AtomicBool,
     /// Over TLS: whether the pool holds a connection whose protocol it knows (see `settle`).
@@ -95,6 +102,8 @@ impl Client {
                 blocking: Semaphore::new(budget.blocking),
                 blocking_slots: budget.blocking,
                 streams: Semaphore::new(STREAM_SLOTS),
+                reading: Semaphore::new(READERS),
+                digest: Default::default(),
                 multiplexed: AtomicBool::new(false),
                 settled: AtomicBool::new(false),
                 settling: tokio::sync::Mutex::new(()),
@@ -167,6 +176,28 @@ impl Client {
         wait: Duration,
         max_bytes: u64,
     ) -> Result<KvResponse, Error> {
+        self.read(query, index, wait, max_bytes, self.inner.digest.get()).await
+    }
+
+    /// From now on, [`Client::get_wait`] and [`Client::get`] give each value as `digest` of it,
+    /// made as the value is decoded: a caller that only compares values never holds them.
+    pub fn digest_values(&self, digest: Digest) {
+        let _ = self.inner.digest.set(digest);
+    }
+
+    /// A plain read that gives the values themselves, whatever [`Client::digest_values`] set.
+    pub async fn get_values(&self, query: &KvQuery, max_bytes: u64) -> Result<KvResponse, Error> {
+        self.read(query, 0, self.inner.wait, max_bytes, None).await
+    }
+
+    async fn read(
+        &self,
+        query: &KvQuery,
+        index: u64,
+        wait: Duration,
+        max_bytes: u64,
+        digest: Option<&Digest>,
+    ) -> Result<KvResponse, Error> {
         let wait = wait.clamp(Duration::from_millis(1), self.inner.wait);
         let blocking = (index >= 1).then_some(wait);
         let multiplexed = self.inner.multiplexed.load(Ordering::Acquire);
@@ -190,7 +221,10 @@ impl Client {
             StatusCode::OK | StatusCode::NOT_FOUND => {
                 let index = parse_index(response.headers())?;
                 let entries = match status {
-                    StatusCode::OK => parse_entries(&self.body_within(response, &query.key, max_bytes).await?)?,
+                    StatusCode::OK => {
+                        let _reading = self.inner.reading.acquire().await.expect("never closed");
+                        parse_entries(&self.body_within(response, &query.key, max_bytes).await?, digest)?
+                    }
                     _ => Vec::new(),
                 };
                 Ok(KvResponse { index, entries })
@@ -312,7 +346,7 @@ impl Client {
         if response.content_length().is_some_and(|n| n > limit) {
             return Err(too_large());
         }
-        let mut body = Vec::new();
+        let mut body = Vec::with_capacity(response.content_length().unwrap_or(0) as usize);
         while let Some(chunk) = response.chunk().await.map_err(|e| self.unreachable(&e))? {
             if (body.len() + chunk.len()) as u64 > limit {
                 return Err(too_large());

@@ -353,7 +353,7 @@ mod tests {
     }
 
     fn entry(key: &str, value: &str, modify_index: u64) -> KvEntry {
-        KvEntry { key: key.into(), value: value.into(), modify_index }
+        KvEntry::new(key, value, modify_index)
     }
 
     /// A small deterministic generator, so the property tests need no extra crate.

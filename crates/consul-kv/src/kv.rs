@@ -39,9 +39,25 @@ impl KvQuery {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KvEntry {
     pub key: String,
-    /// The raw value; a key stored with no value (Consul's `null`) reads as empty.
+    /// The raw value (a key stored with no value, Consul's `null`, reads as empty), or what a
+    /// caller keeps in its place: see [`KvEntry::digested`].
     pub value: Vec<u8>,
+    /// The length of the raw value.
+    pub size: u64,
     pub modify_index: u64,
+}
+
+impl KvEntry {
+    pub fn new(key: impl Into<String>, value: impl Into<Vec<u8>>, modify_index: u64) -> Self {
+        let value = value.into();
+        Self { key: key.into(), size: value.len() as u64, value, modify_index }
+    }
+
+    /// The entry with its value replaced by `digest` of it, keeping its size: for callers that
+    /// only ever compare values.
+    pub fn digested(self, digest: impl FnOnce(&[u8]) -> Vec<u8>) -> Self {
+        Self { value: digest(&self.value), ..self }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -119,15 +135,21 @@ pub(crate) fn request_timeout(blocking_wait: Option<Duration>) -> Duration {
 
 #[derive(Deserialize)]
 #[serde(rename_all = "PascalCase")]
-struct RawEntry {
+struct RawEntry<'a> {
     key: String,
-    value: Option<String>,
+    /// Borrowed from the answer: a big value is decoded once, and digested at once if asked.
+    #[serde(borrow)]
+    value: Option<std::borrow::Cow<'a, str>>,
     modify_index: u64,
 }
 
-/// Parses the JSON array of a 200 response into entries sorted by key.
-pub(crate) fn parse_entries(body: &[u8]) -> Result<Vec<KvEntry>, Error> {
-    let raw: Vec<RawEntry> = serde_json::from_slice(body)
+/// What a caller keeps of each value in its place; see [`KvEntry::digested`].
+pub type Digest = std::sync::Arc<dyn Fn(&[u8]) -> Vec<u8> + Send + Sync>;
+
+/// Parses the JSON array of a 200 response into entries sorted by key, each value replaced by
+/// `digest` of it as soon as it is decoded, when given.
+pub(crate) fn parse_entries(body: &[u8], digest: Option<&Digest>) -> Result<Vec<KvEntry>, Error> {
+    let raw: Vec<RawEntry<'_>> = serde_json::from_slice(body)
         .map_err(|e| Error::Protocol(format!("KV response is not a JSON entry list: {e}")))?;
     let mut entries = raw
         .into_iter()
@@ -138,7 +160,11 @@ pub(crate) fn parse_entries(body: &[u8]) -> Result<Vec<KvEntry>, Error> {
                     .decode(encoded)
                     .map_err(|_| Error::Protocol(format!("value of key {:?} is not valid base64", entry.key)))?,
             };
-            Ok(KvEntry { key: entry.key, value, modify_index: entry.modify_index })
+            let entry = KvEntry::new(entry.key, value, entry.modify_index);
+            Ok(match digest {
+                Some(digest) => entry.digested(|v| digest(v)),
+                None => entry,
+            })
         })
         .collect::<Result<Vec<_>, Error>>()?;
     entries.sort_by(|a, b| a.key.cmp(&b.key));
@@ -215,7 +241,7 @@ mod tests {
             {"LockIndex":0,"Key":"app/","Flags":0,"Value":null,"CreateIndex":4,"ModifyIndex":4},
             {"Key":"app/a","Value":"","ModifyIndex":7}
         ]"#;
-        let entries = parse_entries(body).unwrap();
+        let entries = parse_entries(body, None).unwrap();
         let keys: Vec<_> = entries.iter().map(|e| e.key.as_str()).collect();
         assert_eq!(keys, ["app/", "app/a", "app/b"]);
         assert_eq!(entries[0].value, b"");
@@ -226,8 +252,7 @@ mod tests {
 
     #[test]
     fn same_contents_ignores_indexes() {
-        let entry =
-            |key: &str, value: &[u8], modify_index| KvEntry { key: key.into(), value: value.into(), modify_index };
+        let entry = |key: &str, value: &[u8], modify_index| KvEntry::new(key, value, modify_index);
         let a = KvResponse { index: 5, entries: vec![entry("k", b"v", 5)] };
         let rewritten = KvResponse { index: 9, entries: vec![entry("k", b"v", 9)] };
         let changed = KvResponse { index: 9, entries: vec![entry("k", b"w", 9)] };
@@ -239,9 +264,9 @@ mod tests {
 
     #[test]
     fn rejects_bad_json_and_bad_base64() {
-        let err = parse_entries(b"{\"not\":\"a list\"}").unwrap_err();
+        let err = parse_entries(b"{\"not\":\"a list\"}", None).unwrap_err();
         assert_eq!(err.kind(), crate::ErrorKind::Protocol);
-        let err = parse_entries(br#"[{"Key":"k","Value":"!!","ModifyIndex":1}]"#).unwrap_err();
+        let err = parse_entries(br#"[{"Key":"k","Value":"!!","ModifyIndex":1}]"#, None).unwrap_err();
         assert!(err.to_string().contains("\"k\""), "{err}");
     }
 }

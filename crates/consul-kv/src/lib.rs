@@ -51,4 +51,4 @@ pub use backoff::{Backoff, jitter};
 pub use client::Client;
 pub use config::{ClientConfig, Token};
 pub use error::{Error, ErrorKind};
-pub use kv::{KvEntry, KvQuery, KvResponse, same_entries};
+pub use kv::{Digest, KvEntry, KvQuery, KvResponse, same_entries};

@@ -28,6 +28,8 @@ pub mod reason {
     pub const DEFAULT_TOKEN_FORBIDDEN: &str = "DefaultTokenForbidden";
     /// A bound prefix holds more keys or bytes than the controller's limits.
     pub const PREFIX_TOO_LARGE: &str = "PrefixTooLarge";
+    /// A binding's keys and prefixes hold more bytes together than the controller's limit.
+    pub const BINDING_TOO_LARGE: &str = "BindingTooLarge";
     /// In `DryRun` mode: the targets would have been rolled, and were not.
     pub const DRY_RUN: &str = "DryRun";
     /// A target's kind is not served by the cluster (Argo Rollouts not installed), or not to

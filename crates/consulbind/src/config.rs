@@ -80,6 +80,11 @@ pub struct Config {
     #[arg(long, env = "CONSULBIND_MAX_PREFIX_BYTES", default_value_t = 4 << 20)]
     pub max_prefix_bytes: u64,
 
+    /// The most bytes of keys and values all of one binding's keys and prefixes may hold
+    /// together. Past it the binding shows `BindingTooLarge`.
+    #[arg(long, env = "CONSULBIND_MAX_BINDING_BYTES", default_value_t = 32 << 20)]
+    pub max_binding_bytes: u64,
+
     /// Report what every binding would roll, and roll nothing, whatever `spec.rollout.mode`
     /// says: for a first install in a production cluster.
     #[arg(long, env = "CONSULBIND_DRY_RUN", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]

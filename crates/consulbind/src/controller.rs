@@ -98,6 +98,7 @@ pub async fn run(config: Config, shutdown: signal::Receiver<bool>) -> Result<(),
 
     let (key_namespace, key_name) = config.checksum_key_secret(&client);
     let checksum_key = checksum::key::load_or_create(&client, &key_namespace, &key_name).await?;
+    watches.set_digest_key(checksum_key.clone());
     let default_prefixes = config.default_token_prefixes.as_deref().map(Allowed::parse);
     let reporter = Reporter { controller: "consulbind".into(), instance: config.identity.clone() };
 
@@ -126,6 +127,7 @@ pub async fn run(config: Config, shutdown: signal::Receiver<bool>) -> Result<(),
             states: states.clone(),
             express: Default::default(),
             desk: desk.clone(),
+            max_binding_bytes: config.max_binding_bytes,
         });
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
         caches_ready.push(ready_rx);

@@ -1,29 +1,39 @@
 //! The content checksum stamped on workloads and shown in the status.
 //!
-//! It is an HMAC-SHA-256, in lowercase hex, keyed by the cluster's checksum [`Key`], over this
-//! encoding:
+//! It is `v2:` and an HMAC-SHA-256 in lowercase hex, keyed by the cluster's checksum [`Key`],
+//! over this encoding:
 //!
 //! ```text
-//! "consulbind-checksum-v1\0"
+//! "consulbind-checksum-v2\0"
 //! then, for each bound source in ascending (kind, key) order, duplicates removed:
-//!   exact key: 'K' lp(key) present:u8 [lp(value) if present]
-//!   prefix:    'P' lp(prefix) count:u64be { lp(key) lp(value) } for each key, ascending
+//!   exact key: 'K' lp(key) present:u8 [lp(d(value)) if present]
+//!   prefix:    'P' lp(prefix) count:u64be { lp(key) lp(d(value)) } for each key, ascending
 //! where lp(x) = len(x):u64be x
+//! and   d(v)  = HMAC-SHA-256(key, "consulbind-value\0" v), the value's keyed [`digest`]
 //! ```
 //!
-//! Without the key, a checksum cannot be checked against a guessed value. Indexes, flags and
-//! the order of the spec's lists play no part. Changing any of this would roll every bound
-//! workload on upgrade, so the format is pinned by a test vector. Releases before the key
-//! stamped the plain SHA-256 of the same encoding; [`legacy`] recognises those values.
+//! So the controller keeps a digest of each value, never the value. Without the key, a checksum
+//! cannot be checked against a guessed value. Indexes, flags and the order of the spec's lists
+//! play no part. Changing any of this would roll every bound workload on upgrade, so the format
+//! is pinned by test vectors. Earlier releases stamped [`v1`] (the same encoding over the values
+//! themselves) and, before the key, [`legacy`]; a binding that still carries one is read once
+//! more with its values to recognise it.
 
 pub mod key;
 
 use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
 
-const HEADER: &[u8] = b"consulbind-checksum-v1\0";
+const HEADER_V1: &[u8] = b"consulbind-checksum-v1\0";
+const HEADER: &[u8] = b"consulbind-checksum-v2\0";
+const VALUE_DOMAIN: &[u8] = b"consulbind-value\0";
+/// Marks a checksum of the current format.
+pub const PREFIX: &str = "v2:";
 
-/// The content behind one entry of `spec.keys`.
+/// The length of a value's [`digest`].
+pub const DIGEST_LEN: usize = 32;
+
+/// The content behind one entry of `spec.keys`: values, or their digests.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Source<'a> {
     Key { key: &'a str, value: Option<&'a [u8]> },
@@ -69,12 +79,12 @@ fn length_prefixed(out: &mut Vec<u8>, bytes: &[u8]) {
     out.extend_from_slice(bytes);
 }
 
-/// The canonical encoding of a set of sources.
-pub fn encode(sources: &[Source<'_>]) -> Vec<u8> {
+/// The canonical encoding of a set of sources, after `header`.
+fn encode(header: &[u8], sources: &[Source<'_>]) -> Vec<u8> {
     let mut sorted: Vec<&Source<'_>> = sources.iter().collect();
     sorted.sort_by(|a, b| a.sort_key().cmp(&b.sort_key()));
     sorted.dedup_by(|a, b| a.sort_key() == b.sort_key());
-    let mut out = HEADER.to_vec();
+    let mut out = header.to_vec();
     for source in sorted {
         source.encode(&mut out);
     }
@@ -102,6 +112,10 @@ impl Key {
     pub fn bytes(&self) -> &[u8; KEY_LEN] {
         &self.0
     }
+
+    fn mac(&self) -> Hmac<Sha256> {
+        Hmac::<Sha256>::new_from_slice(&self.0).expect("HMAC takes keys of any length")
+    }
 }
 
 impl std::fmt::Debug for Key {
@@ -110,25 +124,69 @@ impl std::fmt::Debug for Key {
     }
 }
 
-/// The checksum of a set of sources, as 64 lowercase hex digits.
+/// The keyed digest of one value: all the controller keeps of it.
+pub fn digest(key: &Key, value: &[u8]) -> [u8; DIGEST_LEN] {
+    let mut mac = key.mac();
+    mac.update(VALUE_DOMAIN);
+    mac.update(value);
+    mac.finalize().into_bytes().into()
+}
+
+/// The checksum of sources whose values are already [`digest`]s.
+pub fn from_digests(key: &Key, sources: &[Source<'_>]) -> String {
+    let mut mac = key.mac();
+    mac.update(&encode(HEADER, sources));
+    format!("{PREFIX}{}", hex(&mac.finalize().into_bytes()))
+}
+
+/// The checksum of sources with their values.
 pub fn checksum(key: &Key, sources: &[Source<'_>]) -> String {
-    let mut mac = Hmac::<Sha256>::new_from_slice(&key.0).expect("HMAC takes keys of any length");
-    mac.update(&encode(sources));
+    let digests: Vec<Vec<[u8; DIGEST_LEN]>> = sources
+        .iter()
+        .map(|s| match s {
+            Source::Key { value, .. } => value.iter().map(|v| digest(key, v)).collect(),
+            Source::Prefix { entries, .. } => entries.iter().map(|(_, v)| digest(key, v)).collect(),
+        })
+        .collect();
+    let digested: Vec<Source<'_>> = sources
+        .iter()
+        .zip(&digests)
+        .map(|(s, d)| match s {
+            Source::Key { key, .. } => Source::Key { key, value: d.first().map(|d| d.as_slice()) },
+            Source::Prefix { prefix, entries } => Source::Prefix {
+                prefix,
+                entries: entries.iter().zip(d).map(|((k, _), d)| (*k, d.as_slice())).collect(),
+            },
+        })
+        .collect();
+    from_digests(key, &digested)
+}
+
+/// Whether a stamped or recorded value is of the current format.
+pub fn is_current(value: &str) -> bool {
+    value.starts_with(PREFIX)
+}
+
+/// What releases before per-value digests stamped, for recognising such values once.
+pub fn v1(key: &Key, sources: &[Source<'_>]) -> String {
+    let mut mac = key.mac();
+    mac.update(&encode(HEADER_V1, sources));
     hex(&mac.finalize().into_bytes())
 }
 
 /// The plain SHA-256 that releases before the key stamped, for recognising such values once.
 pub fn legacy(sources: &[Source<'_>]) -> String {
-    hex(&Sha256::digest(encode(sources)))
+    hex(&Sha256::digest(encode(HEADER_V1, sources)))
 }
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// The first characters of a checksum, for columns and messages.
+/// The first hex digits of a checksum, for columns and messages.
 pub fn short(checksum: &str) -> &str {
-    &checksum[..checksum.len().min(12)]
+    let hex = checksum.strip_prefix(PREFIX).unwrap_or(checksum);
+    hex.get(..12).unwrap_or(hex)
 }
 
 #[cfg(test)]
@@ -151,11 +209,31 @@ mod tests {
     }
 
     #[test]
-    fn pinned_test_vector() {
-        // Computed independently from the documented format (Python's hmac, key bytes 0..=31).
-        // Changing it rolls every bound workload.
-        assert_eq!(checksum(&key(), &vector()), "c50a65401a32ead7db3a91504cf0067ac6d94b62f7e5bbf8d4140bbfba2d4453");
+    fn pinned_test_vectors() {
+        // Computed independently from the documented formats (Python's hmac, key bytes 0..=31).
+        // Changing one rolls every bound workload.
+        assert_eq!(checksum(&key(), &vector()), "v2:56f935c8a3ed3f932e0ec120b59ea28f5793ff0937ec5e4f39b9d6a373c35102");
+        assert_eq!(v1(&key(), &vector()), "c50a65401a32ead7db3a91504cf0067ac6d94b62f7e5bbf8d4140bbfba2d4453");
         assert_eq!(legacy(&vector()), "b14a888965cdb9657b5b5370cd112364a9b33a0f4e36dd7023c686add0556d26");
+    }
+
+    #[test]
+    fn a_checksum_of_digests_is_the_checksum_of_the_values() {
+        let d = |v: &[u8]| digest(&key(), v);
+        let (config, on, off) = (d(br#"{"pool":10}"#), d(b"on"), d(b"off"));
+        let digested = vec![
+            Source::Key { key: "app/config.json", value: Some(&config) },
+            Source::Key { key: "app/optional", value: None },
+            Source::Prefix {
+                prefix: "app/features/",
+                entries: vec![("app/features/b", &off), ("app/features/a", &on)],
+            },
+        ];
+        assert_eq!(from_digests(&key(), &digested), checksum(&key(), &vector()));
+        assert!(is_current(&checksum(&key(), &vector())));
+        assert!(!is_current(&v1(&key(), &vector())) && !is_current(&legacy(&vector())));
+        assert_eq!(short(&checksum(&key(), &vector())), "56f935c8a3ed");
+        assert_eq!(short("c50a65401a32ead7"), "c50a65401a32");
     }
 
     #[test]
@@ -168,7 +246,8 @@ mod tests {
 
     #[test]
     fn canonical_encoding_layout() {
-        let enc = encode(&[Source::Key { key: "a", value: Some(b"xy") }, Source::Key { key: "b", value: None }]);
+        let sources = [Source::Key { key: "a", value: Some(b"xy") }, Source::Key { key: "b", value: None }];
+        let enc = encode(HEADER_V1, &sources);
         let mut want = b"consulbind-checksum-v1\0".to_vec();
         want.extend_from_slice(b"K\0\0\0\0\0\0\0\x01a\x01\0\0\0\0\0\0\0\x02xy");
         want.extend_from_slice(b"K\0\0\0\0\0\0\0\x01b\x00");

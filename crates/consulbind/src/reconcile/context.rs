@@ -32,6 +32,8 @@ pub struct Context {
     pub checksum_key: checksum::Key,
     /// `--dry-run`: every binding reports instead of rolling.
     pub dry_run: bool,
+    /// See `--max-binding-bytes`.
+    pub max_binding_bytes: u64,
     /// See `--consul-restore-grace`.
     pub restore_grace: std::time::Duration,
     pub bindings: Store<ConsulBinding>,

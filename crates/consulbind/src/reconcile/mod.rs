@@ -125,6 +125,7 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
         }
     };
     let mut contents = Vec::new();
+    let mut queries = Vec::new();
     let mut in_turns = None;
     let consul = match read::token(ctx, &namespace, spec) {
         TokenSource::Invalid(message) => {
@@ -137,10 +138,10 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
             Consul::Failed { reason: conditions::reason::DEFAULT_TOKEN_FORBIDDEN, message }
         }
         source => {
-            let queries = read::queries(spec, source.into_token());
+            queries = read::queries(spec, source.into_token());
             contents = read::subscribe(ctx, &oref, &queries);
             in_turns = ctx.watches.in_turns(&queries);
-            match read::consul_view(spec, &contents) {
+            match read::consul_view(spec, &contents, ctx.max_binding_bytes) {
                 Some(consul) => consul,
                 // Consul answers within moments, and its first answer wakes the binding: writing
                 // "waiting" first would double the writes of a cold start, and after a restart
@@ -173,7 +174,18 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
         in_turns,
         restore,
     };
-    let upgraded = plan::upgrade_legacy(&input);
+    let upgraded = match plan::older_values(&input) {
+        true => match ctx.watches.read_with_values(&queries).await.map(|values| plan::upgrade(&input, &values)) {
+            Ok(Ok(upgraded)) => upgraded,
+            // Consul failed, or the content changed in between: its wake brings the next try.
+            Ok(Err(_)) | Err(_) => {
+                debug!(binding = %oref, "could not read the values that older checksums need; retrying");
+                ctx.desk.planned(&oref);
+                return Ok(Action::requeue(Duration::from_secs(1)));
+            }
+        },
+        false => None,
+    };
     let input = match &upgraded {
         Some(upgraded) => Input { previous: &upgraded.previous, live: &upgraded.live, ..input },
         None => input,

@@ -17,7 +17,9 @@ use crate::{
     cluster::{Live, Workload},
 };
 
-/// The content of one bound key or prefix; no entries means missing.
+/// The content of one bound key or prefix, each value as its keyed digest; no entries means
+/// missing.
+#[derive(Clone, Copy)]
 pub struct KeyContent<'a> {
     pub source: &'a KeySource,
     pub entries: &'a [KvEntry],
@@ -112,7 +114,7 @@ pub fn plan(input: &Input<'_>, pending: &mut Option<Pending>, now: Instant) -> P
         }
     };
     let keys: Vec<KeyStatus> = contents.iter().map(|c| key_status(input.key, c)).collect();
-    let desired = checksum::checksum(input.key, &contents.iter().map(source).collect::<Vec<_>>());
+    let desired = checksum::from_digests(input.key, &contents.iter().map(source).collect::<Vec<_>>());
     let mut plan = Plan { desired: Some(desired.clone()), keys, ..Plan::default() };
 
     let missing: Vec<&str> =
@@ -248,33 +250,47 @@ pub fn plan(input: &Input<'_>, pending: &mut Option<Pending>, now: Instant) -> P
     plan
 }
 
-/// What the status and the workloads say, with values from before checksums were keyed read
-/// as what they mean.
+/// What the status and the workloads say, with values of an older format read as what they
+/// mean.
 pub struct Upgraded {
     pub previous: ConsulBindingStatus,
     pub live: BTreeMap<Workload, Live>,
 }
 
-/// Releases before the checksum key stamped the plain SHA-256 of the content. Where such a value
-/// is that of the current content, it stands for the keyed checksum of the same content, so an
-/// upgrade rolls nothing and the status shows no plain digest; the workload keeps the old value
-/// until the content next changes. `None` when there is nothing to read differently.
-pub fn upgrade_legacy(input: &Input<'_>) -> Option<Upgraded> {
-    let Consul::Ready(contents) = &input.consul else { return None };
-    let sources: Vec<Source<'_>> = contents.iter().map(source).collect();
-    let desired = checksum::checksum(input.key, &sources);
-    let previous = input.previous;
-    let settled = previous.applied_checksum.as_deref().is_none_or(|c| c == desired)
-        && previous.targets.iter().all(|t| t.checksum == desired)
-        && input.live.values().all(|l| l.checksum() == desired);
-    if settled {
-        return None;
+/// The values read for [`upgrade`] are not the content the watches hold.
+#[derive(Debug)]
+pub struct ChangedMeanwhile;
+
+/// Whether the status, or a workload by the binding's own stamp, holds a checksum of an older
+/// format: [`checksum::v1`], or before that [`checksum::legacy`]. Only the values can tell
+/// whether it is that of the current content, so the caller reads them once more.
+pub fn older_values(input: &Input<'_>) -> bool {
+    let older = |value: &str| !checksum::is_current(value);
+    matches!(input.consul, Consul::Ready(_))
+        && (input.previous.applied_checksum.as_deref().is_some_and(older)
+            || input.previous.targets.iter().any(|t| older(&t.checksum))
+            || input.live.values().any(|l| l.owned && older(l.checksum())))
+}
+
+/// Where a value of an older format is that of the current content, it stands for the current
+/// checksum of the same content, so an upgrade rolls nothing and the status shows only current
+/// checksums; the workload keeps the old value until the content next changes. `values` are the
+/// entries of each of the binding's keys, read with their values. `Err` when they are not the
+/// content the watches hold (it changed in between); `Ok(None)` when nothing reads differently.
+pub fn upgrade(input: &Input<'_>, values: &[Vec<KvEntry>]) -> Result<Option<Upgraded>, ChangedMeanwhile> {
+    let Consul::Ready(contents) = &input.consul else { return Ok(None) };
+    let read: Vec<KeyContent<'_>> =
+        contents.iter().zip(values).map(|(c, entries)| KeyContent { entries, ..*c }).collect();
+    let sources: Vec<Source<'_>> = read.iter().map(source).collect();
+    let desired = checksum::from_digests(input.key, &contents.iter().map(source).collect::<Vec<_>>());
+    if read.len() != contents.len() || checksum::checksum(input.key, &sources) != desired {
+        return Err(ChangedMeanwhile);
     }
-    let legacy = checksum::legacy(&sources);
-    let mut upgraded = Upgraded { previous: previous.clone(), live: input.live.clone() };
+    let older = [checksum::v1(input.key, &sources), checksum::legacy(&sources)];
+    let mut upgraded = Upgraded { previous: input.previous.clone(), live: input.live.clone() };
     let mut found = false;
     let mut read = |value: &mut String| {
-        if *value == legacy {
+        if older.contains(value) {
             *value = desired.clone();
             found = true;
         }
@@ -284,12 +300,12 @@ pub fn upgrade_legacy(input: &Input<'_>) -> Option<Upgraded> {
     }
     upgraded.previous.targets.iter_mut().for_each(|t| read(&mut t.checksum));
     for live in upgraded.live.values_mut() {
-        if live.checksum() == legacy {
-            live.value = live.value.replacen(&legacy, &desired, 1);
+        if let Some(old) = older.iter().find(|o| live.checksum() == o.as_str()) {
+            live.value = live.value.replacen(old.as_str(), &desired, 1);
             found = true;
         }
     }
-    found.then_some(upgraded)
+    Ok(found.then_some(upgraded))
 }
 
 /// The outcome of stamping the planned workloads.
@@ -452,7 +468,7 @@ fn key_status(key: &checksum::Key, content: &KeyContent<'_>) -> KeyStatus {
         recurse: content.source.recurse,
         present: !entries.is_empty(),
         entries: content.source.recurse.then(|| u32::try_from(entries.len()).unwrap_or(u32::MAX)),
-        checksum: checksum::checksum(key, &[source(content)]),
+        checksum: checksum::from_digests(key, &[source(content)]),
         modify_index: entries.iter().map(|e| e.modify_index).max(),
     }
 }
@@ -517,8 +533,13 @@ mod tests {
         }
     }
 
+    /// What the watches hold for `app/config`: the value's digest.
     fn entry(value: &str) -> Vec<KvEntry> {
-        vec![KvEntry { key: "app/config".into(), value: value.as_bytes().to_vec(), modify_index: 7 }]
+        raw(value).into_iter().map(|e| e.digested(|v| checksum::digest(&KEY, v).to_vec())).collect()
+    }
+
+    fn raw(value: &str) -> Vec<KvEntry> {
+        vec![KvEntry::new("app/config", value, 7)]
     }
 
     fn web() -> Vec<Workload> {
@@ -699,44 +720,65 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn plain_checksums_of_an_older_release_roll_nothing_and_leave_the_status() {
-        let legacy_of =
-            |value: &str| checksum::legacy(&[Source::Key { key: "app/config", value: Some(value.as_bytes()) }]);
-        let (_, mut old) = step(&spec(false), &Default::default(), &entry("v1"), &web());
-        let legacy = legacy_of("v1");
-        old.applied_checksum = Some(legacy.clone());
-        old.targets[0].checksum = legacy.clone();
-        let spec = spec(false);
-        let found = web();
-        let upgrade = |previous: &ConsulBindingStatus, value: &str, live: &str| {
-            let entries = entry(value);
-            let live: BTreeMap<Workload, Live> = [(found[0].clone(), Live { value: live.into(), owned: true })].into();
-            let input = Input { live: &live, ..input(&spec, previous, &entries, &found) };
-            let upgraded = upgrade_legacy(&input);
-            let input = match &upgraded {
-                Some(u) => Input { previous: &u.previous, live: &u.live, ..input },
-                None => input,
+    async fn checksums_of_older_releases_roll_nothing_and_leave_the_status() {
+        fn sources(value: &str) -> [Source<'_>; 1] {
+            [Source::Key { key: "app/config", value: Some(value.as_bytes()) }]
+        }
+        let older: [fn(&'static str) -> String; 2] =
+            [|v| checksum::v1(&KEY, &sources(v)), |v| checksum::legacy(&sources(v))];
+        for older_of in older {
+            let (_, mut old) = step(&spec(false), &Default::default(), &entry("v1"), &web());
+            let older = older_of("v1");
+            old.applied_checksum = Some(older.clone());
+            old.targets[0].checksum = older.clone();
+            let spec = spec(false);
+            let found = web();
+            let upgrade = |previous: &ConsulBindingStatus, value: &str, live: &str| {
+                let entries = entry(value);
+                let live: BTreeMap<Workload, Live> =
+                    [(found[0].clone(), Live { value: live.into(), owned: true })].into();
+                let input = Input { live: &live, ..input(&spec, previous, &entries, &found) };
+                assert!(older_values(&input));
+                let upgraded = super::upgrade(&input, &[raw(value)]).expect("the same content");
+                assert!(super::upgrade(&input, &[raw("changed meanwhile")]).is_err());
+                let input = match &upgraded {
+                    Some(u) => Input { previous: &u.previous, live: &u.live, ..input },
+                    None => input,
+                };
+                let plan = plan(&input, &mut None, Instant::now());
+                let outcome = Outcome { rolled: plan.roll.clone(), failed: vec![] };
+                (plan.roll.clone(), status(&input, &plan, &outcome, &now()))
             };
-            let plan = plan(&input, &mut None, Instant::now());
-            let outcome = Outcome { rolled: plan.roll.clone(), failed: vec![] };
-            (plan.roll.clone(), status(&input, &plan, &outcome, &now()))
-        };
 
-        // Same content: nothing rolls, and the status shows only keyed checksums.
-        let (roll, status) = upgrade(&old, "v1", &legacy);
-        assert!(roll.is_empty());
-        let text = serde_json::to_string(&status).unwrap();
-        assert!(!text.contains(&legacy), "{text}");
-        assert_eq!(status.applied_checksum, Some(checksum_of("v1")));
-        assert_eq!(status.targets[0].checksum, checksum_of("v1"));
-        // The workload keeps its old value until the content changes; that stays quiet too.
-        assert!(upgrade(&status, "v1", &legacy).0.is_empty());
-        assert!(upgrade(&old, "v1", &format!("{legacy}~2")).0.is_empty());
+            // Same content: nothing rolls, and the status shows only current checksums.
+            let (roll, status) = upgrade(&old, "v1", &older);
+            assert!(roll.is_empty());
+            let text = serde_json::to_string(&status).unwrap();
+            assert!(!text.contains(&older), "{text}");
+            assert_eq!(status.applied_checksum, Some(checksum_of("v1")));
+            assert_eq!(status.targets[0].checksum, checksum_of("v1"));
+            // The workload keeps its old value until the content changes; that stays quiet too.
+            assert!(upgrade(&status, "v1", &older).0.is_empty());
+            assert!(upgrade(&old, "v1", &format!("{older}~2")).0.is_empty());
 
-        // Content that changed while the old release was gone rolls, once.
-        let (roll, status) = upgrade(&old, "v2", &legacy);
-        assert_eq!(roll, web());
-        assert_eq!(status.applied_checksum, Some(checksum_of("v2")));
+            // Content that changed while the old release was gone rolls, once.
+            let (roll, status) = upgrade(&old, "v2", &older);
+            assert_eq!(roll, web());
+            assert_eq!(status.applied_checksum, Some(checksum_of("v2")));
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn current_checksums_need_no_second_read() {
+        let (_, status) = step(&spec(false), &Default::default(), &entry("v1"), &web());
+        let spec = spec(false);
+        let (found, entries) = (web(), entry("v2"));
+        let live: BTreeMap<Workload, Live> =
+            [(found[0].clone(), Live { value: checksum_of("v1"), owned: true })].into();
+        assert!(!older_values(&Input { live: &live, ..input(&spec, &status, &entries, &found) }));
+        // A value someone else set is drift, whatever its format.
+        let live: BTreeMap<Workload, Live> = [(found[0].clone(), Live { value: "abc".into(), owned: false })].into();
+        assert!(!older_values(&Input { live: &live, ..input(&spec, &status, &entries, &found) }));
     }
 
     fn condition<'a>(status: &'a ConsulBindingStatus, type_: &str) -> &'a Condition {

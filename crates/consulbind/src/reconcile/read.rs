@@ -131,9 +131,11 @@ pub fn queries(spec: &ConsulBindingSpec, token: Option<Token>) -> Vec<KvQuery> {
         .collect()
 }
 
-/// What Consul says for the binding; `None` while a key has had no answer yet.
-pub fn consul_view<'a>(spec: &'a ConsulBindingSpec, states: &'a [KeyState]) -> Option<Consul<'a>> {
+/// What Consul says for the binding; `None` while a key has had no answer yet. Content of more
+/// than `max_bytes` in all is refused.
+pub fn consul_view<'a>(spec: &'a ConsulBindingSpec, states: &'a [KeyState], max_bytes: u64) -> Option<Consul<'a>> {
     let mut contents = Vec::with_capacity(states.len());
+    let mut bytes = 0u64;
     for (source, state) in spec.keys.iter().zip(states) {
         match state {
             KeyState::Pending => return None,
@@ -141,9 +143,17 @@ pub fn consul_view<'a>(spec: &'a ConsulBindingSpec, states: &'a [KeyState]) -> O
                 return Some(Consul::Failed { reason, message: format!("reading {:?}: {message}", source.key) });
             }
             KeyState::Ready(content) => {
+                bytes = content.entries.iter().fold(bytes, |sum, e| sum.saturating_add(e.key.len() as u64 + e.size));
                 contents.push(KeyContent { source, entries: &content.entries, reset_hold: content.reset_hold })
             }
         }
+    }
+    if bytes > max_bytes {
+        let message = format!(
+            "the bound keys hold {bytes} bytes in all, more than the {max_bytes} bytes one binding may bind \
+             (--max-binding-bytes); bind fewer or narrower prefixes, or split the binding"
+        );
+        return Some(Consul::Failed { reason: consulbind_api::conditions::reason::BINDING_TOO_LARGE, message });
     }
     Some(Consul::Ready(contents))
 }

@@ -17,7 +17,7 @@ use std::{
     time::Duration,
 };
 
-use consul_kv::KvQuery;
+use consul_kv::{KvEntry, KvQuery};
 use serde::Serialize;
 use tokio::sync::Notify;
 use tracing::debug;
@@ -110,6 +110,19 @@ impl Watches {
             self.shared.runner.replan.notify_one();
         }
         states
+    }
+
+    /// Keys the digests that stand in for values; before the first subscription.
+    pub fn set_digest_key(&self, key: crate::checksum::Key) {
+        let digest = move |value: &[u8]| crate::checksum::digest(&key, value).to_vec();
+        self.shared.runner.consul.digest_values(Arc::new(digest));
+    }
+
+    /// Reads each query once with its values, for recognising what an older release stamped.
+    pub async fn read_with_values(&self, queries: &[KvQuery]) -> Result<Vec<Vec<KvEntry>>, consul_kv::Error> {
+        let runner = &self.shared.runner;
+        let reads = queries.iter().map(|q| runner.consul.get_values(q, runner.limits.answer_bytes(q.recurse)));
+        futures::future::try_join_all(reads).await.map(|answers| answers.into_iter().map(|a| a.entries).collect())
     }
 
     /// How long a round of turns may take for the slowest of `queries` read by a group that

@@ -176,7 +176,7 @@ mod tests {
     use super::*;
 
     fn entry(key: &str, value: &str, modify_index: u64) -> KvEntry {
-        KvEntry { key: key.into(), value: value.into(), modify_index }
+        KvEntry::new(key, value, modify_index)
     }
 
     fn ready(path: &Path) -> Content {

@@ -12,7 +12,7 @@ use std::{
 };
 
 use consul_kv::{
-    Backoff, Client, Error, ErrorKind, KvEntry, KvQuery, KvResponse,
+    Backoff, Client, Digest, Error, ErrorKind, KvEntry, KvQuery, KvResponse,
     group::{self, Members, WatchPath},
     index::{Cursor, Progress},
     jitter,
@@ -59,6 +59,14 @@ pub trait KvSource: Send + Sync + 'static {
 
     /// Where the answers come from, for messages.
     fn address(&self) -> &str;
+
+    /// From now on, answers give `digest` of each value in its place.
+    fn digest_values(&self, _digest: Digest) {}
+
+    /// A plain read with the values themselves.
+    fn get_values<'a>(&'a self, query: &'a KvQuery, max_bytes: u64) -> BoxFuture<'a, Result<KvResponse, Error>> {
+        self.get_wait(query, 0, MIN_WAIT, max_bytes)
+    }
 }
 
 impl KvSource for Client {
@@ -70,6 +78,14 @@ impl KvSource for Client {
         max_bytes: u64,
     ) -> BoxFuture<'a, Result<KvResponse, Error>> {
         Box::pin(Client::get_wait(self, query, index, wait, max_bytes))
+    }
+
+    fn digest_values(&self, digest: Digest) {
+        Client::digest_values(self, digest);
+    }
+
+    fn get_values<'a>(&'a self, query: &'a KvQuery, max_bytes: u64) -> BoxFuture<'a, Result<KvResponse, Error>> {
+        Box::pin(Client::get_values(self, query, max_bytes))
     }
 
     fn blocking_slots(&self) -> usize {
@@ -102,7 +118,7 @@ impl Limits {
     /// The most bytes of Consul's answer for one path: JSON with values in base64 is about
     /// 4/3 of the raw size, plus a little per entry. An exact key may hold up to Consul's own
     /// limit of 512 KiB, whatever the prefix limit.
-    fn answer_bytes(&self, recurse: bool) -> u64 {
+    pub fn answer_bytes(&self, recurse: bool) -> u64 {
         let prefix = self.bytes.saturating_mul(2).saturating_add(64 << 10);
         if recurse { prefix } else { prefix.max(1 << 20) }
     }
@@ -449,7 +465,7 @@ impl Runner {
     /// limits, and wakes its bindings when that is news.
     fn hand_over(&self, path: &WatchPath, cell: &Path, entries: &[KvEntry], reset: bool) -> Update {
         let limits = &self.limits;
-        let bytes: u64 = entries.iter().map(|e| (e.key.len() + e.value.len()) as u64).sum();
+        let bytes: u64 = entries.iter().map(|e| e.key.len() as u64 + e.size).sum();
         let update = if path.recurse && (entries.len() > limits.entries || bytes > limits.bytes) {
             let message = format!(
                 "the prefix {:?} holds {} keys and {bytes} bytes, over the limit of {} keys \

@@ -206,7 +206,18 @@ async fn no_status_field_or_annotation_holds_a_plain_digest_of_a_bound_value() {
 
 #[tokio::test]
 async fn an_upgrade_from_plain_checksums_rolls_nothing_and_rewrites_the_status() {
-    let Some(mut s) = Scene::new("upgrade").await else { return };
+    upgrade_from("upgrade", |_, sources| checksum::legacy(sources)).await;
+}
+
+#[tokio::test]
+async fn an_upgrade_from_checksums_over_values_rolls_nothing_and_rewrites_the_status() {
+    upgrade_from("upgrade-v1", checksum::v1).await;
+}
+
+/// A binding whose status and workload carry what an older release stamped, `older` of the
+/// content.
+async fn upgrade_from(scene: &str, older: fn(&checksum::Key, &[checksum::Source<'_>]) -> String) {
+    let Some(mut s) = Scene::new(scene).await else { return };
     let key = s.key("config");
     s.put(&key, "v1").await;
     s.workload(DEPLOY, "web", json!({})).await;
@@ -214,8 +225,8 @@ async fn an_upgrade_from_plain_checksums_rolls_nothing_and_rewrites_the_status()
     s.wait_condition("cfg", conditions::READY, "True", reason::BASELINED).await;
     s.stop_controller().await;
 
-    // What the release before keyed checksums left behind: its stamp (a rollout) and its status.
-    let legacy = checksum::legacy(&[checksum::Source::Key { key: &key, value: Some(b"v1") }]);
+    // What the older release left behind: its stamp (a rollout) and its status.
+    let legacy = older(&s.checksum_key().await, &[checksum::Source::Key { key: &key, value: Some(b"v1") }]);
     let patch = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
         "spec": {"template": {"metadata": {"annotations": {names::annotation_key("cfg"): legacy}}}}});
     let pp = PatchParams::apply(&names::field_manager("cfg")).force();
@@ -292,6 +303,41 @@ async fn a_prefix_over_the_limits_is_refused_without_loading_it() {
     s.consul.delete(&format!("{many}a/"), true, None).await.unwrap();
     s.wait_condition("many", conditions::READY, "True", reason::BASELINED).await;
     s.wait_revisions(DEPLOY, "web", 1).await;
+    s.finish().await;
+}
+
+/// 12 prefixes of 8 values of 400 KB: 38 MB bound by one binding, each prefix under
+/// `--max-prefix-bytes`, serve and roll; one more prefix passes `--max-binding-bytes`, and that
+/// binding is refused with its reason.
+#[tokio::test]
+async fn a_big_binding_within_the_limits_rolls_and_one_over_the_total_is_refused() {
+    let limits = ["--max-prefix-bytes=4194304", "--max-binding-bytes=40000000"];
+    let Some(s) = Scene::with_args("big-binding", &limits).await else { return };
+    let value = "x".repeat(400_000);
+    let prefixes: Vec<String> = (0..12).map(|p| s.key(&format!("p{p:02}/"))).collect();
+    for prefix in &prefixes {
+        futures::future::join_all((0..8).map(|i| s.put_owned(format!("{prefix}{i}"), value.clone()))).await;
+    }
+    s.workload(DEPLOY, "web", json!({})).await;
+    s.workload(DEPLOY, "api", json!({})).await;
+
+    let keys: Vec<_> = prefixes.iter().map(|p| json!({"key": p, "recurse": true})).collect();
+    s.binding("big", spec(json!(keys), deploy("web"), "0s")).await;
+    s.wait_condition("big", conditions::READY, "True", reason::BASELINED).await;
+    s.put(&format!("{}0", prefixes[0]), &"y".repeat(400_000)).await;
+    s.wait_revisions(DEPLOY, "web", 2).await;
+
+    // One more prefix of 3.2 MB passes the total of 40 MB.
+    let extra = s.key("extra/");
+    futures::future::join_all((0..8).map(|i| s.put_owned(format!("{extra}{i}"), value.clone()))).await;
+    let mut over = keys.clone();
+    over.push(json!({"key": extra, "recurse": true}));
+    s.binding("over", spec(json!(over), deploy("api"), "0s")).await;
+    let refused = s.wait_condition("over", conditions::READY, "False", reason::BINDING_TOO_LARGE).await;
+    let ready = refused.status.unwrap().conditions.into_iter().find(|c| c.type_ == conditions::READY).unwrap();
+    assert!(ready.message.contains("--max-binding-bytes"), "{}", ready.message);
+    s.wait_revisions(DEPLOY, "api", 1).await;
+    s.wait_condition("big", conditions::READY, "True", reason::UP_TO_DATE).await;
     s.finish().await;
 }
 

@@ -83,7 +83,7 @@ impl KvSource for Script {
 }
 
 fn entry(key: &str, value: &str, modify_index: u64) -> KvEntry {
-    KvEntry { key: key.into(), value: value.into(), modify_index }
+    KvEntry::new(key, value, modify_index)
 }
 
 fn binding(name: &str) -> BindingRef {
