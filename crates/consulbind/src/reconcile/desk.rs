@@ -225,7 +225,7 @@ mod tests {
     #[tokio::test]
     async fn a_binding_that_plans_no_stamp_for_the_workload_ends_the_wait() {
         let desk = Arc::new(Desk::default());
-        let (a, b) = (binding("a"), binding("b"));
+        let b = binding("b");
         desk.woken(&b);
         let turn = desk.submit(web(), stamp("a"), vec![b.clone()]);
         assert!(matches!(turn, Turn::Lead { .. }));
@@ -243,7 +243,6 @@ mod tests {
         let written = tokio::time::timeout(Duration::from_secs(5), lead).await.unwrap().unwrap();
         assert_eq!(written, Ok(Version { uid: "u".into(), generation: 1 }), "one stamp, written alone");
         assert!(started.elapsed() < GATHER, "waited for the gathering window after the other binding planned");
-        let _ = a;
     }
 
     #[tokio::test(start_paused = true)]

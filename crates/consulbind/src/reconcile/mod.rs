@@ -180,7 +180,6 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
             // Consul failed, or the content changed in between: its wake brings the next try.
             Ok(Err(_)) | Err(_) => {
                 debug!(binding = %oref, "could not read the values that older checksums need; retrying");
-                ctx.desk.planned(&oref);
                 return Ok(Action::requeue(Duration::from_secs(1)));
             }
         },

@@ -32,29 +32,28 @@ pub async fn stamp_all(ctx: &Context, binding: &BindingRef, plan: &Plan, desired
     let namespace = binding.namespace.clone().unwrap_or_default();
     let annotation = names::annotation_key(&binding.name);
     let manager = names::field_manager(&binding.name);
-    let turns: Vec<(Workload, Turn)> = plan
+    let turns: Vec<(Workload, String, Turn)> = plan
         .roll
         .iter()
         .map(|workload| {
             let value = plan.values.get(workload).map_or(desired, String::as_str).to_owned();
-            let stamp = Stamp { annotation: annotation.clone(), value, manager: manager.clone() };
+            let stamp = Stamp { annotation: annotation.clone(), value: value.clone(), manager: manager.clone() };
             let (kind, name) = workload;
             let mut others = ctx.interest.locked().workload(&namespace, *kind, name, &Default::default());
             others.remove(binding);
             let target = (namespace.clone(), workload.clone());
-            (workload.clone(), ctx.desk.submit(target, stamp, others.into_iter().collect()))
+            (workload.clone(), value, ctx.desk.submit(target, stamp, others.into_iter().collect()))
         })
         .collect();
     ctx.desk.planned(binding);
     let namespace = namespace.as_str();
     let results: Vec<_> = futures::stream::iter(turns)
-        .map(|(workload, turn)| async move {
+        .map(|(workload, value, turn)| async move {
             let started = std::time::Instant::now();
-            let value = plan.values.get(&workload).map_or(desired, String::as_str);
             let result = ctx.desk.run(turn, |stamps| write(&ctx.client, namespace, &workload, stamps)).await;
             ctx.metrics.stage("patch", started.elapsed());
             if let Ok(version) = &result {
-                ctx.states.update(binding, |r| r.stamps.insert(workload.clone(), (version.clone(), value.to_owned())));
+                ctx.states.update(binding, |r| r.stamps.insert(workload.clone(), (version.clone(), value)));
             }
             (workload, result.map(drop))
         })
