@@ -236,12 +236,21 @@ impl Client {
     /// Whether the agent answers at all within `timeout`: any HTTP answer to
     /// `/v1/status/leader` (which needs no token) counts. A hung agent keeps its connections
     /// open and its kernel acknowledges TCP keep-alives, so only a request tells. It takes no
-    /// permit, so that requests stuck on a hung agent cannot delay the check.
-    pub async fn alive(&self, timeout: Duration) -> bool {
+    /// permit, so that requests stuck on a hung agent cannot delay the check. The error says
+    /// why not: no answer in time, or the request's own failure (refused, an untrusted
+    /// certificate).
+    pub async fn alive(&self, timeout: Duration) -> Result<(), Error> {
         let http = self.inner.http.read().unwrap().clone();
         let url = api_url(&self.inner.base, ["status", "leader"]);
         let answered = async { http.get(url).send().await?.bytes().await };
-        matches!(tokio::time::timeout(timeout, answered).await, Ok(Ok(_)))
+        match tokio::time::timeout(timeout, answered).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(self.unreachable(&e)),
+            Err(_) => Err(Error::Unreachable {
+                address: self.inner.address.clone(),
+                detail: format!("the agent stopped answering (no answer to a status check within {timeout:?})"),
+            }),
+        }
     }
 
     /// Writes a value (a plain, non-CAS PUT). Mostly for tests and demos.
@@ -711,10 +720,15 @@ mod tests {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap().to_string();
         let client = Client::new(ClientConfig { address, ..Default::default() }).await.unwrap();
-        assert!(!client.alive(Duration::from_millis(300)).await);
+        let hung = client.alive(Duration::from_millis(300)).await.unwrap_err();
+        assert!(hung.to_string().contains("stopped answering"), "{hung}");
         let (addr, _requests) = serve("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n\"\"".into()).await;
         let client = Client::new(ClientConfig { address: addr.to_string(), ..Default::default() }).await.unwrap();
-        assert!(client.alive(Duration::from_secs(5)).await);
+        assert!(client.alive(Duration::from_secs(5)).await.is_ok());
         drop(listener);
+        // A failure of its own says what it is, not that the agent hangs.
+        let refused = ClientConfig { address: "127.0.0.1:9".into(), ..Default::default() };
+        let refused = Client::new(refused).await.unwrap().alive(Duration::from_secs(5)).await.unwrap_err();
+        assert!(!refused.to_string().contains("stopped answering"), "{refused}");
     }
 }

@@ -77,7 +77,7 @@ impl Watches {
             limits,
             replan: Notify::new(),
             planned_slots: Default::default(),
-            agent: tokio::sync::watch::Sender::new(true),
+            agent: tokio::sync::watch::Sender::new(None),
         });
         let shared = Arc::new(Shared { runner, inner: Mutex::default() });
         tokio::spawn(plan_forever(shared.clone()));

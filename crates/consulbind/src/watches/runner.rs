@@ -55,7 +55,7 @@ pub trait KvSource: Send + Sync + 'static {
     fn wait(&self) -> Duration;
 
     /// Whether the agent answers at all within `timeout`.
-    fn alive(&self, timeout: Duration) -> BoxFuture<'_, bool>;
+    fn alive(&self, timeout: Duration) -> BoxFuture<'_, Result<(), Error>>;
 
     /// Where the answers come from, for messages.
     fn address(&self) -> &str;
@@ -96,7 +96,7 @@ impl KvSource for Client {
         Client::wait(self)
     }
 
-    fn alive(&self, timeout: Duration) -> BoxFuture<'_, bool> {
+    fn alive(&self, timeout: Duration) -> BoxFuture<'_, Result<(), Error>> {
         Box::pin(Client::alive(self, timeout))
     }
 
@@ -157,7 +157,7 @@ pub struct Runner {
     /// knows it speaks HTTP/2.
     pub planned_slots: AtomicUsize,
     /// Whether the agent answers, as [`watch_agent`] last found.
-    pub agent: watch::Sender<bool>,
+    pub agent: watch::Sender<Option<Error>>,
 }
 
 /// The paths one group's query serves, and how it may block.
@@ -226,7 +226,7 @@ impl Runner {
                     tokio::select! {
                         result = &mut request => break Some(result),
                         // A hung agent answers nothing until the request times out, minutes away.
-                        () = went_down(&mut agent) => break Some(Err(self.agent_down())),
+                        down = went_down(&mut agent) => break Some(Err(down)),
                         // New paths need their content now. Short reads of just those paths give it
                         // to them; the blocking query goes on, since one given up keeps a connection
                         // busy on the Consul agent until its wait runs out.
@@ -327,13 +327,6 @@ impl Runner {
                     wait_to_retry(&mut agent, due, Instant::now() + delay, report).await;
                 }
             }
-        }
-    }
-
-    fn agent_down(&self) -> Error {
-        Error::Unreachable {
-            address: self.consul.address().to_owned(),
-            detail: format!("the agent stopped answering (no answer to a status check within {AGENT_TIMEOUT:?})"),
         }
     }
 
@@ -502,10 +495,10 @@ impl Runner {
 /// longer failure is reported once the grace is over, even in the middle of a backoff. While
 /// the agent is known to be down nothing is retried, and when it answers again every group
 /// retries at once rather than at the end of its own backoff.
-async fn wait_to_retry(agent: &mut watch::Receiver<bool>, due: Instant, retry: Instant, report: impl Fn()) {
+async fn wait_to_retry(agent: &mut watch::Receiver<Option<Error>>, due: Instant, retry: Instant, report: impl Fn()) {
     let mut reported = false;
     loop {
-        let up = *agent.borrow_and_update();
+        let up = agent.borrow_and_update().is_none();
         let now = Instant::now();
         if !reported && now >= due {
             report();
@@ -522,15 +515,17 @@ async fn wait_to_retry(agent: &mut watch::Receiver<bool>, due: Instant, retry: I
         };
         tokio::select! {
             _ = sleep_until(next) => {}
-            changed = agent.changed() => if changed.is_err() || *agent.borrow() { return },
+            changed = agent.changed() => if changed.is_err() || agent.borrow().is_none() { return },
         }
     }
 }
 
 /// Returns once the agent is known to be down.
-async fn went_down(agent: &mut watch::Receiver<bool>) {
-    if agent.wait_for(|up| !*up).await.is_err() {
-        std::future::pending::<()>().await;
+async fn went_down(agent: &mut watch::Receiver<Option<Error>>) -> Error {
+    let down = agent.wait_for(Option::is_some).await.ok().and_then(|down| down.clone());
+    match down {
+        Some(down) => down,
+        None => std::future::pending().await,
     }
 }
 
@@ -545,14 +540,21 @@ pub const AGENT_TIMEOUT: Duration = Duration::from_millis(1_500);
 pub async fn watch_agent(runner: Arc<Runner>) {
     let mut unanswered = 0;
     loop {
-        let alive = runner.consul.alive(AGENT_TIMEOUT).await;
-        unanswered = if alive { 0 } else { unanswered + 1 };
-        let up = unanswered < 2;
-        if runner.agent.send_if_modified(|was| std::mem::replace(was, up) != up) {
-            match up {
-                true => info!(address = runner.consul.address(), "the Consul agent answers again"),
-                false => warn!(
+        let checked = runner.consul.alive(AGENT_TIMEOUT).await;
+        unanswered = if checked.is_ok() { 0 } else { unanswered + 1 };
+        let down = checked.err().filter(|_| unanswered >= 2);
+        let up = down.is_none();
+        if runner.agent.send_if_modified(|was| {
+            was.is_none() != up && {
+                *was = down.clone();
+                true
+            }
+        }) {
+            match &down {
+                None => info!(address = runner.consul.address(), "the Consul agent answers again"),
+                Some(error) => warn!(
                     address = runner.consul.address(),
+                    %error,
                     "the Consul agent stopped answering; its watches fail over to reads once it is back"
                 ),
             }

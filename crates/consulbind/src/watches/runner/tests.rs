@@ -73,8 +73,8 @@ impl KvSource for Script {
         Duration::from_secs(300)
     }
 
-    fn alive(&self, _timeout: Duration) -> BoxFuture<'_, bool> {
-        Box::pin(async { true })
+    fn alive(&self, _timeout: Duration) -> BoxFuture<'_, Result<(), Error>> {
+        Box::pin(async { Ok(()) })
     }
 
     fn address(&self) -> &str {
@@ -121,7 +121,7 @@ fn runner(limits: Limits) -> (Arc<Runner>, mpsc::UnboundedReceiver<Request>, Arc
         limits,
         replan: Notify::new(),
         planned_slots: 20.into(),
-        agent: watch::Sender::new(true),
+        agent: watch::Sender::new(None),
     });
     (runner, requests, woken)
 }
@@ -570,7 +570,9 @@ async fn a_hung_agent_fails_the_groups_and_its_return_retries_them_at_once() {
 
     // The agent stops answering: the blocking query is given up, not waited out.
     let down_at = Instant::now();
-    group.runner.agent.send_replace(false);
+    let stopped =
+        Error::Unreachable { address: "http://127.0.0.1:8500".into(), detail: "the agent stopped answering".into() };
+    group.runner.agent.send_replace(Some(stopped));
     group.settle().await;
     assert!(hung.answer.is_closed(), "the hung request is still awaited");
     tokio::time::sleep(GRACE + Duration::from_secs(30)).await;
@@ -583,7 +585,7 @@ async fn a_hung_agent_fails_the_groups_and_its_return_retries_them_at_once() {
 
     // Back: the group reads at once, not at the end of a backoff, and the same content is no change.
     let up_at = Instant::now();
-    group.runner.agent.send_replace(true);
+    group.runner.agent.send_replace(None);
     let read = group.request().await;
     assert_eq!(read.index, 0);
     assert!(Instant::now() - up_at < Duration::from_millis(100), "waited {:?}", Instant::now() - up_at);
