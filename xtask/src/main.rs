@@ -3,6 +3,7 @@
 
 mod apt;
 mod bench;
+mod big;
 mod crdgen;
 mod demo;
 mod env;
@@ -111,6 +112,20 @@ enum Bench {
         #[arg(long, default_value_t = 32)]
         max_connections: usize,
     },
+    /// One binding of large values: the controller's resident memory before it, once it is
+    /// Ready, and after each change.
+    Big {
+        #[arg(long, default_value_t = 12)]
+        prefixes: usize,
+        /// Values under each prefix.
+        #[arg(long, default_value_t = 8)]
+        values: usize,
+        #[arg(long, default_value_t = 400_000)]
+        value_bytes: usize,
+        /// Consul writes of one value each, one at a time.
+        #[arg(long, default_value_t = 5)]
+        changes: usize,
+    },
     /// Time from one Consul write to every bound Deployment rolled, and the controller's memory.
     Rollout {
         /// Number of Deployments, each with its own binding.
@@ -189,6 +204,9 @@ fn run(command: Command) -> Result<()> {
         Command::Monitoring => monitoring::check(),
         Command::Image => image::build(),
         Command::Demo => demo::run(&env),
+        Command::Bench { bench: Bench::Big { prefixes, values, value_bytes, changes } } => {
+            big::run(&env, big::Sizes { prefixes, values, value_bytes, changes })
+        }
         Command::Bench { bench: Bench::Rollout { bindings, rounds } } => bench::rollout(&env, bindings, rounds),
         Command::Bench { bench: Bench::Tenants { scopes, changes, busy_changes, max_connections } } => {
             tenants::run(&env, tenants::Sizes { scopes, changes, busy_changes, max_connections })
