@@ -15,8 +15,8 @@ use serde::{Deserialize, Serialize};
     shortname = "cbind",
     namespaced,
     status = "ConsulBindingStatus",
-    doc = "Binds Consul KV keys or prefixes to Deployments, StatefulSets, DaemonSets and Argo Rollouts in its namespace, and rolls them when the content changes.",
-    printcolumn = r#"{"name":"Keys","type":"string","jsonPath":".status.keySummary","description":"Keys present / keys bound"}"#,
+    doc = "Binds Consul KV keys or prefixes, ConfigMaps and Secrets to Deployments, StatefulSets, DaemonSets and Argo Rollouts in its namespace, and rolls them when the content changes.",
+    printcolumn = r#"{"name":"Keys","type":"string","jsonPath":".status.keySummary","description":"Sources present / sources bound"}"#,
     printcolumn = r#"{"name":"Targets","type":"string","jsonPath":".status.targetSummary","description":"Targets carrying the applied checksum / targets found"}"#,
     printcolumn = r#"{"name":"Checksum","type":"string","jsonPath":".status.shortChecksum","description":"Start of the applied checksum"}"#,
     printcolumn = r#"{"name":"Last Change","type":"date","jsonPath":".status.lastChangeTime","description":"When a content change was last rolled out"}"#,
@@ -26,9 +26,22 @@ use serde::{Deserialize, Serialize};
 )]
 #[serde(rename_all = "camelCase")]
 pub struct ConsulBindingSpec {
-    /// Consul keys or key prefixes whose content drives the targets; at most 64.
-    #[schemars(length(min = 1, max = 64))]
+    /// Consul keys or key prefixes whose content drives the targets; at most 64. A binding
+    /// needs at least one source: a key, a ConfigMap or a Secret.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
     pub keys: Vec<KeySource>,
+
+    /// ConfigMaps in this namespace whose data drives the targets too; at most 32.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub config_maps: Vec<ObjectSource>,
+
+    /// Secrets in this namespace whose data drives the targets too; at most 32. Their values
+    /// never appear in the status, events or logs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub secrets: Vec<ObjectSource>,
 
     /// Workloads in this namespace to roll when the content changes; at most 32 entries (a
     /// selector may match many workloads).
@@ -85,6 +98,60 @@ pub struct KeySource {
     /// required one holds all rollouts of this binding until it exists again.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub optional: bool,
+}
+
+/// A ConfigMap or Secret in the binding's namespace.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ObjectSource {
+    /// Name of the object.
+    #[schemars(length(min = 1, max = 253), regex(pattern = NAME_PATTERN))]
+    pub name: String,
+
+    /// Only these keys of its `data` (and of a ConfigMap's `binaryData`); the whole object when
+    /// absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub keys: Option<Vec<String>>,
+
+    /// A missing optional object is part of the content like any data. A missing required
+    /// one holds all rollouts of this binding until it exists.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub optional: bool,
+}
+
+/// A Kubernetes object name (a DNS subdomain).
+pub const NAME_PATTERN: &str = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
+
+/// The kinds of Kubernetes object a binding may read besides Consul.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, JsonSchema)]
+pub enum ObjectKind {
+    #[default]
+    ConfigMap,
+    Secret,
+}
+
+impl ObjectKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ConfigMap => "ConfigMap",
+            Self::Secret => "Secret",
+        }
+    }
+}
+
+impl std::fmt::Display for ObjectKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl ConsulBindingSpec {
+    /// The ConfigMaps and Secrets the binding reads, ConfigMaps first, each in spec order.
+    pub fn objects(&self) -> impl Iterator<Item = (ObjectKind, &ObjectSource)> {
+        let config_maps = self.config_maps.iter().map(|o| (ObjectKind::ConfigMap, o));
+        config_maps.chain(self.secrets.iter().map(|o| (ObjectKind::Secret, o)))
+    }
 }
 
 /// A workload to roll, chosen either by name or by label selector.
@@ -231,7 +298,7 @@ pub struct ConsulBindingStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub short_checksum: Option<String>,
 
-    /// Keys present in Consul / keys bound.
+    /// Sources present / sources bound: Consul keys, ConfigMaps and Secrets.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_summary: Option<String>,
 
@@ -242,6 +309,10 @@ pub struct ConsulBindingStatus {
     /// The content last read from Consul, one entry per bound key or prefix.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub keys: Vec<KeyStatus>,
+
+    /// The ConfigMaps and Secrets last read, one entry per bound object.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub objects: Vec<ObjectStatus>,
 
     /// The workloads found for the targets, and what each carries.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -288,6 +359,25 @@ pub struct KeyStatus {
     /// Consul's ModifyIndex of the key (for a prefix: the highest below it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub modify_index: Option<u64>,
+}
+
+/// One bound ConfigMap or Secret as last read.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ObjectStatus {
+    pub kind: ObjectKind,
+
+    pub name: String,
+
+    /// Whether the object exists.
+    pub present: bool,
+
+    /// Number of its data keys that count.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entries: Option<u32>,
+
+    /// Keyed checksum (HMAC) of this object's bound data alone.
+    pub checksum: String,
 }
 
 /// The rollout a dry run held back.

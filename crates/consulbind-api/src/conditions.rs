@@ -1,6 +1,6 @@
 //! Condition types and reasons, kept in one place so the controller, tests and docs agree.
 
-/// The targets carry the current Consul content, and nothing blocks the next change.
+/// The targets carry the current content, and nothing blocks the next change.
 pub const READY: &str = "Ready";
 /// Every bound key was read from Consul.
 pub const CONSUL_SYNCED: &str = "ConsulSynced";
@@ -18,6 +18,10 @@ pub mod reason {
     pub const PENDING: &str = "ChangePending";
     pub const SUSPENDED: &str = "Suspended";
     pub const KEY_MISSING: &str = "KeyMissing";
+    /// A required ConfigMap or Secret does not exist.
+    pub const OBJECT_MISSING: &str = "ObjectMissing";
+    /// A bound ConfigMap or Secret could not be read (the controller's RBAC?).
+    pub const OBJECT_UNREADABLE: &str = "ObjectUnreadable";
     /// Consul's index went backwards just as bound content became missing or empty.
     pub const CONSUL_INDEX_RESET: &str = "ConsulIndexReset";
     pub const ACCESS_DENIED: &str = "AccessDenied";

@@ -28,6 +28,7 @@ use crate::{
     checksum,
     cluster::{
         interest::Interest,
+        objects::{ObjectId, Objects},
         policy::{Allowed, Policy},
         tokens::{SecretTouched, Tokens},
         workloads::{Touched, Workloads},
@@ -109,6 +110,7 @@ pub async fn run(config: Config, shutdown: signal::Receiver<bool>) -> Result<(),
     for (scope, wakes) in scopes.into_iter().zip(receivers) {
         let (workloads, touched) = Workloads::start(&client, scope.as_deref());
         let (tokens, secrets_touched) = Tokens::start(&client, scope.as_deref());
+        let (objects, objects_touched) = Objects::start(&client, scope.as_deref(), checksum_key.clone());
         let (policy, namespaces_touched) = Policy::start(&client, scope.as_deref(), default_prefixes.clone());
         let (reader, writer) = reflector::store::<ConsulBinding>();
         let ctx = Arc::new(Context {
@@ -117,6 +119,7 @@ pub async fn run(config: Config, shutdown: signal::Receiver<bool>) -> Result<(),
             watches: watches.clone(),
             workloads,
             tokens,
+            objects,
             policy,
             checksum_key: checksum_key.clone(),
             dry_run: config.dry_run,
@@ -131,7 +134,16 @@ pub async fn run(config: Config, shutdown: signal::Receiver<bool>) -> Result<(),
         });
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
         caches_ready.push(ready_rx);
-        let scope = Scope { name: scope, writer, touched, secrets_touched, namespaces_touched, wakes, ready: ready_tx };
+        let scope = Scope {
+            name: scope,
+            writer,
+            touched,
+            secrets_touched,
+            objects_touched,
+            namespaces_touched,
+            wakes,
+            ready: ready_tx,
+        };
         scopes_started.push(tokio::spawn(run_scope(client.clone(), scope, ctx, shutdown.clone())));
     }
     // Ready once every scope's caches have listed; a scope that cannot list stays not ready.
@@ -163,11 +175,12 @@ async fn reload_consul_files(consul: consul_kv::Client) {
 }
 
 /// What one controller serves: every namespace, or one of `--namespaces`.
-struct Scope<T, S, N> {
+struct Scope<T, S, O, N> {
     name: Option<String>,
     writer: reflector::store::Writer<ConsulBinding>,
     touched: T,
     secrets_touched: S,
+    objects_touched: O,
     namespaces_touched: N,
     wakes: mpsc::UnboundedReceiver<BindingRef>,
     ready: tokio::sync::oneshot::Sender<()>,
@@ -178,12 +191,14 @@ async fn run_scope(
     scope: Scope<
         impl futures::Stream<Item = Touched> + Send + 'static,
         impl futures::Stream<Item = SecretTouched> + Send + 'static,
+        impl futures::Stream<Item = ObjectId> + Send + 'static,
         impl futures::Stream<Item = String> + Send + 'static,
     >,
     ctx: Arc<Context>,
     mut shutdown: signal::Receiver<bool>,
 ) -> Result<(), Error> {
-    let Scope { name: scope, writer, touched, secrets_touched, namespaces_touched, wakes, ready } = scope;
+    let Scope { name: scope, writer, touched, secrets_touched, objects_touched, namespaces_touched, wakes, ready } =
+        scope;
     let api: Api<ConsulBinding> = match &scope {
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
@@ -196,6 +211,7 @@ async fn run_scope(
     let secret_tx = touched_tx.clone();
     let namespace_tx = touched_tx.clone();
     let rollout_tx = touched_tx.clone();
+    let object_tx = touched_tx.clone();
     let interest = ctx.interest.clone();
     tokio::spawn(touched.for_each(move |t| {
         for binding in interest.locked().workload(&t.namespace, t.kind, &t.name, &t.labels) {
@@ -207,6 +223,13 @@ async fn run_scope(
     tokio::spawn(secrets_touched.for_each(move |(namespace, name)| {
         for binding in interest.locked().secret(&namespace, &name) {
             let _ = secret_tx.unbounded_send(binding);
+        }
+        futures::future::ready(())
+    }));
+    let interest = ctx.interest.clone();
+    tokio::spawn(objects_touched.for_each(move |object| {
+        for binding in interest.locked().object(&object) {
+            let _ = object_tx.unbounded_send(binding);
         }
         futures::future::ready(())
     }));

@@ -8,6 +8,9 @@
 //! then, for each bound source in ascending (kind, key) order, duplicates removed:
 //!   exact key: 'K' lp(key) present:u8 [lp(d(value)) if present]
 //!   prefix:    'P' lp(prefix) count:u64be { lp(key) lp(d(value)) } for each key, ascending
+//!   ConfigMap: 'C' lp(name) present:u8 [count:u64be { lp(key) field:u8 lp(d(value)) } for each
+//!              bound data key, ascending, if present], where field is 'd' (data) or 'b' (binaryData)
+//!   Secret:    'S' and the same as a ConfigMap
 //! where lp(x) = len(x):u64be x
 //! and   d(v)  = HMAC-SHA-256(key, "consulbind-value\0" v), the value's keyed [`digest`]
 //! ```
@@ -21,6 +24,7 @@
 
 pub mod key;
 
+use consulbind_api::ObjectKind;
 use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
 
@@ -33,11 +37,31 @@ pub const PREFIX: &str = "v2:";
 /// The length of a value's [`digest`].
 pub const DIGEST_LEN: usize = 32;
 
-/// The content behind one entry of `spec.keys`: values, or their digests.
+/// The content behind one entry of `spec.keys`, `spec.configMaps` or `spec.secrets`: values,
+/// or their digests.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Source<'a> {
-    Key { key: &'a str, value: Option<&'a [u8]> },
-    Prefix { prefix: &'a str, entries: Vec<(&'a str, &'a [u8])> },
+    Key {
+        key: &'a str,
+        value: Option<&'a [u8]>,
+    },
+    Prefix {
+        prefix: &'a str,
+        entries: Vec<(&'a str, &'a [u8])>,
+    },
+    /// A ConfigMap or Secret: `None` when it does not exist.
+    Object {
+        kind: ObjectKind,
+        name: &'a str,
+        entries: Option<Vec<(&'a str, Field, &'a [u8])>>,
+    },
+}
+
+/// Where a ConfigMap's or Secret's value lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Field {
+    Data,
+    BinaryData,
 }
 
 impl Source<'_> {
@@ -45,6 +69,8 @@ impl Source<'_> {
         match self {
             Source::Key { key, .. } => (b'K', key),
             Source::Prefix { prefix, .. } => (b'P', prefix),
+            Source::Object { kind: ObjectKind::ConfigMap, name, .. } => (b'C', name),
+            Source::Object { kind: ObjectKind::Secret, name, .. } => (b'S', name),
         }
     }
 
@@ -68,6 +94,25 @@ impl Source<'_> {
                 for (key, value) in entries {
                     length_prefixed(out, key.as_bytes());
                     length_prefixed(out, value);
+                }
+            }
+            Source::Object { name, entries, .. } => {
+                out.push(self.sort_key().0);
+                length_prefixed(out, name.as_bytes());
+                out.push(u8::from(entries.is_some()));
+                if let Some(entries) = entries {
+                    let mut entries = entries.clone();
+                    entries.sort_unstable();
+                    entries.dedup_by(|a, b| a.0 == b.0);
+                    out.extend_from_slice(&(entries.len() as u64).to_be_bytes());
+                    for (key, field, value) in entries {
+                        length_prefixed(out, key.as_bytes());
+                        out.push(match field {
+                            Field::Data => b'd',
+                            Field::BinaryData => b'b',
+                        });
+                        length_prefixed(out, value);
+                    }
                 }
             }
         }
@@ -146,6 +191,7 @@ pub fn checksum(key: &Key, sources: &[Source<'_>]) -> String {
         .map(|s| match s {
             Source::Key { value, .. } => value.iter().map(|v| digest(key, v)).collect(),
             Source::Prefix { entries, .. } => entries.iter().map(|(_, v)| digest(key, v)).collect(),
+            Source::Object { entries, .. } => entries.iter().flatten().map(|(_, _, v)| digest(key, v)).collect(),
         })
         .collect();
     let digested: Vec<Source<'_>> = sources
@@ -156,6 +202,13 @@ pub fn checksum(key: &Key, sources: &[Source<'_>]) -> String {
             Source::Prefix { prefix, entries } => Source::Prefix {
                 prefix,
                 entries: entries.iter().zip(d).map(|((k, _), d)| (*k, d.as_slice())).collect(),
+            },
+            Source::Object { kind, name, entries } => Source::Object {
+                kind: *kind,
+                name,
+                entries: entries
+                    .as_ref()
+                    .map(|e| e.iter().zip(d).map(|((k, f, _), d)| (*k, *f, d.as_slice())).collect()),
             },
         })
         .collect();
@@ -234,6 +287,45 @@ mod tests {
         assert!(!is_current(&v1(&key(), &vector())) && !is_current(&legacy(&vector())));
         assert_eq!(short(&checksum(&key(), &vector())), "56f935c8a3ed");
         assert_eq!(short("c50a65401a32ead7"), "c50a65401a32");
+    }
+
+    fn objects() -> Vec<Source<'static>> {
+        let mut sources = vector();
+        sources.push(Source::Object {
+            kind: ObjectKind::ConfigMap,
+            name: "app",
+            entries: Some(vec![("b.bin", Field::BinaryData, b"\x00\x01"), ("a.conf", Field::Data, b"x=1")]),
+        });
+        sources.push(Source::Object {
+            kind: ObjectKind::Secret,
+            name: "db",
+            entries: Some(vec![("password", Field::Data, b"hunter2")]),
+        });
+        sources.push(Source::Object { kind: ObjectKind::ConfigMap, name: "gone", entries: None });
+        sources
+    }
+
+    #[test]
+    fn pinned_test_vector_with_config_maps_and_secrets() {
+        // Computed independently from the documented format (Python's hmac, key bytes 0..=31).
+        assert_eq!(checksum(&key(), &objects()), "v2:ae34e5e2fd5b30933d52e85d5b6b31cab878bef139c04a74ce84d62b50fdf260");
+    }
+
+    #[test]
+    fn an_object_is_told_apart_by_kind_field_and_presence() {
+        let object = |kind, field, entries: bool| Source::Object {
+            kind,
+            name: "x",
+            entries: entries.then(|| vec![("k", field, b"v".as_slice())]),
+        };
+        let config_map = checksum(&key(), &[object(ObjectKind::ConfigMap, Field::Data, true)]);
+        assert_ne!(config_map, checksum(&key(), &[object(ObjectKind::Secret, Field::Data, true)]));
+        assert_ne!(config_map, checksum(&key(), &[object(ObjectKind::ConfigMap, Field::BinaryData, true)]));
+        let missing = checksum(&key(), &[object(ObjectKind::ConfigMap, Field::Data, false)]);
+        let empty =
+            checksum(&key(), &[Source::Object { kind: ObjectKind::ConfigMap, name: "x", entries: Some(vec![]) }]);
+        assert_ne!(missing, empty);
+        assert_ne!(config_map, checksum(&key(), &[Source::Key { key: "x", value: Some(b"v") }]));
     }
 
     #[test]

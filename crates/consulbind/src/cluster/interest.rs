@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use consulbind_api::{ConsulBindingSpec, WorkloadKind};
 use kube::core::{Selector, SelectorExt};
 
-use super::Workload;
+use super::{Workload, objects::ObjectId};
 use crate::BindingRef;
 
 type Named = (String, WorkloadKind, String);
@@ -20,6 +20,7 @@ pub struct Interest {
     named: HashMap<Named, Vec<BindingRef>>,
     selecting: HashMap<(String, WorkloadKind), HashMap<BindingRef, Vec<Selector>>>,
     secrets: HashMap<(String, String), Vec<BindingRef>>,
+    objects: HashMap<ObjectId, Vec<BindingRef>>,
     by_binding: HashMap<BindingRef, Registered>,
 }
 
@@ -28,6 +29,7 @@ struct Registered {
     named: Vec<Named>,
     selecting: Vec<(String, WorkloadKind)>,
     secret: Option<(String, String)>,
+    objects: Vec<ObjectId>,
 }
 
 impl Interest {
@@ -52,6 +54,10 @@ impl Interest {
         registered.secret =
             spec.consul.as_ref().and_then(|c| c.token_secret_ref.as_ref()).map(|s| (namespace.clone(), s.name.clone()));
 
+        registered.objects = spec.objects().map(|(kind, o)| (kind, namespace.clone(), o.name.clone())).collect();
+        registered.objects.sort();
+        registered.objects.dedup();
+
         self.remove(binding);
         for key in &registered.named {
             add_to(self.named.entry(key.clone()).or_default(), binding);
@@ -61,6 +67,9 @@ impl Interest {
         }
         if let Some(secret) = &registered.secret {
             add_to(self.secrets.entry(secret.clone()).or_default(), binding);
+        }
+        for object in &registered.objects {
+            add_to(self.objects.entry(object.clone()).or_default(), binding);
         }
         self.by_binding.insert(binding.clone(), registered);
     }
@@ -80,6 +89,9 @@ impl Interest {
         }
         if let Some(key) = old.secret {
             remove_from(&mut self.secrets, key, binding);
+        }
+        for key in old.objects {
+            remove_from(&mut self.objects, key, binding);
         }
     }
 
@@ -104,6 +116,11 @@ impl Interest {
             bindings.extend(matching.map(|(b, _)| b.clone()));
         }
         bindings
+    }
+
+    /// The bindings that read this ConfigMap or Secret as a source.
+    pub fn object(&self, object: &ObjectId) -> Vec<BindingRef> {
+        self.objects.get(object).cloned().unwrap_or_default()
     }
 
     /// The bindings that read their token from this Secret.
@@ -197,5 +214,26 @@ mod tests {
         interest.remove(&web);
         interest.remove(&other_ns);
         assert!(interest.named.is_empty() && interest.selecting.is_empty() && interest.secrets.is_empty());
+    }
+
+    #[test]
+    fn a_config_map_or_secret_wakes_the_bindings_that_read_it() {
+        use consulbind_api::{ObjectKind::*, ObjectSource};
+        let mut interest = Interest::default();
+        let (web, other_ns) = (binding("a", "web"), binding("b", "web"));
+        let source = |name: &str| ObjectSource { name: name.into(), ..Default::default() };
+        let reads =
+            ConsulBindingSpec { config_maps: vec![source("app")], secrets: vec![source("db")], ..spec(vec![], None) };
+        interest.set(&web, &reads, &[]);
+        interest.set(&other_ns, &reads, &[]);
+        let id = |kind, ns: &str, name: &str| (kind, ns.to_owned(), name.to_owned());
+        assert_eq!(interest.object(&id(ConfigMap, "a", "app")), vec![web.clone()]);
+        assert_eq!(interest.object(&id(Secret, "a", "db")), vec![web.clone()]);
+        assert!(interest.object(&id(Secret, "a", "app")).is_empty(), "another kind");
+        assert!(interest.object(&id(ConfigMap, "c", "app")).is_empty(), "another namespace");
+        interest.set(&web, &spec(vec![], None), &[]);
+        assert!(interest.object(&id(ConfigMap, "a", "app")).is_empty());
+        interest.remove(&other_ns);
+        assert!(interest.objects.is_empty());
     }
 }

@@ -1,10 +1,11 @@
 //! Read-only caches of what the cluster holds, each fed by a watch: the target workloads
 //! ([`workloads`], with Argo Rollouts in [`argo`]), the Secrets that hold Consul tokens
-//! ([`tokens`]), the namespaces' default-token policy ([`policy`]), and which bindings an event
-//! concerns ([`interest`]). Nothing here writes to the cluster.
+//! ([`tokens`]), the ConfigMaps and Secrets that bindings read ([`objects`]), the namespaces'
+//! default-token policy ([`policy`]), and which bindings an event concerns ([`interest`]). Nothing here writes to the cluster.
 
 pub mod argo;
 pub mod interest;
+pub mod objects;
 pub mod policy;
 pub mod tokens;
 pub mod workloads;

@@ -12,7 +12,7 @@ use kube::{
 use super::{desk::Desk, express::Express, state::States};
 use crate::{
     BindingRef, Lock, checksum,
-    cluster::{interest::Interest, policy::Policy, tokens::Tokens, workloads::Workloads},
+    cluster::{interest::Interest, objects::Objects, policy::Policy, tokens::Tokens, workloads::Workloads},
     metrics::Metrics,
     watches::Watches,
 };
@@ -26,6 +26,8 @@ pub struct Context {
     pub watches: Watches,
     pub workloads: Workloads,
     pub tokens: Tokens,
+    /// The ConfigMaps and Secrets that bindings read.
+    pub objects: Objects,
     /// What the default token may read in each namespace.
     pub policy: Policy,
     /// Keys every checksum, so that none can be checked against a guessed value.
@@ -37,7 +39,7 @@ pub struct Context {
     /// See `--consul-restore-grace`.
     pub restore_grace: std::time::Duration,
     pub bindings: Store<ConsulBinding>,
-    /// Which bindings a workload or Secret event wakes.
+    /// Which bindings a workload, token Secret, ConfigMap or Secret event wakes.
     pub interest: Arc<Mutex<Interest>>,
     pub metrics: Arc<Metrics>,
     /// Each binding's record, across scopes.

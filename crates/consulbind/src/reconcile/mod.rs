@@ -32,6 +32,7 @@ use self::{
     plan::{Consul, Input, Outcome},
     read::TokenSource,
 };
+use crate::cluster::objects::Unknown;
 use crate::{BindingRef, Error, Lock, binding_ref, names};
 
 /// How often a settled binding is looked at again, as a safety net: Consul, the workloads and
@@ -128,6 +129,11 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
     let mut queries = Vec::new();
     let mut in_turns = None;
     let consul = match read::token(ctx, &namespace, spec) {
+        // Nothing to read from Consul: the ConfigMaps and Secrets are the content.
+        _ if spec.keys.is_empty() => {
+            ctx.watches.release(&oref);
+            Consul::Ready(Vec::new())
+        }
         TokenSource::Invalid(message) => {
             ctx.watches.release(&oref);
             Consul::Failed { reason: conditions::reason::TOKEN_SECRET_INVALID, message }
@@ -153,6 +159,13 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
     let mut resolved = ctx.workloads.resolve(&namespace, &spec.targets, &names::annotation_key(&oref.name));
     read::trust_own_stamps(ctx, &oref, &mut resolved);
     ctx.interest.locked().set(&oref, spec, &resolved.found);
+    // Read after the interest is recorded, so that a change from here on wakes the binding.
+    let objects = match read::objects(ctx, &namespace, spec).await {
+        Ok(objects) => Ok(objects),
+        // The caches list within moments, and their first list wakes the binding.
+        Err(Unknown::Waiting) => return Ok(Action::requeue(Duration::from_secs(1))),
+        Err(Unknown::Failed(message)) => Err((conditions::reason::OBJECT_UNREADABLE, message)),
+    };
 
     // Plan.
     let reset_at = read::latest_reset(&contents);
@@ -166,6 +179,7 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
         generation: binding.metadata.generation,
         previous: &previous,
         consul,
+        objects: objects.as_ref().map(|objects| read::object_contents(objects)).map_err(Clone::clone),
         found: &resolved.found,
         live: &resolved.live,
         missing: &resolved.missing,
@@ -210,7 +224,9 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
     let now = Time(Timestamp::now());
     let status = plan::status(&input, &plan, &outcome, &now);
     if !outcome.rolled.is_empty() {
-        report::rolled_out(ctx, binding, &status, &outcome, &contents);
+        let settled = ctx.states.update(&oref, |record| record.settled_sources.clone());
+        let applied = settled.filter(|(checksum, _)| previous.applied_checksum.as_ref() == Some(checksum));
+        report::rolled_out(ctx, binding, applied.as_ref().map(|(_, f)| f.as_slice()), &status, &outcome, &contents);
     } else if !plan.would_roll.is_empty() && status.dry_run != previous.dry_run {
         if let Some((reason, message)) = &plan.hold {
             info!(binding = %oref, %message, "dry run");
@@ -222,7 +238,11 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
     }
     report::status(ctx, binding, &previous, &status).await?;
     if plan.desired.is_some() && status.applied_checksum == plan.desired {
-        ctx.states.update(&oref, |record| record.settled_at = Some(started));
+        let sources = (status.applied_checksum.clone().unwrap_or_default(), report::fingerprints(&status));
+        ctx.states.update(&oref, |record| {
+            record.settled_at = Some(started);
+            record.settled_sources = Some(sources);
+        });
     }
 
     // A Consul failure retries on its own, but a binding that is not healthy is looked at soon.

@@ -5,7 +5,8 @@ use std::collections::BTreeMap;
 
 use consul_kv::KvEntry;
 use consulbind_api::{
-    ConsulBindingSpec, ConsulBindingStatus, DryRunStatus, KeySource, KeyStatus, TargetStatus,
+    ConsulBindingSpec, ConsulBindingStatus, DryRunStatus, KeySource, KeyStatus, ObjectKind, ObjectSource, ObjectStatus,
+    TargetStatus,
     conditions::{self, reason},
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -14,7 +15,7 @@ use tokio::time::Instant;
 use super::debounce::{Decision, Pending, Window};
 use crate::{
     checksum::{self, Source},
-    cluster::{Live, Workload},
+    cluster::{Live, Workload, objects::Digested},
 };
 
 /// The content of one bound key or prefix, each value as its keyed digest; no entries means
@@ -25,6 +26,14 @@ pub struct KeyContent<'a> {
     pub entries: &'a [KvEntry],
     /// It became missing or empty as Consul's index went backwards: lost data, not an edit.
     pub reset_hold: bool,
+}
+
+/// One bound ConfigMap or Secret: its data as digests, `None` when it does not exist.
+#[derive(Clone, Copy)]
+pub struct ObjectContent<'a> {
+    pub kind: ObjectKind,
+    pub source: &'a ObjectSource,
+    pub data: Option<&'a Digested>,
 }
 
 /// What the Consul side looks like for this binding.
@@ -45,6 +54,8 @@ pub struct Input<'a> {
     pub generation: Option<i64>,
     pub previous: &'a ConsulBindingStatus,
     pub consul: Consul<'a>,
+    /// The bound ConfigMaps and Secrets, or why they cannot be read: a reason and a message.
+    pub objects: Result<Vec<ObjectContent<'a>>, (&'static str, String)>,
     /// Workloads found for the targets, sorted and unique.
     pub found: &'a [Workload],
     /// What the found workloads carry in the binding's pod-template annotation.
@@ -75,6 +86,7 @@ pub struct Plan {
     /// Checksum of the current content, when every key could be read.
     pub desired: Option<String>,
     pub keys: Vec<KeyStatus>,
+    pub objects: Vec<ObjectStatus>,
     /// Workloads to stamp with `desired`.
     pub roll: Vec<Workload>,
     /// The annotation value for the workloads of `roll` that need other than `desired`.
@@ -105,17 +117,16 @@ impl Plan {
 pub fn plan(input: &Input<'_>, pending: &mut Option<Pending>, now: Instant) -> Plan {
     let contents = match &input.consul {
         Consul::Ready(contents) => contents,
-        Consul::Failed { reason, message } => {
-            return Plan {
-                keys: input.previous.keys.clone(),
-                hold: Some((reason, message.clone())),
-                ..Plan::default()
-            };
-        }
+        Consul::Failed { reason, message } => return unread(input, reason, message),
+    };
+    let objects = match &input.objects {
+        Ok(objects) => objects,
+        Err((reason, message)) => return unread(input, reason, message),
     };
     let keys: Vec<KeyStatus> = contents.iter().map(|c| key_status(input.key, c)).collect();
-    let desired = checksum::from_digests(input.key, &contents.iter().map(source).collect::<Vec<_>>());
-    let mut plan = Plan { desired: Some(desired.clone()), keys, ..Plan::default() };
+    let object_statuses = objects.iter().map(|o| object_status(input.key, o)).collect();
+    let desired = checksum::from_digests(input.key, &sources(contents, objects));
+    let mut plan = Plan { desired: Some(desired.clone()), keys, objects: object_statuses, ..Plan::default() };
 
     let missing: Vec<&str> =
         contents.iter().filter(|c| !c.source.optional && c.entries.is_empty()).map(|c| c.source.key.as_str()).collect();
@@ -130,6 +141,26 @@ pub fn plan(input: &Input<'_>, pending: &mut Option<Pending>, now: Instant) -> P
                 if missing.len() == 1 { "is" } else { "are" },
                 if missing.len() == 1 { "it exists" } else { "they exist" },
                 if missing.len() == 1 { "it" } else { "them" },
+            ),
+        ));
+        return plan;
+    }
+    let missing: Vec<String> = objects
+        .iter()
+        .filter(|o| !o.source.optional && o.data.is_none())
+        .map(|o| format!("{} {:?}", o.kind, o.source.name))
+        .collect();
+    if !missing.is_empty() {
+        *pending = None;
+        let one = missing.len() == 1;
+        plan.hold = Some((
+            reason::OBJECT_MISSING,
+            format!(
+                "required {} {} missing; rollouts are held until {} (or mark {} optional)",
+                missing.join(", "),
+                if one { "is" } else { "are" },
+                if one { "it exists" } else { "they exist" },
+                if one { "it" } else { "them" },
             ),
         ));
         return plan;
@@ -214,11 +245,9 @@ pub fn plan(input: &Input<'_>, pending: &mut Option<Pending>, now: Instant) -> P
         Decision::RollNow if dry_run => {
             *pending = None;
             let why = match content_changed {
-                true => format!(
-                    "the Consul content changed from {} to {}",
-                    checksum::short(applied),
-                    checksum::short(&desired)
-                ),
+                true => {
+                    format!("the content changed from {} to {}", checksum::short(applied), checksum::short(&desired))
+                }
                 false => "they carry an older stamp of this binding than the current content".into(),
             };
             return plan.would_roll(behind, why);
@@ -264,9 +293,13 @@ pub struct ChangedMeanwhile;
 /// Whether the status, or a workload by the binding's own stamp, holds a checksum of an older
 /// format: [`checksum::v1`], or before that [`checksum::legacy`]. Only the values can tell
 /// whether it is that of the current content, so the caller reads them once more.
+///
+/// A binding that reads ConfigMaps or Secrets was made by this release: an older value on it
+/// stands for content without them, which is a change.
 pub fn older_values(input: &Input<'_>) -> bool {
     let older = |value: &str| !checksum::is_current(value);
     matches!(input.consul, Consul::Ready(_))
+        && input.spec.objects().next().is_none()
         && (input.previous.applied_checksum.as_deref().is_some_and(older)
             || input.previous.targets.iter().any(|t| older(&t.checksum))
             || input.live.values().any(|l| l.owned && older(l.checksum())))
@@ -356,6 +389,9 @@ pub fn status(input: &Input<'_>, plan: &Plan, outcome: &Outcome, now: &Time) -> 
     };
 
     match &input.consul {
+        Consul::Ready(contents) if contents.is_empty() => {
+            set(conditions::CONSUL_SYNCED, Some(true), reason::SYNCED, "no Consul keys are bound".into())
+        }
         Consul::Ready(contents) => {
             let read = format!("read {} from Consul", count(contents.len(), "key"));
             match input.in_turns {
@@ -410,19 +446,20 @@ pub fn status(input: &Input<'_>, plan: &Plan, outcome: &Outcome, now: &Time) -> 
                 _ if input.dry_run => " (dry run: nothing is patched)",
                 _ => "",
             };
-            (true, reason::UP_TO_DATE, format!("{} the current Consul content{suffix}", carry(targets.len())))
+            (true, reason::UP_TO_DATE, format!("{} the current content{suffix}", carry(targets.len())))
         }
     };
     set(conditions::READY, Some(ready), ready_reason, ready_message);
 
-    let present = plan.keys.iter().filter(|k| k.present).count();
+    let present = plan.keys.iter().filter(|k| k.present).count() + plan.objects.iter().filter(|o| o.present).count();
     ConsulBindingStatus {
         observed_generation: input.generation,
         short_checksum: applied.as_deref().map(|c| checksum::short(c).to_owned()),
         applied_checksum: applied,
-        key_summary: Some(format!("{present}/{}", plan.keys.len())),
+        key_summary: Some(format!("{present}/{}", plan.keys.len() + plan.objects.len())),
         target_summary: Some(format!("{carrying}/{}", targets.len())),
         keys: plan.keys.clone(),
+        objects: plan.objects.clone(),
         targets,
         last_sync_time: if desired.is_some() { Some(now.clone()) } else { previous.last_sync_time.clone() },
         last_change_time: if changed { Some(now.clone()) } else { previous.last_change_time.clone() },
@@ -436,6 +473,51 @@ pub fn status(input: &Input<'_>, plan: &Plan, outcome: &Outcome, now: &Time) -> 
             _ => None,
         },
         conditions,
+    }
+}
+
+/// A plan that keeps what was last read, because some source cannot be read now.
+fn unread(input: &Input<'_>, reason: &'static str, message: &str) -> Plan {
+    Plan {
+        keys: input.previous.keys.clone(),
+        objects: input.previous.objects.clone(),
+        hold: Some((reason, message.to_owned())),
+        ..Plan::default()
+    }
+}
+
+/// Every source of the checksum: the Consul keys, then the ConfigMaps and Secrets.
+fn sources<'a>(contents: &[KeyContent<'a>], objects: &[ObjectContent<'a>]) -> Vec<Source<'a>> {
+    contents.iter().map(source).chain(objects.iter().map(object_source)).collect()
+}
+
+fn object_source<'a>(object: &ObjectContent<'a>) -> Source<'a> {
+    let bound = |key: &str| object.source.keys.as_ref().is_none_or(|keys| keys.iter().any(|k| k == key));
+    Source::Object {
+        kind: object.kind,
+        name: &object.source.name,
+        entries: object.data.map(|data| {
+            data.entries
+                .iter()
+                .filter(|(key, ..)| bound(key))
+                .map(|(key, field, digest)| (key.as_str(), *field, digest.as_slice()))
+                .collect()
+        }),
+    }
+}
+
+fn object_status(key: &checksum::Key, object: &ObjectContent<'_>) -> ObjectStatus {
+    let source = object_source(object);
+    let entries = match &source {
+        Source::Object { entries, .. } => entries.as_ref().map(|e| u32::try_from(e.len()).unwrap_or(u32::MAX)),
+        _ => None,
+    };
+    ObjectStatus {
+        kind: object.kind,
+        name: object.source.name.clone(),
+        present: object.data.is_some(),
+        entries,
+        checksum: checksum::from_digests(key, &[source]),
     }
 }
 
@@ -609,6 +691,7 @@ mod tests {
             generation: Some(3),
             previous,
             consul: Consul::Ready(vec![KeyContent { source: &spec.keys[0], entries, reset_hold: false }]),
+            objects: Ok(Vec::new()),
             found,
             live: &NO_LIVE,
             missing: &[],
@@ -914,13 +997,80 @@ mod tests {
         assert_eq!(plan.roll, web());
     }
 
+    /// One plan of a binding that reads `app/config` and the ConfigMap `app` (its data `data`,
+    /// or missing), with `keys` as the ConfigMap's key filter.
+    fn step_object(
+        previous: &ConsulBindingStatus,
+        data: Option<&[(&str, &str)]>,
+        keys: Option<Vec<String>>,
+        failed: bool,
+    ) -> (Plan, ConsulBindingStatus) {
+        let source = ObjectSource { name: "app".into(), keys, optional: false };
+        let spec = ConsulBindingSpec { config_maps: vec![source], ..spec(false) };
+        let digested = data.map(|data| Digested {
+            version: "1".into(),
+            entries: data
+                .iter()
+                .map(|(k, v)| (k.to_string(), checksum::Field::Data, checksum::digest(&KEY, v.as_bytes())))
+                .collect(),
+        });
+        let object =
+            ObjectContent { kind: ObjectKind::ConfigMap, source: &spec.config_maps[0], data: digested.as_ref() };
+        let (entries, found) = (entry("v1"), web());
+        let objects = match failed {
+            true => Err((reason::OBJECT_UNREADABLE, "could not read ConfigMap app: forbidden".to_owned())),
+            false => Ok(vec![object]),
+        };
+        let input = Input { objects, ..input(&spec, previous, &entries, &found) };
+        let plan = plan(&input, &mut None, Instant::now());
+        let outcome = Outcome { rolled: plan.roll.clone(), failed: vec![] };
+        let status = status(&input, &plan, &outcome, &now());
+        (plan, status)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_config_map_is_part_of_the_content_and_a_missing_one_holds() {
+        let (_, consul_only) = step(&spec(false), &Default::default(), &entry("v1"), &web());
+        let (plan, baseline) = step_object(&Default::default(), Some(&[("a", "1"), ("b", "1")]), None, false);
+        assert!(plan.baseline && plan.roll.is_empty());
+        assert_ne!(baseline.applied_checksum, consul_only.applied_checksum, "the ConfigMap is not in the checksum");
+        assert_eq!(baseline.key_summary.as_deref(), Some("2/2"));
+        assert_eq!(baseline.objects[0].entries, Some(2));
+
+        let (plan, _) = step_object(&baseline, Some(&[("a", "1"), ("b", "1")]), None, false);
+        assert!(plan.roll.is_empty(), "the same data rolled");
+        let (plan, rolled) = step_object(&baseline, Some(&[("a", "2"), ("b", "1")]), None, false);
+        assert_eq!(plan.roll, web());
+        assert_ne!(rolled.objects[0].checksum, baseline.objects[0].checksum);
+
+        // Only the keys a binding names count.
+        let only_b = Some(vec!["b".to_owned()]);
+        let (_, filtered) = step_object(&Default::default(), Some(&[("a", "1"), ("b", "1")]), only_b.clone(), false);
+        let (plan, _) = step_object(&filtered, Some(&[("a", "2"), ("b", "1")]), only_b, false);
+        assert!(plan.roll.is_empty(), "a key the binding does not name rolled");
+
+        let (plan, held) = step_object(&baseline, None, None, false);
+        assert!(plan.roll.is_empty());
+        let ready = condition(&held, conditions::READY);
+        assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", reason::OBJECT_MISSING));
+        assert!(ready.message.contains(r#"ConfigMap "app""#), "{}", ready.message);
+        assert_eq!(held.applied_checksum, baseline.applied_checksum);
+        assert_eq!(held.key_summary.as_deref(), Some("1/2"));
+
+        // Unreadable: nothing rolls, and what was read last stays in the status.
+        let (plan, held) = step_object(&baseline, Some(&[("a", "2")]), None, true);
+        assert!(plan.roll.is_empty() && plan.desired.is_none());
+        assert_eq!(condition(&held, conditions::READY).reason, reason::OBJECT_UNREADABLE);
+        assert_eq!((&held.objects, &held.applied_checksum), (&baseline.objects, &baseline.applied_checksum));
+    }
+
     #[tokio::test(start_paused = true)]
     async fn messages_agree_with_their_counts() {
         let message = |status: &ConsulBindingStatus, type_| condition(status, type_).message.clone();
         let (_, one) = step(&spec(false), &Default::default(), &entry("v1"), &web());
         assert_eq!(message(&one, conditions::TARGETS_UPDATED), "1 target carries the applied content");
         let (_, changed) = step(&spec(false), &one, &entry("v2"), &web());
-        assert_eq!(message(&changed, conditions::READY), "1 target carries the current Consul content");
+        assert_eq!(message(&changed, conditions::READY), "1 target carries the current content");
         let (_, held) = step(&spec(false), &one, &[], &web());
         assert_eq!(
             message(&held, conditions::READY),
@@ -932,7 +1082,7 @@ mod tests {
         let (_, both) = step(&spec(false), &Default::default(), &entry("v1"), &two);
         assert_eq!(message(&both, conditions::TARGETS_UPDATED), "2 targets carry the applied content");
         let (_, changed) = step(&spec(false), &both, &entry("v2"), &two);
-        assert_eq!(message(&changed, conditions::READY), "2 targets carry the current Consul content");
+        assert_eq!(message(&changed, conditions::READY), "2 targets carry the current content");
         assert_eq!(message(&changed, conditions::CONSUL_SYNCED), "read 1 key from Consul");
 
         let mut two_keys = spec(false);

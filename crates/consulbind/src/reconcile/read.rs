@@ -3,24 +3,27 @@
 
 use std::{
     collections::BTreeMap,
+    sync::Arc,
     time::{Duration, Instant},
 };
 
 use consul_kv::{KvQuery, Token};
 use consulbind_api::{
-    ConsulBinding, ConsulBindingSpec, ConsulBindingStatus, MAX_DELAY, MAX_QUIET_PERIOD, parse_duration,
+    ConsulBinding, ConsulBindingSpec, ConsulBindingStatus, MAX_DELAY, MAX_QUIET_PERIOD, ObjectKind, ObjectSource,
+    parse_duration,
 };
 use kube::ResourceExt;
 
 use super::{
     context::Context,
     debounce::Window,
-    plan::{Consul, KeyContent},
+    plan::{Consul, KeyContent, ObjectContent},
 };
 use crate::{
     BindingRef,
     cluster::{
         Live, Version, Workload,
+        objects::{Digested, Unknown},
         tokens::{Lookup, TOKEN_LABEL},
         workloads::{self, Resolved},
     },
@@ -32,6 +35,14 @@ const DEFAULT_MAX: Duration = Duration::from_secs(30);
 
 /// Checks what the schema cannot, and returns the debounce window.
 pub fn validate(spec: &ConsulBindingSpec) -> Result<Window, String> {
+    if spec.keys.is_empty() && spec.objects().next().is_none() {
+        return Err("the binding has no source: set spec.keys, spec.configMaps or spec.secrets".into());
+    }
+    for (kind, object) in spec.objects() {
+        if object.name.is_empty() || object.keys.iter().flatten().any(String::is_empty) {
+            return Err(format!("each {kind} source needs a name, and none of its keys may be empty"));
+        }
+    }
     for source in &spec.keys {
         if let Some(problem) = consulbind_api::key_problem(&source.key) {
             return Err(format!("Consul key {:?} {problem}; Consul would read another key, or none", source.key));
@@ -158,6 +169,27 @@ pub fn consul_view<'a>(spec: &'a ConsulBindingSpec, states: &'a [KeyState], max_
     Some(Consul::Ready(contents))
 }
 
+/// A bound ConfigMap or Secret as read: its data as digests, `None` when it does not exist.
+pub type ObjectRead<'a> = (ObjectKind, &'a ObjectSource, Option<Arc<Digested>>);
+
+/// The binding's ConfigMaps and Secrets, from the cache or read where they changed.
+pub async fn objects<'a>(
+    ctx: &Context,
+    namespace: &str,
+    spec: &'a ConsulBindingSpec,
+) -> Result<Vec<ObjectRead<'a>>, Unknown> {
+    let mut read = Vec::new();
+    for (kind, source) in spec.objects() {
+        let data = ctx.objects.read(&(kind, namespace.to_owned(), source.name.clone())).await?;
+        read.push((kind, source, data));
+    }
+    Ok(read)
+}
+
+pub fn object_contents<'a>(objects: &'a [ObjectRead<'_>]) -> Vec<ObjectContent<'a>> {
+    objects.iter().map(|(kind, source, data)| ObjectContent { kind: *kind, source, data: data.as_deref() }).collect()
+}
+
 /// When an answer for one of the binding's contents last came with Consul's index gone backwards.
 pub fn latest_reset(contents: &[KeyState]) -> Option<std::time::Instant> {
     contents
@@ -254,7 +286,17 @@ mod tests {
     }
 
     fn spec(target: TargetRef, rollout: Option<RolloutPolicy>) -> ConsulBindingSpec {
-        ConsulBindingSpec { targets: vec![target], rollout, ..Default::default() }
+        let keys = vec![consulbind_api::KeySource { key: "app".into(), ..Default::default() }];
+        ConsulBindingSpec { keys, targets: vec![target], rollout, ..Default::default() }
+    }
+
+    #[test]
+    fn a_binding_needs_a_source_of_some_kind() {
+        let none = ConsulBindingSpec { keys: vec![], ..spec(named(), None) };
+        assert!(validate(&none).unwrap_err().contains("no source"));
+        let object = consulbind_api::ObjectSource { name: "app".into(), ..Default::default() };
+        assert!(validate(&ConsulBindingSpec { config_maps: vec![object.clone()], ..none.clone() }).is_ok());
+        assert!(validate(&ConsulBindingSpec { secrets: vec![object], ..none }).is_ok());
     }
 
     fn named() -> TargetRef {

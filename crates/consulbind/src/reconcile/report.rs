@@ -89,6 +89,7 @@ pub fn short(status: &ConsulBindingStatus) -> &str {
 pub fn rolled_out(
     ctx: &Context,
     binding: &ConsulBinding,
+    applied: Option<&[u64]>,
     status: &ConsulBindingStatus,
     outcome: &Outcome,
     contents: &[KeyState],
@@ -97,11 +98,16 @@ pub fn rolled_out(
     let name = binding.name_any();
     let list: Vec<String> = outcome.rolled.iter().map(|(k, n)| format!("{k}/{n}")).collect();
     let checksum = status.applied_checksum.as_deref().map_or("-", checksum::short).to_owned();
-    info!(binding = %format!("{namespace}/{name}"), %checksum, targets = %list.join(", "), "rolled out Consul change");
+    let changed = changed_sources(applied, status);
+    let because = match changed.is_empty() {
+        true => String::new(),
+        false => format!(" after a change of {}", changed.join(", ")),
+    };
+    info!(binding = %format!("{namespace}/{name}"), %checksum, targets = %list.join(", "), changed = %changed.join(", "), "rolled out a change");
     if let Some(latest) = latest_change(contents) {
         ctx.metrics.change_to_rollout.observe(latest.elapsed().as_secs_f64());
     }
-    let note = format!("rolled out Consul content {checksum} to {}", list.join(", "));
+    let note = format!("rolled out content {checksum} to {}{because}", list.join(", "));
     publish(ctx, binding.object_ref(&()), EventType::Normal, conditions::reason::ROLLED_OUT, note);
     for (kind, workload) in &outcome.rolled {
         ctx.metrics
@@ -115,10 +121,33 @@ pub fn rolled_out(
             name: Some(workload.clone()),
             ..ObjectReference::default()
         };
-        let note =
-            format!("ConsulBinding {name} changed the pod template annotation to {checksum} after a Consul change");
+        let note = format!("ConsulBinding {name} changed the pod template annotation to {checksum}{because}");
         publish(ctx, reference, EventType::Normal, conditions::reason::ROLLED_OUT, note);
     }
+}
+
+/// Each source's checksum in `status`, in order, as a short fingerprint: kept from the last
+/// time the targets carried the content, to tell which sources a rollout brings.
+pub fn fingerprints(status: &ConsulBindingStatus) -> Vec<u64> {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    let checksums = status.keys.iter().map(|k| &k.checksum).chain(status.objects.iter().map(|o| &o.checksum));
+    checksums
+        .map(|c| {
+            let mut hasher = DefaultHasher::new();
+            c.hash(&mut hasher);
+            hasher.finish()
+        })
+        .collect()
+}
+
+/// The sources that differ from `applied` (fingerprints of when the targets last carried the
+/// content), for people to read: `Consul key "app/db"`, `ConfigMap "app"`.
+fn changed_sources(applied: Option<&[u64]>, status: &ConsulBindingStatus) -> Vec<String> {
+    let now = fingerprints(status);
+    let Some(applied) = applied.filter(|a| a.len() == now.len()) else { return Vec::new() };
+    let keys = status.keys.iter().map(|k| format!("Consul {} {:?}", if k.recurse { "prefix" } else { "key" }, k.key));
+    let names = keys.chain(status.objects.iter().map(|o| format!("{} {:?}", o.kind, o.name)));
+    names.zip(now.iter().zip(applied)).filter(|(_, (now, then))| now != then).map(|(name, _)| name).collect()
 }
 
 /// Records an event without holding up the reconcile: the next change of this binding waits

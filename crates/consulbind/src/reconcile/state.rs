@@ -33,6 +33,8 @@ pub struct Record {
     /// When the targets last carried the content (or were rolled to it): a Consul index reset
     /// after this puts the binding in its restore grace.
     pub settled_at: Option<std::time::Instant>,
+    /// The applied checksum then, and [`super::report::fingerprints`] of its sources.
+    pub settled_sources: Option<(String, Vec<u64>)>,
 }
 
 /// Every binding's record, across the scopes this replica serves.

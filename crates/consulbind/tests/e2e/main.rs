@@ -7,6 +7,7 @@ mod operations;
 mod rbac;
 mod rollouts;
 mod scale;
+mod sources;
 mod support;
 mod tenant;
 

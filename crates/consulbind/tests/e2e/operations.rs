@@ -97,8 +97,7 @@ async fn metrics_health_and_json_logs_describe_the_work() {
     let log = s.log();
     let lines: Vec<serde_json::Value> =
         log.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"))).collect();
-    let rolled =
-        lines.iter().find(|l| l["fields"]["message"] == "rolled out Consul change").expect("a rollout log line");
+    let rolled = lines.iter().find(|l| l["fields"]["message"] == "rolled out a change").expect("a rollout log line");
     assert_eq!(rolled["fields"]["binding"], format!("{}/cfg", s.ns));
     s.finish().await;
 }

@@ -118,6 +118,11 @@ impl Scene {
                     .patch(&name, &pp, &patch)
                     .await?,
             ),
+            "ConfigMap" => drop(
+                Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(self.client.clone(), &self.ns)
+                    .patch(&name, &pp, &patch)
+                    .await?,
+            ),
             "Rollout" => drop(self.rollouts().patch(&name, &pp, &patch).await?),
             other => bail!("cannot apply {other}"),
         }

@@ -1,0 +1,255 @@
+//! The ConfigMaps and Secrets that bindings read as sources. Their metadata is watched, and
+//! only the name and resource version of each is kept, so that a cluster's thousands of
+//! unbound objects cost little. An object's data is fetched only when a binding reads it and
+//! its resource version moved, and then kept as keyed digests, never as values.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex, RwLock},
+};
+
+use consulbind_api::ObjectKind;
+use futures::{Stream, StreamExt, stream};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::{
+    Api, Client, ResourceExt,
+    core::PartialObjectMeta,
+    runtime::{WatchStreamExt, watcher},
+};
+use tokio::sync::watch;
+
+use crate::{
+    Lock,
+    checksum::{self, DIGEST_LEN, Field},
+};
+
+/// A ConfigMap or Secret: kind, namespace and name.
+pub type ObjectId = (ObjectKind, String, String);
+
+/// The data of one object as digests: key, where it lives, and the keyed digest of its value.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Digested {
+    pub version: String,
+    pub entries: Vec<(String, Field, [u8; DIGEST_LEN])>,
+}
+
+/// How far the metadata watch of one kind has come.
+#[derive(Clone, Debug, Default, PartialEq)]
+enum Listed {
+    #[default]
+    NotYet,
+    Failing(String),
+    Yes,
+}
+
+#[derive(Clone)]
+pub struct Objects {
+    client: Client,
+    key: checksum::Key,
+    versions: Arc<RwLock<HashMap<ObjectId, String>>>,
+    /// Digests of the objects that bindings read, by the version they were read at.
+    digests: Arc<Mutex<HashMap<ObjectId, Arc<Digested>>>>,
+    listed: [watch::Receiver<Listed>; 2],
+}
+
+/// Why an object's data is not known.
+#[derive(Debug, PartialEq)]
+pub enum Unknown {
+    /// The first list has not come in yet.
+    Waiting,
+    /// A person must act: the controller may not list or read this kind, for example.
+    Failed(String),
+}
+
+impl Objects {
+    /// Starts the watches. The stream says which objects appeared, changed or went away, and
+    /// must be polled to keep the cache current.
+    pub fn start(
+        client: &Client,
+        namespace: Option<&str>,
+        key: checksum::Key,
+    ) -> (Self, impl Stream<Item = ObjectId> + Send + 'static) {
+        let versions: Arc<RwLock<HashMap<ObjectId, String>>> = Arc::default();
+        let digests: Arc<Mutex<HashMap<ObjectId, Arc<Digested>>>> = Arc::default();
+        let (config_maps, config_maps_listed) = watch_kind(
+            api::<PartialObjectMeta<ConfigMap>>(client, namespace),
+            ObjectKind::ConfigMap,
+            &versions,
+            &digests,
+        );
+        let (secrets, secrets_listed) =
+            watch_kind(api::<PartialObjectMeta<Secret>>(client, namespace), ObjectKind::Secret, &versions, &digests);
+        let objects =
+            Self { client: client.clone(), key, versions, digests, listed: [config_maps_listed, secrets_listed] };
+        (objects, stream::select(config_maps, secrets))
+    }
+
+    /// The digests of an object's data, `Ok(None)` when it does not exist.
+    pub async fn read(&self, id: &ObjectId) -> Result<Option<Arc<Digested>>, Unknown> {
+        let listed = self.listed[id.0 as usize].borrow().clone();
+        match listed {
+            Listed::Yes => {}
+            Listed::NotYet => return Err(Unknown::Waiting),
+            Listed::Failing(error) => return Err(Unknown::Failed(error)),
+        }
+        let Some(version) = self.versions.read().unwrap().get(id).cloned() else { return Ok(None) };
+        if let Some(known) = self.digests.locked().get(id).filter(|d| d.version == version) {
+            return Ok(Some(known.clone()));
+        }
+        let (kind, namespace, name) = id;
+        let fetched = match kind {
+            ObjectKind::ConfigMap => Api::<ConfigMap>::namespaced(self.client.clone(), namespace)
+                .get_opt(name)
+                .await
+                .map(|o| o.map(|o| self.digest_config_map(o))),
+            ObjectKind::Secret => Api::<Secret>::namespaced(self.client.clone(), namespace)
+                .get_opt(name)
+                .await
+                .map(|o| o.map(|o| self.digest_secret(o))),
+        };
+        let digested = match fetched {
+            Ok(Some(digested)) => Arc::new(digested),
+            // Deleted since the watch saw it: its deletion wakes the binding again.
+            Ok(None) => return Ok(None),
+            Err(kube::Error::Api(status)) => {
+                return Err(Unknown::Failed(format!("could not read {kind} {name}: {}", status.message)));
+            }
+            Err(error) => return Err(Unknown::Failed(format!("could not read {kind} {name}: {error}"))),
+        };
+        let mut digests = self.digests.locked();
+        // A slower read must not replace a newer one.
+        if digests.get(id).is_none_or(|known| newer(&digested.version, &known.version)) {
+            digests.insert(id.clone(), digested.clone());
+        }
+        Ok(Some(digested))
+    }
+
+    fn digest_config_map(&self, object: ConfigMap) -> Digested {
+        let version = object.resource_version().unwrap_or_default();
+        let data =
+            object.data.into_iter().flatten().map(|(k, v)| (k, Field::Data, checksum::digest(&self.key, v.as_bytes())));
+        let binary = object
+            .binary_data
+            .into_iter()
+            .flatten()
+            .map(|(k, v)| (k, Field::BinaryData, checksum::digest(&self.key, &v.0)));
+        sorted(version, data.chain(binary).collect())
+    }
+
+    fn digest_secret(&self, object: Secret) -> Digested {
+        let version = object.resource_version().unwrap_or_default();
+        let entries =
+            object.data.into_iter().flatten().map(|(k, v)| (k, Field::Data, checksum::digest(&self.key, &v.0)));
+        sorted(version, entries.collect())
+    }
+}
+
+fn sorted(version: String, mut entries: Vec<(String, Field, [u8; DIGEST_LEN])>) -> Digested {
+    entries.sort_unstable();
+    Digested { version, entries }
+}
+
+/// Resource versions are opaque, but the API server that serves these gives etcd's revision:
+/// where both are numbers the larger is newer, and otherwise the later read wins.
+fn newer(candidate: &str, known: &str) -> bool {
+    match (candidate.parse::<u64>(), known.parse::<u64>()) {
+        (Ok(candidate), Ok(known)) => candidate >= known,
+        _ => true,
+    }
+}
+
+fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+where
+    K: kube::Resource<Scope = kube::core::NamespaceResourceScope>,
+    K::DynamicType: Default,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// One kind's metadata watch: keeps `versions` current, and yields each object that changed.
+fn watch_kind<K>(
+    api: Api<PartialObjectMeta<K>>,
+    kind: ObjectKind,
+    versions: &Arc<RwLock<HashMap<ObjectId, String>>>,
+    digests: &Arc<Mutex<HashMap<ObjectId, Arc<Digested>>>>,
+) -> (futures::stream::BoxStream<'static, ObjectId>, watch::Receiver<Listed>)
+where
+    K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    let (listed_tx, listed) = watch::channel(Listed::NotYet);
+    let (versions, digests) = (versions.clone(), digests.clone());
+    let id = move |meta: &PartialObjectMeta<K>| (kind, meta.namespace().unwrap_or_default(), meta.name_any());
+    // What a relist has seen so far; swapped in once it is complete.
+    let mut relist: Option<HashMap<ObjectId, String>> = None;
+    let events = watcher::watcher(api, watcher::Config::default()).default_backoff();
+    let touched = events.flat_map(move |event| {
+        let touched: Vec<ObjectId> = match event {
+            Ok(watcher::Event::Init) => {
+                relist = Some(HashMap::new());
+                Vec::new()
+            }
+            Ok(watcher::Event::InitApply(meta)) => {
+                if let Some(relist) = &mut relist {
+                    relist.insert(id(&meta), meta.resource_version().unwrap_or_default());
+                }
+                Vec::new()
+            }
+            Ok(watcher::Event::InitDone) => {
+                let fresh = relist.take().unwrap_or_default();
+                let mut versions = versions.write().unwrap();
+                let ours = |o: &ObjectId| o.0 == kind;
+                // Whatever differs from before the relist: changed, new, or gone unseen.
+                let mut changed: Vec<ObjectId> =
+                    fresh.iter().filter(|(o, v)| versions.get(*o) != Some(*v)).map(|(o, _)| o.clone()).collect();
+                changed.extend(versions.keys().filter(|o| ours(o) && !fresh.contains_key(*o)).cloned());
+                versions.retain(|o, _| !ours(o));
+                versions.extend(fresh);
+                listed_tx.send_replace(Listed::Yes);
+                changed
+            }
+            Ok(watcher::Event::Apply(meta)) => {
+                let object = id(&meta);
+                let version = meta.resource_version().unwrap_or_default();
+                let mut versions = versions.write().unwrap();
+                match versions.get(&object) == Some(&version) {
+                    true => Vec::new(),
+                    false => {
+                        versions.insert(object.clone(), version);
+                        vec![object]
+                    }
+                }
+            }
+            Ok(watcher::Event::Delete(meta)) => {
+                let object = id(&meta);
+                versions.write().unwrap().remove(&object);
+                digests.locked().remove(&object);
+                vec![object]
+            }
+            Err(error) => {
+                tracing::warn!(%kind, %error, "watching the metadata of this kind failed; retrying");
+                if *listed_tx.borrow() != Listed::Yes {
+                    listed_tx.send_replace(Listed::Failing(format!("the controller cannot list {kind}s: {error}")));
+                }
+                Vec::new()
+            }
+        };
+        stream::iter(touched)
+    });
+    (touched.boxed(), listed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_numeric_resource_version_orders_reads() {
+        assert!(newer("12", "9"));
+        assert!(newer("9", "9"));
+        assert!(!newer("9", "12"));
+        assert!(newer("opaque", "12"));
+    }
+}

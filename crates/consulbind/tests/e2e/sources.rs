@@ -1,0 +1,152 @@
+//! ConfigMaps and Secrets as sources beside Consul: one checksum, one debounce, one rollout.
+
+use consulbind_api::conditions::{self, reason};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+use crate::{
+    DEPLOY,
+    support::{SETTLE, Scene, deploy},
+};
+
+fn config_map(name: &str, labels: Value, data: Value) -> Value {
+    json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "labels": labels}, "data": data})
+}
+
+fn secret(name: &str, data: Value) -> Value {
+    json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "stringData": data})
+}
+
+/// Rollouts of `web` so far, after giving the controller time to make a wrong one.
+async fn settled_revisions(s: &Scene) -> usize {
+    tokio::time::sleep(SETTLE).await;
+    s.revisions(DEPLOY, "web").await
+}
+
+#[tokio::test]
+async fn a_config_map_rolls_once_on_a_data_change_and_not_on_labels_neighbours_or_a_reapply() {
+    let Some(s) = Scene::new("configmap").await else { return };
+    s.apply(config_map("app", json!({}), json!({"a.conf": "x=1", "unbound": "1"}))).await.unwrap();
+    s.apply(config_map("other", json!({}), json!({"a.conf": "x=1"}))).await.unwrap();
+    s.workload(DEPLOY, "web", json!({})).await;
+    let spec = json!({"configMaps": [{"name": "app", "keys": ["a.conf", "b.bin"]}], "targets": deploy("web"),
+                      "rollout": {"quietPeriod": "0s"}});
+    s.binding("cfg", spec).await;
+    let baselined = s.wait_condition("cfg", conditions::READY, "True", reason::BASELINED).await.status.unwrap();
+    assert_eq!(baselined.key_summary.as_deref(), Some("1/1"));
+    let object = &baselined.objects[0];
+    assert!(object.present && object.entries == Some(1) && object.name == "app", "{object:?}");
+
+    // A label, a neighbour, the same data applied again, and a key the binding does not read.
+    s.apply(config_map("app", json!({"team": "a"}), json!({"a.conf": "x=1", "unbound": "1"}))).await.unwrap();
+    s.apply(config_map("other", json!({}), json!({"a.conf": "x=2"}))).await.unwrap();
+    s.apply(config_map("app", json!({"team": "b"}), json!({"a.conf": "x=1", "unbound": "2"}))).await.unwrap();
+    assert_eq!(settled_revisions(&s).await, 1, "rolled without a change of the bound data");
+    let still = s.get_binding("cfg").await.status.unwrap();
+    assert_eq!(still.applied_checksum, baselined.applied_checksum);
+
+    s.apply(config_map("app", json!({"team": "b"}), json!({"a.conf": "x=2", "unbound": "2"}))).await.unwrap();
+    s.wait_revisions(DEPLOY, "web", 2).await;
+    let rolled = s.wait_condition("cfg", conditions::READY, "True", reason::UP_TO_DATE).await.status.unwrap();
+    assert_ne!(rolled.applied_checksum, baselined.applied_checksum);
+    assert_ne!(rolled.objects[0].checksum, object.checksum);
+    let events = s.events_for("cfg").await;
+    let note = events.iter().find(|(r, _)| r == reason::ROLLED_OUT).map(|(_, n)| n.clone()).unwrap_or_default();
+    assert!(note.contains(r#"ConfigMap "app""#), "the event does not say which source changed: {events:?}");
+
+    // binaryData counts like data.
+    let binary = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "app", "labels": {"team": "b"}},
+                        "data": {"a.conf": "x=2", "unbound": "2"}, "binaryData": {"b.bin": "AAE="}});
+    s.apply(binary).await.unwrap();
+    s.wait_revisions(DEPLOY, "web", 3).await;
+    assert_eq!(settled_revisions(&s).await, 3);
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn a_secret_rolls_once_and_nothing_shows_its_value_or_a_plain_digest() {
+    let Some(s) = Scene::new("secret-source").await else { return };
+    let (old, new) = (format!("hunter2-{}", s.ns), format!("correct-horse-{}", s.ns));
+    s.apply(secret("db", json!({"password": &old}))).await.unwrap();
+    s.workload(DEPLOY, "web", json!({})).await;
+    let spec = json!({"secrets": [{"name": "db"}], "targets": deploy("web"), "rollout": {"quietPeriod": "0s"}});
+    s.binding("cfg", spec).await;
+    s.wait_condition("cfg", conditions::READY, "True", reason::BASELINED).await;
+    s.apply(secret("db", json!({"password": &new}))).await.unwrap();
+    s.wait_revisions(DEPLOY, "web", 2).await;
+    let binding = s.wait_condition("cfg", conditions::READY, "True", reason::UP_TO_DATE).await;
+    assert_eq!(settled_revisions(&s).await, 2);
+
+    let status = serde_json::to_string(&binding.status).unwrap();
+    let events = format!("{:?}", s.events_for("cfg").await);
+    let annotations = format!("{:?}", s.template_annotations(DEPLOY, "web").await);
+    let log = s.log();
+    for value in [&old, &new] {
+        let hex: String = Sha256::digest(value.as_bytes()).iter().map(|b| format!("{b:02x}")).collect();
+        let base64 = base64_of(value.as_bytes());
+        for (place, text) in [("status", &status), ("events", &events), ("annotations", &annotations), ("log", &log)] {
+            for trace in [value.as_str(), &hex[..16], base64.as_str()] {
+                assert!(!text.contains(trace), "the {place} shows {trace:?}");
+            }
+        }
+    }
+    s.finish().await;
+}
+
+/// How the API server shows a Secret's value.
+fn base64_of(bytes: &[u8]) -> String {
+    serde_json::to_value(k8s_openapi::ByteString(bytes.to_vec())).unwrap().as_str().unwrap().to_owned()
+}
+
+#[tokio::test]
+async fn a_consul_key_and_a_config_map_changed_half_a_second_apart_roll_once() {
+    let Some(s) = Scene::new("one-debounce").await else { return };
+    let key = s.key("config");
+    s.put(&key, "v1").await;
+    s.apply(config_map("app", json!({}), json!({"a.conf": "x=1"}))).await.unwrap();
+    s.workload(DEPLOY, "web", json!({})).await;
+    let spec = json!({"keys": [{"key": &key}], "configMaps": [{"name": "app"}], "targets": deploy("web"),
+                      "rollout": {"quietPeriod": "3s"}});
+    s.binding("cfg", spec).await;
+    let baselined = s.wait_condition("cfg", conditions::READY, "True", reason::BASELINED).await.status.unwrap();
+    assert_eq!(baselined.key_summary.as_deref(), Some("2/2"));
+
+    s.put(&key, "v2").await;
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    s.apply(config_map("app", json!({}), json!({"a.conf": "x=2"}))).await.unwrap();
+    s.wait_revisions(DEPLOY, "web", 2).await;
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    assert_eq!(settled_revisions(&s).await, 2, "two sources changed together rolled more than once");
+    let events = s.events_for("cfg").await;
+    let note = events.iter().find(|(r, _)| r == reason::ROLLED_OUT).map(|(_, n)| n.clone()).unwrap_or_default();
+    assert!(note.contains(r#"ConfigMap "app""#) && note.contains(&format!("Consul key {key:?}")), "{events:?}");
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn a_missing_required_config_map_holds_until_it_is_created_and_a_binding_needs_a_source() {
+    let Some(s) = Scene::new("missing-object").await else { return };
+    s.workload(DEPLOY, "web", json!({})).await;
+    let spec = json!({"configMaps": [{"name": "later"}], "secrets": [{"name": "maybe", "optional": true}],
+                      "targets": deploy("web"), "rollout": {"quietPeriod": "0s"}});
+    s.binding("cfg", spec).await;
+    let held = s.wait_condition("cfg", conditions::READY, "False", reason::OBJECT_MISSING).await;
+    let ready = held.status.unwrap().conditions.into_iter().find(|c| c.type_ == conditions::READY).unwrap();
+    assert!(ready.message.contains(r#"ConfigMap "later""#) && !ready.message.contains("maybe"), "{}", ready.message);
+    assert_eq!(settled_revisions(&s).await, 1);
+
+    s.apply(config_map("later", json!({}), json!({"a": "1"}))).await.unwrap();
+    let ready = s.wait_condition("cfg", conditions::READY, "True", reason::BASELINED).await.status.unwrap();
+    assert_eq!(ready.key_summary.as_deref(), Some("1/2"), "the optional Secret is absent");
+    assert_eq!(settled_revisions(&s).await, 1);
+
+    // The optional Secret appearing is a change like any other.
+    s.apply(secret("maybe", json!({"a": "1"}))).await.unwrap();
+    s.wait_revisions(DEPLOY, "web", 2).await;
+
+    s.binding("empty", json!({"targets": deploy("web")})).await;
+    let invalid = s.wait_condition("empty", conditions::READY, "False", reason::INVALID_SPEC).await;
+    let ready = invalid.status.unwrap().conditions.into_iter().find(|c| c.type_ == conditions::READY).unwrap();
+    assert!(ready.message.contains("no source"), "{}", ready.message);
+    s.finish().await;
+}
