@@ -7,7 +7,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, bail, ensure};
 
 use crate::{
     env::Env,
@@ -70,15 +70,24 @@ pub fn run(env: &Env) -> Result<()> {
     show(kubectl(&["get", "replicasets", "-l", "app=web"]))?;
     let before = replica_sets(&mut kubectl(&["get", "replicasets", "-l", "app=web", "-o", "name"]))?;
 
-    step(&format!("changing {CONFIG_KEY} in Consul"));
-    // A value no earlier run wrote, so that a second demo on the same servers rolls as well: the
+    step(&format!("changing {CONFIG_KEY} in Consul and the ConfigMap web-settings, half a second apart"));
+    // Values no earlier run wrote, so that a second demo on the same servers rolls as well: the
     // controller rightly rolls nothing when the workload already runs with this content.
     let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs();
     consul_put(CONFIG_KEY, &format!(r#"{{"pool": 20, "color": "green", "written": {stamp}}}"#))?;
+    sleep(Duration::from_millis(500));
+    let settings = format!(r#"{{"data": {{"log-level": "debug", "written": "{stamp}"}}}}"#);
+    process::run(&mut kubectl(&["patch", "configmap", "web-settings", "--type=merge", "-p", &settings]))?;
+    let rolled = || replica_sets(&mut kubectl(&["get", "replicasets", "-l", "app=web", "-o", "name"]));
     wait("the rollout (a new ReplicaSet)", Duration::from_secs(60), &controller, || {
-        replica_sets(&mut kubectl(&["get", "replicasets", "-l", "app=web", "-o", "name"])).is_ok_and(|n| n > before)
+        rolled().is_ok_and(|n| n > before)
     })?;
     wait("the binding to report it", Duration::from_secs(30), &controller, || status_has("lastChangeTime"))?;
+    // Past the quiet period: the two changes made one rollout, not two.
+    sleep(Duration::from_secs(4));
+    let after = rolled()?;
+    ensure!(after == before + 1, "two changes within the quiet period made {} rollouts", after - before);
+    println!("one new ReplicaSet for both changes");
 
     step("the rollout");
     show(kubectl(&["get", "consulbindings", "-o", "wide"]))?;
@@ -90,6 +99,7 @@ pub fn run(env: &Env) -> Result<()> {
         "\nEverything is still running. Try more by hand:\n\
          \n    source {env}\
          \n    {consul} kv put {CONFIG_KEY} '{{\"pool\": 30}}'\
+         \n    kubectl patch configmap web-settings --type=merge -p '{{\"data\": {{\"log-level\": \"warn\"}}}}'\
          \n    kubectl get consulbindings -w\
          \n    kubectl describe consulbinding web-config\
          \n    kubectl get replicasets -l app=web\
