@@ -10,6 +10,7 @@ mod env;
 mod explain;
 mod image;
 mod monitoring;
+mod objects;
 mod process;
 mod provision;
 mod scale;
@@ -126,6 +127,17 @@ enum Bench {
         #[arg(long, default_value_t = 5)]
         changes: usize,
     },
+    /// ConfigMaps and Secrets that no binding reads: what they add to the controller's
+    /// resident memory, made while it runs and listed at a start.
+    Objects {
+        #[arg(long, default_value_t = 2_000)]
+        config_maps: usize,
+        #[arg(long, default_value_t = 2_000)]
+        secrets: usize,
+        /// Bytes of data in each.
+        #[arg(long, default_value_t = 8_192)]
+        bytes: usize,
+    },
     /// Time from one Consul write to every bound Deployment rolled, and the controller's memory.
     Rollout {
         /// Number of Deployments, each with its own binding.
@@ -206,6 +218,9 @@ fn run(command: Command) -> Result<()> {
         Command::Demo => demo::run(&env),
         Command::Bench { bench: Bench::Big { prefixes, values, value_bytes, changes } } => {
             big::run(&env, big::Sizes { prefixes, values, value_bytes, changes })
+        }
+        Command::Bench { bench: Bench::Objects { config_maps, secrets, bytes } } => {
+            objects::run(&env, objects::Sizes { config_maps, secrets, bytes })
         }
         Command::Bench { bench: Bench::Rollout { bindings, rounds } } => bench::rollout(&env, bindings, rounds),
         Command::Bench { bench: Bench::Tenants { scopes, changes, busy_changes, max_connections } } => {

@@ -1,0 +1,162 @@
+//! `cargo xtask bench objects`: what ConfigMaps and Secrets that no binding reads cost the
+//! controller's resident memory, on the real local servers.
+
+use std::{
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, ensure};
+use consulbind_api::{ConsulBinding, conditions};
+use futures::{StreamExt, TryStreamExt, stream};
+use k8s_openapi::api::{
+    apps::v1::Deployment,
+    core::v1::{ConfigMap, Namespace, Secret},
+};
+use kube::{
+    Api, Client,
+    api::{Patch, PatchParams, PostParams},
+    config::{KubeConfigOptions, Kubeconfig},
+};
+use serde_json::json;
+
+use crate::{bench::rss_kib, env::Env, repo_root};
+
+const ADMIN_PORT: u16 = 18094;
+const SETUP_CONCURRENCY: usize = 16;
+
+pub struct Sizes {
+    pub config_maps: usize,
+    pub secrets: usize,
+    pub bytes: usize,
+}
+
+pub fn run(env: &Env, sizes: Sizes) -> Result<()> {
+    env.up()?;
+    crate::bench::build_release()?;
+    let vars = env.vars()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(measure(env, &vars, &sizes))
+}
+
+async fn measure(env: &Env, vars: &[(&'static str, String)], sizes: &Sizes) -> Result<()> {
+    let var = |name: &str| vars.iter().find(|(k, _)| *k == name).map(|(_, v)| v.clone()).context(name.to_owned());
+    let kubeconfig = Kubeconfig::read_from(var("KUBECONFIG")?)?;
+    let client =
+        Client::try_from(kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?)?;
+    let ns = format!("bench-objects-{}", std::process::id());
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    namespaces.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": &ns}}))?).await?;
+    let apply = PatchParams::apply("consulbind-bench").force();
+    let config_maps = Api::<ConfigMap>::namespaced(client.clone(), &ns);
+    let secrets = Api::<Secret>::namespaced(client.clone(), &ns);
+    let deployments = Api::<Deployment>::namespaced(client.clone(), &ns);
+    let bindings = Api::<ConsulBinding>::namespaced(client.clone(), &ns);
+    deployments.patch("web", &apply, &Patch::Apply(crate::scale::deployment("web"))).await?;
+    let bound = |value: &str| json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "bound"}, "data": {"v": value}});
+    config_maps.patch("bound", &apply, &Patch::Apply(bound("1"))).await?;
+    let binding = json!({"apiVersion": "consulbind.dev/v1alpha1", "kind": "ConsulBinding", "metadata": {"name": "web"},
+                         "spec": {"configMaps": [{"name": "bound"}], "targets": [{"kind": "Deployment", "name": "web"}],
+                                  "rollout": {"quietPeriod": "0s"}}});
+    bindings.patch("web", &apply, &Patch::Apply(binding)).await?;
+
+    let controller = env.daemon("bench-objects-controller");
+    let start = || {
+        controller.stop()?;
+        controller.ensure_started(
+            Command::new(repo_root().join("target/release/consulbind"))
+                .args([
+                    &format!("--namespaces={ns}"),
+                    &format!("--admin-addr=127.0.0.1:{ADMIN_PORT}"),
+                    "--debug-addr=none",
+                ])
+                .env("RUST_LOG", "warn")
+                .envs(vars.iter().map(|(k, v)| (*k, v))),
+        )?;
+        controller.pid().context("the controller exited at once")
+    };
+    let result = async {
+        let pid = start()?;
+        wait_ready(&bindings).await?;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let without = rss_kib(pid)?;
+
+        let value = "x".repeat(sizes.bytes);
+        println!(
+            "==> {} ConfigMaps and {} Secrets of {} bytes that no binding reads, in {ns}",
+            sizes.config_maps, sizes.secrets, sizes.bytes
+        );
+        let made = Instant::now();
+        let objects = (0..sizes.config_maps).map(|i| (true, i)).chain((0..sizes.secrets).map(|i| (false, i)));
+        stream::iter(objects)
+            .map(|(config_map, i)| {
+                let (config_maps, secrets, apply, value) = (&config_maps, &secrets, &apply, &value);
+                async move {
+                    let name = format!("unbound-{i:05}");
+                    match config_map {
+                        true => {
+                            let object = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": {"v": value}});
+                            config_maps.patch(&name, apply, &Patch::Apply(object)).await.map(drop)
+                        }
+                        false => {
+                            let object = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "stringData": {"v": value}});
+                            secrets.patch(&name, apply, &Patch::Apply(object)).await.map(drop)
+                        }
+                    }
+                }
+            })
+            .buffer_unordered(SETUP_CONCURRENCY)
+            .try_collect::<Vec<_>>()
+            .await?;
+        println!("    made in {:.0} s", made.elapsed().as_secs_f64());
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let with = rss_kib(pid)?;
+
+        // The bound one still rolls.
+        let before = deployments.get("web").await?.metadata.generation;
+        config_maps.patch("bound", &apply, &Patch::Apply(bound("2"))).await?;
+        let written = Instant::now();
+        while deployments.get("web").await?.metadata.generation == before {
+            ensure!(written.elapsed() < Duration::from_secs(30), "no rollout within 30 s of the bound ConfigMap's change");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let rolled_after = written.elapsed();
+
+        // A start with every object already there: the first list.
+        let pid = start()?;
+        wait_ready(&bindings).await?;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let restarted = rss_kib(pid)?;
+
+        let mib = |kib: u64| format!("{:.1} MiB", kib as f64 / 1024.0);
+        println!(
+            "\nresults: {} ConfigMaps and {} Secrets of {} bytes, unbound, release build, {} cores:",
+            sizes.config_maps,
+            sizes.secrets,
+            sizes.bytes,
+            std::thread::available_parallelism().map_or(0, |n| n.get())
+        );
+        println!("  resident memory with one bound ConfigMap:      {}", mib(without));
+        println!("  after the unbound objects were made:           {}  (+{})", mib(with), mib(with.saturating_sub(without)));
+        println!("  restarted with them all there, once Ready:     {}  (+{})", mib(restarted), mib(restarted.saturating_sub(without)));
+        println!("  the bound ConfigMap's change to a new generation: {:.0} ms", rolled_after.as_secs_f64() * 1000.0);
+        Ok(())
+    }
+    .await;
+    controller.stop()?;
+    let _ = namespaces.delete(&ns, &Default::default()).await;
+    result
+}
+
+async fn wait_ready(api: &Api<ConsulBinding>) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let binding = api.get("web").await?;
+        let ready = binding.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == conditions::READY));
+        if ready.is_some_and(|c| c.status == "True") {
+            return Ok(());
+        }
+        ensure!(Instant::now() < deadline, "the binding is not Ready after 120 s: {ready:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
