@@ -89,7 +89,7 @@ mod tests {
         let required = |v: &Value| v["required"].as_array().cloned().unwrap_or_default();
         assert!(!required(&schema).contains(&"status".into()));
         let spec = &schema["properties"]["spec"];
-        assert_eq!(required(spec), vec![Value::from("keys"), Value::from("targets")]);
+        assert_eq!(required(spec), vec![Value::from("targets")]);
         assert!(required(&spec["properties"]["consul"]).is_empty());
     }
 

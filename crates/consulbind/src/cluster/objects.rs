@@ -13,6 +13,7 @@ use futures::{Stream, StreamExt, stream};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::{
     Api, Client, ResourceExt,
+    api::ListParams,
     core::PartialObjectMeta,
     runtime::{WatchStreamExt, watcher},
 };
@@ -97,15 +98,18 @@ impl Objects {
             return Ok(Some(known.clone()));
         }
         let (kind, namespace, name) = id;
+        // A list by name, which the API server serves as a read of that one object: the
+        // controller needs no `get` beyond the `list` its watch has.
+        let by_name = ListParams::default().fields(&format!("metadata.name={name}"));
         let fetched = match kind {
             ObjectKind::ConfigMap => Api::<ConfigMap>::namespaced(self.client.clone(), namespace)
-                .get_opt(name)
+                .list(&by_name)
                 .await
-                .map(|o| o.map(|o| self.digest_config_map(o))),
+                .map(|l| l.items.into_iter().next().map(|o| self.digest_config_map(o))),
             ObjectKind::Secret => Api::<Secret>::namespaced(self.client.clone(), namespace)
-                .get_opt(name)
+                .list(&by_name)
                 .await
-                .map(|o| o.map(|o| self.digest_secret(o))),
+                .map(|l| l.items.into_iter().next().map(|o| self.digest_secret(o))),
         };
         let digested = match fetched {
             Ok(Some(digested)) => Arc::new(digested),

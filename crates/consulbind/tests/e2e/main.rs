@@ -457,7 +457,6 @@ async fn api_server_refuses_invalid_bindings() {
     };
     let ok_keys = json!([{"key": "k"}]);
     let cases = [
-        ("no keys", json!({"keys": [], "targets": deploy("web")}), "spec.keys"),
         ("no targets", json!({"keys": ok_keys, "targets": []}), "spec.targets"),
         (
             "unknown kind",
