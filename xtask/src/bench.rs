@@ -186,9 +186,73 @@ pub(crate) fn build_release() -> Result<()> {
 }
 
 pub(crate) fn rss_kib(pid: u32) -> Result<u64> {
+    status_kib(pid, "VmRSS")
+}
+
+/// Peak resident memory.
+pub(crate) fn hwm_kib(pid: u32) -> Result<u64> {
+    status_kib(pid, "VmHWM")
+}
+
+/// A field of `/proc/<pid>/status` given in kB.
+fn status_kib(pid: u32, field: &str) -> Result<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let line = status.lines().find(|l| l.starts_with("VmRSS:")).context("no VmRSS")?;
-    Ok(line.split_whitespace().nth(1).context("VmRSS value")?.parse()?)
+    let prefix = format!("{field}:");
+    let line = status.lines().find(|l| l.starts_with(&prefix)).with_context(|| format!("no {field}"))?;
+    Ok(line.split_whitespace().nth(1).with_context(|| format!("{field} value"))?.parse()?)
+}
+
+/// The environment's variables, for a benchmark that measures from a Tokio runtime.
+pub(crate) type Vars = Vec<(&'static str, String)>;
+
+/// What every measuring benchmark does first: the servers up, the release controller built,
+/// the environment's variables, and a runtime to measure from.
+pub(crate) fn prepare(env: &Env) -> Result<(Vars, tokio::runtime::Runtime)> {
+    env.up()?;
+    build_release()?;
+    Ok((env.vars()?, tokio::runtime::Builder::new_multi_thread().enable_all().build()?))
+}
+
+pub(crate) fn var(vars: &[(&'static str, String)], name: &str) -> Result<String> {
+    vars.iter().find(|(k, _)| *k == name).map(|(_, v)| v.clone()).with_context(|| name.to_owned())
+}
+
+/// A client of the local API server, as its admin.
+pub(crate) async fn kube_client(vars: &[(&'static str, String)]) -> Result<kube::Client> {
+    use kube::config::{KubeConfigOptions, Kubeconfig};
+    let kubeconfig = Kubeconfig::read_from(var(vars, "KUBECONFIG")?)?;
+    Ok(kube::Client::try_from(kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?)?)
+}
+
+/// Waits until `bindings` bindings are Ready; false on timeout. Follows a watch rather than
+/// listing thousands of bindings again and again, which would load the API server it measures.
+pub(crate) async fn all_ready(
+    api: &kube::Api<consulbind_api::ConsulBinding>,
+    bindings: usize,
+    timeout: Duration,
+) -> Result<bool> {
+    use futures::{StreamExt, TryStreamExt};
+    use kube::{
+        ResourceExt,
+        runtime::{WatchStreamExt, watcher},
+    };
+    let mut ready = std::collections::HashSet::new();
+    let mut events =
+        watcher::watcher(api.clone(), watcher::Config::default()).default_backoff().applied_objects().boxed();
+    let follow = async {
+        while let Some(binding) = events.try_next().await? {
+            let conditions = binding.status.iter().flat_map(|s| &s.conditions);
+            match conditions.into_iter().any(|c| c.type_ == "Ready" && c.status == "True") {
+                true => ready.insert(binding.name_any()),
+                false => ready.remove(&binding.name_any()),
+            };
+            if ready.len() == bindings {
+                return Ok::<_, anyhow::Error>(true);
+            }
+        }
+        Ok(false)
+    };
+    tokio::time::timeout(timeout, follow).await.unwrap_or(Ok(false))
 }
 
 pub(crate) fn metric(body: &str, name: &str) -> Option<f64> {

@@ -8,18 +8,23 @@ use std::{
 
 use anyhow::{Context, Result, ensure};
 use consul_kv::{Client as Consul, ClientConfig};
-use consulbind_api::{ConsulBinding, conditions};
+use consulbind_api::ConsulBinding;
 use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::{apps::v1::Deployment, core::v1::Namespace};
 use kube::{
-    Api, Client,
+    Api,
     api::{Patch, PatchParams, PostParams},
-    config::{KubeConfigOptions, Kubeconfig},
 };
 use serde_json::json;
 
-use crate::{bench::rss_kib, env::Env, repo_root};
+use crate::{
+    bench::{all_ready, hwm_kib, rss_kib},
+    env::Env,
+    repo_root,
+};
 
+/// How long the binding may take to be Ready.
+const READY_WITHIN: Duration = Duration::from_secs(120);
 const ADMIN_PORT: u16 = 18093;
 
 pub struct Sizes {
@@ -31,19 +36,15 @@ pub struct Sizes {
 
 pub fn run(env: &Env, sizes: Sizes) -> Result<()> {
     ensure!(sizes.prefixes > 0 && sizes.values > 0, "need at least one prefix and one value");
-    env.up()?;
-    crate::bench::build_release()?;
-    let vars = env.vars()?;
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let (vars, runtime) = crate::bench::prepare(env)?;
     runtime.block_on(measure(env, &vars, &sizes))
 }
 
 async fn measure(env: &Env, vars: &[(&'static str, String)], sizes: &Sizes) -> Result<()> {
-    let var = |name: &str| vars.iter().find(|(k, _)| *k == name).map(|(_, v)| v.clone()).context(name.to_owned());
-    let kubeconfig = Kubeconfig::read_from(var("KUBECONFIG")?)?;
-    let client =
-        Client::try_from(kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?)?;
-    let consul = Consul::new(ClientConfig { address: var("CONSUL_HTTP_ADDR")?, ..Default::default() }).await?;
+    let client = crate::bench::kube_client(vars).await?;
+    let consul =
+        Consul::new(ClientConfig { address: crate::bench::var(vars, "CONSUL_HTTP_ADDR")?, ..Default::default() })
+            .await?;
 
     let ns = format!("bench-big-{}", std::process::id());
     let namespaces: Api<Namespace> = Api::all(client.clone());
@@ -99,7 +100,7 @@ async fn measure(env: &Env, vars: &[(&'static str, String)], sizes: &Sizes) -> R
         let bindings = Api::<ConsulBinding>::namespaced(client.clone(), &ns);
         let created = Instant::now();
         bindings.patch("big", &apply, &Patch::Apply(binding)).await?;
-        wait_ready(&bindings).await?;
+        ensure!(all_ready(&bindings, 1, READY_WITHIN).await?, "the binding is not Ready after {READY_WITHIN:?}");
         let ready_after = created.elapsed();
         let ready = rss_kib(pid)?;
 
@@ -144,23 +145,4 @@ async fn measure(env: &Env, vars: &[(&'static str, String)], sizes: &Sizes) -> R
     let _ = namespaces.delete(&ns, &Default::default()).await;
     let _ = consul.delete(&format!("{ns}/"), true, None).await;
     result
-}
-
-fn hwm_kib(pid: u32) -> Result<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:")).context("no VmHWM")?;
-    Ok(line.split_whitespace().nth(1).context("VmHWM value")?.parse()?)
-}
-
-async fn wait_ready(api: &Api<ConsulBinding>) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let binding = api.get("big").await?;
-        let ready = binding.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == conditions::READY));
-        if ready.is_some_and(|c| c.status == "True") {
-            return Ok(());
-        }
-        ensure!(Instant::now() < deadline, "the binding is not Ready after 120 s: {ready:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }

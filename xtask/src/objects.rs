@@ -7,21 +7,26 @@ use std::{
 };
 
 use anyhow::{Context, Result, ensure};
-use consulbind_api::{ConsulBinding, conditions};
+use consulbind_api::ConsulBinding;
 use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::{
     apps::v1::Deployment,
     core::v1::{ConfigMap, Namespace, Secret},
 };
 use kube::{
-    Api, Client,
+    Api,
     api::{Patch, PatchParams, PostParams},
-    config::{KubeConfigOptions, Kubeconfig},
 };
 use serde_json::json;
 
-use crate::{bench::rss_kib, env::Env, repo_root};
+use crate::{
+    bench::{all_ready, rss_kib},
+    env::Env,
+    repo_root,
+};
 
+/// How long the binding may take to be Ready.
+const READY_WITHIN: Duration = Duration::from_secs(120);
 const ADMIN_PORT: u16 = 18094;
 const SETUP_CONCURRENCY: usize = 16;
 
@@ -32,18 +37,12 @@ pub struct Sizes {
 }
 
 pub fn run(env: &Env, sizes: Sizes) -> Result<()> {
-    env.up()?;
-    crate::bench::build_release()?;
-    let vars = env.vars()?;
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let (vars, runtime) = crate::bench::prepare(env)?;
     runtime.block_on(measure(env, &vars, &sizes))
 }
 
 async fn measure(env: &Env, vars: &[(&'static str, String)], sizes: &Sizes) -> Result<()> {
-    let var = |name: &str| vars.iter().find(|(k, _)| *k == name).map(|(_, v)| v.clone()).context(name.to_owned());
-    let kubeconfig = Kubeconfig::read_from(var("KUBECONFIG")?)?;
-    let client =
-        Client::try_from(kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?)?;
+    let client = crate::bench::kube_client(vars).await?;
     let ns = format!("bench-objects-{}", std::process::id());
     let namespaces: Api<Namespace> = Api::all(client.clone());
     namespaces.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": &ns}}))?).await?;
@@ -77,7 +76,7 @@ async fn measure(env: &Env, vars: &[(&'static str, String)], sizes: &Sizes) -> R
     };
     let result = async {
         let pid = start()?;
-        wait_ready(&bindings).await?;
+        ensure!(all_ready(&bindings, 1, READY_WITHIN).await?, "the binding is not Ready after {READY_WITHIN:?}");
         tokio::time::sleep(Duration::from_secs(2)).await;
         let without = rss_kib(pid)?;
 
@@ -124,7 +123,7 @@ async fn measure(env: &Env, vars: &[(&'static str, String)], sizes: &Sizes) -> R
 
         // A start with every object already there: the first list.
         let pid = start()?;
-        wait_ready(&bindings).await?;
+        ensure!(all_ready(&bindings, 1, READY_WITHIN).await?, "the binding is not Ready after {READY_WITHIN:?}");
         tokio::time::sleep(Duration::from_secs(2)).await;
         let restarted = rss_kib(pid)?;
 
@@ -146,17 +145,4 @@ async fn measure(env: &Env, vars: &[(&'static str, String)], sizes: &Sizes) -> R
     controller.stop()?;
     let _ = namespaces.delete(&ns, &Default::default()).await;
     result
-}
-
-async fn wait_ready(api: &Api<ConsulBinding>) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let binding = api.get("web").await?;
-        let ready = binding.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == conditions::READY));
-        if ready.is_some_and(|c| c.status == "True") {
-            return Ok(());
-        }
-        ensure!(Instant::now() < deadline, "the binding is not Ready after 120 s: {ready:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }

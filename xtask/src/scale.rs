@@ -18,16 +18,15 @@ use consulbind_api::ConsulBinding;
 use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::{apps::v1::Deployment, core::v1::Namespace, events::v1::Event};
 use kube::{
-    Api, Client, ResourceExt,
+    Api, ResourceExt,
     api::{ListParams, Patch, PatchParams, PostParams},
-    config::{KubeConfigOptions, Kubeconfig},
     runtime::{WatchStreamExt, watcher},
 };
 use serde_json::json;
 use tokio::sync::Notify;
 
 use crate::{
-    bench::{metric, rss_kib},
+    bench::{all_ready, metric, rss_kib},
     env::Env,
     process, repo_root,
 };
@@ -54,10 +53,7 @@ pub fn run(env: &Env, sizes: Sizes) -> Result<()> {
     ensure!(sizes.bindings > 0, "need at least one binding");
     ensure!(sizes.workloads >= sizes.bindings, "need at least one workload per binding");
     ensure!(sizes.keys >= sizes.bindings, "need at least one key per binding");
-    env.up()?;
-    crate::bench::build_release()?;
-    let vars = env.vars()?;
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let (vars, runtime) = crate::bench::prepare(env)?;
     runtime.block_on(measure(env, &vars, &sizes))
 }
 
@@ -67,10 +63,8 @@ fn owned(b: usize, bindings: usize, total: usize) -> impl Iterator<Item = usize>
 }
 
 async fn measure(env: &Env, vars: &[(&'static str, String)], sizes: &Sizes) -> Result<()> {
-    let var = |name: &str| vars.iter().find(|(k, _)| *k == name).map(|(_, v)| v.clone()).context(name.to_owned());
-    let kubeconfig = Kubeconfig::read_from(var("KUBECONFIG")?)?;
-    let client =
-        Client::try_from(kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?)?;
+    let var = |name: &str| crate::bench::var(vars, name);
+    let client = crate::bench::kube_client(vars).await?;
     let consul_addr = var("CONSUL_HTTP_ADDR")?;
     let consul = Consul::new(ClientConfig { address: consul_addr.clone(), ..ClientConfig::default() }).await?;
     // What the controller reads from, and whose connections are counted.
@@ -184,7 +178,7 @@ async fn measure(env: &Env, vars: &[(&'static str, String)], sizes: &Sizes) -> R
     });
 
     let result = async {
-        let ready = wait_ready(&binding_api, bindings, Duration::from_secs(600)).await?;
+        let ready = all_ready(&binding_api, bindings, Duration::from_secs(600)).await?;
         let cold_start = started.elapsed();
         println!("    every binding Ready {:.1} s after the controller started", cold_start.as_secs_f64());
         let rss_ready = rss_kib(pid)?;
@@ -326,27 +320,6 @@ pub(crate) fn deployment(name: &str) -> serde_json::Value {
         "template": {"metadata": {"labels": {"app": name}},
                      "spec": {"containers": [{"name": "app", "image": "example.invalid/app:1"}]}},
     }})
-}
-
-/// Waits until every binding is Ready; false on timeout. Follows a watch rather than listing
-/// thousands of bindings again and again, which would load the API server it measures.
-async fn wait_ready(api: &Api<ConsulBinding>, bindings: usize, timeout: Duration) -> Result<bool> {
-    let mut ready = std::collections::HashSet::new();
-    let mut events = watcher(api.clone(), watcher::Config::default()).default_backoff().applied_objects().boxed();
-    let follow = async {
-        while let Some(binding) = events.try_next().await? {
-            let conditions = binding.status.iter().flat_map(|s| &s.conditions);
-            match conditions.into_iter().any(|c| c.type_ == "Ready" && c.status == "True") {
-                true => ready.insert(binding.name_any()),
-                false => ready.remove(&binding.name_any()),
-            };
-            if ready.len() == bindings {
-                return Ok::<_, anyhow::Error>(true);
-            }
-        }
-        Ok(false)
-    };
-    tokio::time::timeout(timeout, follow).await.unwrap_or(Ok(false))
 }
 
 /// The resource version of every binding and the generation of every Deployment.

@@ -16,14 +16,13 @@ use k8s_openapi::api::{
     core::v1::{Namespace, Secret},
 };
 use kube::{
-    Api, Client,
+    Api,
     api::{ListParams, Patch, PatchParams, PostParams},
-    config::{KubeConfigOptions, Kubeconfig},
 };
 use serde_json::json;
 
 use crate::{
-    bench::{metric, rss_kib},
+    bench::{all_ready, metric, rss_kib},
     env::Env,
     process, provision, repo_root,
 };
@@ -42,18 +41,13 @@ pub struct Sizes {
 
 pub fn run(env: &Env, sizes: Sizes) -> Result<()> {
     ensure!(sizes.scopes > 0 && sizes.changes > 0, "need at least one scope and one change");
-    env.up()?;
-    crate::bench::build_release()?;
-    let vars = env.vars()?;
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let (vars, runtime) = crate::bench::prepare(env)?;
     runtime.block_on(measure(env, &vars, &sizes))
 }
 
 async fn measure(env: &Env, vars: &[(&'static str, String)], sizes: &Sizes) -> Result<()> {
-    let var = |name: &str| vars.iter().find(|(k, _)| *k == name).map(|(_, v)| v.clone()).context(name.to_owned());
-    let kubeconfig = Kubeconfig::read_from(var("KUBECONFIG")?)?;
-    let client =
-        Client::try_from(kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?)?;
+    let var = |name: &str| crate::bench::var(vars, name);
+    let client = crate::bench::kube_client(vars).await?;
     let (acl_addr, master) = (var("CONSULBIND_E2E_ACL_ADDR")?, var("CONSULBIND_E2E_ACL_TOKEN")?);
     let consul =
         Consul::new(ClientConfig { address: acl_addr.clone(), token: Some(Token::new(&master)), ..Default::default() })
@@ -140,8 +134,12 @@ async fn measure(env: &Env, vars: &[(&'static str, String)], sizes: &Sizes) -> R
             Api::<ConsulBinding>::namespaced(client.clone(), &busy),
             Api::<ConsulBinding>::namespaced(client.clone(), &quiet),
         );
-        wait_ready(&busy_bindings, scopes).await.context("the busy namespace's bindings")?;
-        wait_ready(&quiet_bindings, 1).await.context("the quiet namespace's binding")?;
+        let ready = Duration::from_secs(600);
+        ensure!(
+            all_ready(&busy_bindings, scopes, ready).await?,
+            "the busy namespace's bindings: not all Ready in 600 s"
+        );
+        ensure!(all_ready(&quiet_bindings, 1, ready).await?, "the quiet namespace's binding: not Ready in 600 s");
         let in_turns = busy_bindings
             .list(&ListParams::default())
             .await?
@@ -226,25 +224,4 @@ async fn rollout(consul: &Consul, deployments: &Api<Deployment>, key: &str, chan
 fn reason<'a>(binding: &'a ConsulBinding, type_: &str) -> Option<&'a str> {
     let conditions = &binding.status.as_ref()?.conditions;
     conditions.iter().find(|c| c.type_ == type_).map(|c| c.reason.as_str())
-}
-
-async fn wait_ready(api: &Api<ConsulBinding>, want: usize) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(600);
-    loop {
-        let ready = api
-            .list(&ListParams::default())
-            .await?
-            .items
-            .iter()
-            .filter(|b| {
-                let status = b.status.as_ref();
-                status.is_some_and(|s| s.conditions.iter().any(|c| c.type_ == conditions::READY && c.status == "True"))
-            })
-            .count();
-        if ready >= want {
-            return Ok(());
-        }
-        ensure!(Instant::now() < deadline, "{ready} of {want} bindings Ready after 600 s");
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
 }

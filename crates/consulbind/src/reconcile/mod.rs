@@ -128,22 +128,23 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
     let mut contents = Vec::new();
     let mut queries = Vec::new();
     let mut in_turns = None;
-    let consul = match read::token(ctx, &namespace, spec) {
-        // Nothing to read from Consul: the ConfigMaps and Secrets are the content.
-        _ if spec.keys.is_empty() => {
+    // A binding without keys needs no token: its ConfigMaps and Secrets are the content.
+    let token = (!spec.keys.is_empty()).then(|| read::token(ctx, &namespace, spec));
+    let consul = match token {
+        None => {
             ctx.watches.release(&oref);
             Consul::Ready(Vec::new())
         }
-        TokenSource::Invalid(message) => {
+        Some(TokenSource::Invalid(message)) => {
             ctx.watches.release(&oref);
             Consul::Failed { reason: conditions::reason::TOKEN_SECRET_INVALID, message }
         }
         // Refused before Consul is asked: the token would have read it.
-        TokenSource::Forbidden(message) => {
+        Some(TokenSource::Forbidden(message)) => {
             ctx.watches.release(&oref);
             Consul::Failed { reason: conditions::reason::DEFAULT_TOKEN_FORBIDDEN, message }
         }
-        source => {
+        Some(source) => {
             queries = read::queries(spec, source.into_token());
             contents = read::subscribe(ctx, &oref, &queries);
             in_turns = ctx.watches.in_turns(&queries);

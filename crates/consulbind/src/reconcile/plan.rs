@@ -632,6 +632,14 @@ mod tests {
         Time("2026-01-02T03:04:05Z".parse().unwrap())
     }
 
+    /// Plans `input` and builds the status as if every stamp succeeded.
+    fn plan_and_status(input: &Input<'_>) -> (Plan, ConsulBindingStatus) {
+        let plan = plan(input, &mut None, Instant::now());
+        let outcome = Outcome { rolled: plan.roll.clone(), failed: vec![] };
+        let status = status(input, &plan, &outcome, &now());
+        (plan, status)
+    }
+
     /// Runs one plan and builds the status as if every stamp succeeded.
     fn step(
         spec: &ConsulBindingSpec,
@@ -655,10 +663,7 @@ mod tests {
             consul: Consul::Ready(vec![KeyContent { source: &spec.keys[0], entries, reset_hold }]),
             ..input(spec, previous, entries, found)
         };
-        let plan = plan(&input, &mut None, Instant::now());
-        let outcome = Outcome { rolled: plan.roll.clone(), failed: vec![] };
-        let status = status(&input, &plan, &outcome, &now());
-        (plan, status)
+        plan_and_status(&input)
     }
 
     /// One plan with the workloads carrying `live`.
@@ -1022,10 +1027,7 @@ mod tests {
             false => Ok(vec![object]),
         };
         let input = Input { objects, ..input(&spec, previous, &entries, &found) };
-        let plan = plan(&input, &mut None, Instant::now());
-        let outcome = Outcome { rolled: plan.roll.clone(), failed: vec![] };
-        let status = status(&input, &plan, &outcome, &now());
-        (plan, status)
+        plan_and_status(&input)
     }
 
     #[tokio::test(start_paused = true)]
@@ -1123,10 +1125,7 @@ mod tests {
         let spec = spec(false);
         let (entries, found) = (entry(value), web());
         let input = Input { dry_run, ..input(&spec, previous, &entries, &found) };
-        let plan = plan(&input, &mut None, Instant::now());
-        let outcome = Outcome { rolled: plan.roll.clone(), failed: vec![] };
-        let status = status(&input, &plan, &outcome, &now());
-        (plan, status)
+        plan_and_status(&input)
     }
 
     #[tokio::test(start_paused = true)]
