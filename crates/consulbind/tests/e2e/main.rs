@@ -478,6 +478,22 @@ async fn api_server_refuses_invalid_bindings() {
         ("empty segment", json!({"keys": [{"key": "app//db"}], "targets": deploy("web")}), "spec.keys.key"),
         ("dot-dot segment", json!({"keys": [{"key": "app/../db"}], "targets": deploy("web")}), "spec.keys.key"),
         ("dot segment", json!({"keys": [{"key": "./db"}], "targets": deploy("web")}), "spec.keys.key"),
+        (
+            "malformed ConfigMap name",
+            json!({"configMaps": [{"name": "Bad_Name"}], "targets": deploy("web")}),
+            "spec.configMaps.name",
+        ),
+        ("empty Secret name", json!({"secrets": [{"name": ""}], "targets": deploy("web")}), "spec.secrets.name"),
+        (
+            "ConfigMap name too long",
+            json!({"configMaps": [{"name": "a".repeat(254)}], "targets": deploy("web")}),
+            "spec.configMaps.name",
+        ),
+        (
+            "too many Secrets",
+            json!({"secrets": (0..33).map(|i| json!({"name": format!("s{i}")})).collect::<Vec<_>>(), "targets": deploy("web")}),
+            "spec.secrets",
+        ),
     ];
     for (case, spec, expected) in cases {
         let manifest = json!({"apiVersion": "consulbind.dev/v1alpha1", "kind": "ConsulBinding", "metadata": {"name": "bad"}, "spec": spec});
@@ -489,6 +505,23 @@ async fn api_server_refuses_invalid_bindings() {
         json!({"keys": [{"key": "app/features/", "recurse": true}, {"key": ".hidden/x..y"}], "targets": deploy("web")});
     let manifest = json!({"apiVersion": "consulbind.dev/v1alpha1", "kind": "ConsulBinding", "metadata": {"name": "fine"}, "spec": fine});
     s.apply(manifest).await.expect("a prefix with a trailing slash and dotted names are valid");
+
+    // The most objects, the longest name and no Consul key: accepted, and served with its reason.
+    let objects = |prefix: &str| -> Vec<serde_json::Value> {
+        let mut names: Vec<String> = (1..32).map(|i| format!("{prefix}{i}")).collect();
+        names.push("a".repeat(253));
+        names.into_iter().map(|name| json!({"name": name, "keys": vec!["k"; 64]})).collect()
+    };
+    let largest = json!({"configMaps": objects("c"), "secrets": objects("s"), "targets": deploy("web")});
+    let manifest = json!({"apiVersion": "consulbind.dev/v1alpha1", "kind": "ConsulBinding", "metadata": {"name": "largest"}, "spec": largest});
+    s.apply(manifest).await.expect("32 ConfigMaps and 32 Secrets of 64 keys each are valid");
+    let held = s.wait_condition("largest", conditions::READY, "False", reason::OBJECT_MISSING).await;
+    let ready = held.status.unwrap().conditions.into_iter().find(|c| c.type_ == conditions::READY).unwrap();
+    assert!(
+        ready.message.contains(r#"ConfigMap "c1""#) && ready.message.contains(r#"Secret "s31""#),
+        "{}",
+        ready.message
+    );
     s.finish().await;
 }
 
