@@ -43,6 +43,15 @@ pub struct ConsulBindingSpec {
     #[schemars(length(max = 32))]
     pub secrets: Vec<ObjectSource>,
 
+    /// Also bind every ConfigMap and Secret that the targets' pod templates reference (volumes,
+    /// projected volumes, `env[].valueFrom` and `envFrom`, of containers and init containers;
+    /// not image pull Secrets), honouring each reference's `items`, key and `optional`. A
+    /// reference that a template change adds or drops is recorded without a rollout of its
+    /// own: the template change already rolls. `configMaps` and `secrets` win over a reference
+    /// to the same object.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub include_target_references: bool,
+
     /// Workloads in this namespace to roll when the content changes; at most 32 entries (a
     /// selector may match many workloads).
     #[schemars(length(min = 1, max = 32))]
@@ -378,6 +387,14 @@ pub struct ObjectStatus {
 
     /// Keyed checksum (HMAC) of this object's bound data alone.
     pub checksum: String,
+
+    /// Bound because a target's pod template references it (`includeTargetReferences`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub referenced: bool,
+
+    /// For a referenced object, the only data keys the references read; all when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keys: Option<Vec<String>>,
 }
 
 /// The rollout a dry run held back.
@@ -409,6 +426,11 @@ pub struct TargetStatus {
 
     /// The content checksum this workload runs with.
     pub checksum: String,
+
+    /// Its pod-template annotation, when that is an older checksum which stands for
+    /// `checksum`: only the set of objects its template references changed since.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stamp: Option<String>,
 
     /// When the controller last rolled this workload.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -32,7 +32,9 @@ pub mod reason {
     pub const DEFAULT_TOKEN_FORBIDDEN: &str = "DefaultTokenForbidden";
     /// A bound prefix holds more keys or bytes than the controller's limits.
     pub const PREFIX_TOO_LARGE: &str = "PrefixTooLarge";
-    /// A binding's keys and prefixes hold more bytes together than the controller's limit.
+    /// A binding's sources exceed the controller's limits: its keys and prefixes hold more bytes
+    /// together than `--max-binding-bytes`, or its targets reference more ConfigMaps and
+    /// Secrets than a binding may read that way.
     pub const BINDING_TOO_LARGE: &str = "BindingTooLarge";
     /// In `DryRun` mode: the targets would have been rolled, and were not.
     pub const DRY_RUN: &str = "DryRun";

@@ -1,10 +1,11 @@
 //! The part of Argo Rollouts' `Rollout` (`argoproj.io/v1alpha1`) this controller reads: enough
 //! to find one, see what its pod template carries, and tell whether it takes its template
-//! from a Deployment instead (`workloadRef`). Everything else is ignored when decoding.
+//! from a Deployment instead (`workloadRef`), and which ConfigMaps and Secrets its pods use.
+//! Everything else is ignored when decoding.
 
 use std::borrow::Cow;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::{api::core::v1::PodSpec, apimachinery::pkg::apis::meta::v1::ObjectMeta};
 use kube::{Resource, core::NamespaceResourceScope};
 use serde::{Deserialize, Serialize};
 
@@ -28,6 +29,8 @@ pub struct RolloutSpec {
 pub struct Template {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<ObjectMeta>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec: Option<PodSpec>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]

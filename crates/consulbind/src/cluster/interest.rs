@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use consulbind_api::{ConsulBindingSpec, WorkloadKind};
+use consulbind_api::{ConsulBindingSpec, ObjectKind, WorkloadKind};
 use kube::core::{Selector, SelectorExt};
 
 use super::{Workload, objects::ObjectId};
@@ -33,8 +33,16 @@ struct Registered {
 }
 
 impl Interest {
-    /// Records what `binding` cares about now, replacing what it cared about before.
-    pub fn set(&mut self, binding: &BindingRef, spec: &ConsulBindingSpec, found: &[Workload]) {
+    /// Records what `binding` cares about now, replacing what it cared about before: its
+    /// targets, its token Secret, the workloads `found` for it and the ConfigMaps and Secrets
+    /// it reads, `objects`.
+    pub fn set<'a>(
+        &mut self,
+        binding: &BindingRef,
+        spec: &ConsulBindingSpec,
+        found: &[Workload],
+        objects: impl IntoIterator<Item = (ObjectKind, &'a str)>,
+    ) {
         let namespace = binding.namespace.clone().unwrap_or_default();
         let mut registered = Registered::default();
         let mut selectors: HashMap<WorkloadKind, Vec<Selector>> = HashMap::new();
@@ -54,7 +62,8 @@ impl Interest {
         registered.secret =
             spec.consul.as_ref().and_then(|c| c.token_secret_ref.as_ref()).map(|s| (namespace.clone(), s.name.clone()));
 
-        registered.objects = spec.objects().map(|(kind, o)| (kind, namespace.clone(), o.name.clone())).collect();
+        registered.objects =
+            objects.into_iter().map(|(kind, name)| (kind, namespace.clone(), name.to_owned())).collect();
         registered.objects.sort();
         registered.objects.dedup();
 
@@ -184,13 +193,14 @@ mod tests {
         use WorkloadKind::*;
         let mut interest = Interest::default();
         let (web, workers, other_ns) = (binding("a", "web"), binding("a", "workers"), binding("b", "web"));
-        interest.set(&web, &spec(vec![by_name(Deployment, "web")], Some("token")), &[]);
+        interest.set(&web, &spec(vec![by_name(Deployment, "web")], Some("token")), &[], []);
         interest.set(
             &workers,
             &spec(vec![by_label(StatefulSet, "tier", "worker")], None),
             &[(StatefulSet, "w1".to_owned())],
+            [],
         );
-        interest.set(&other_ns, &spec(vec![by_name(Deployment, "web")], None), &[]);
+        interest.set(&other_ns, &spec(vec![by_name(Deployment, "web")], None), &[], []);
 
         let none = labels(&[]);
         assert_eq!(interest.workload("a", Deployment, "web", &none), HashSet::from([web.clone()]));
@@ -205,7 +215,7 @@ mod tests {
         assert!(interest.secret("b", "token").is_empty());
 
         // A spec change replaces the old interest; removal forgets it all.
-        interest.set(&web, &spec(vec![by_name(Deployment, "api")], None), &[]);
+        interest.set(&web, &spec(vec![by_name(Deployment, "api")], None), &[], []);
         assert!(interest.workload("a", Deployment, "web", &none).is_empty());
         assert!(interest.secret("a", "token").is_empty());
         interest.remove(&workers);
@@ -224,14 +234,15 @@ mod tests {
         let source = |name: &str| ObjectSource { name: name.into(), ..Default::default() };
         let reads =
             ConsulBindingSpec { config_maps: vec![source("app")], secrets: vec![source("db")], ..spec(vec![], None) };
-        interest.set(&web, &reads, &[]);
-        interest.set(&other_ns, &reads, &[]);
+        let objects = || reads.objects().map(|(kind, o)| (kind, o.name.as_str()));
+        interest.set(&web, &reads, &[], objects());
+        interest.set(&other_ns, &reads, &[], objects());
         let id = |kind, ns: &str, name: &str| (kind, ns.to_owned(), name.to_owned());
         assert_eq!(interest.object(&id(ConfigMap, "a", "app")), vec![web.clone()]);
         assert_eq!(interest.object(&id(Secret, "a", "db")), vec![web.clone()]);
         assert!(interest.object(&id(Secret, "a", "app")).is_empty(), "another kind");
         assert!(interest.object(&id(ConfigMap, "c", "app")).is_empty(), "another namespace");
-        interest.set(&web, &spec(vec![], None), &[]);
+        interest.set(&web, &spec(vec![], None), &[], []);
         assert!(interest.object(&id(ConfigMap, "a", "app")).is_empty());
         interest.remove(&other_ns);
         assert!(interest.objects.is_empty());

@@ -7,6 +7,7 @@ pub mod argo;
 pub mod interest;
 pub mod objects;
 pub mod policy;
+pub mod references;
 pub mod tokens;
 pub mod workloads;
 

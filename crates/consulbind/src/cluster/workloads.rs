@@ -8,7 +8,10 @@ use std::{
 use consulbind_api::{TargetRef, WorkloadKind};
 use futures::{Stream, StreamExt, TryStreamExt};
 use k8s_openapi::{
-    api::apps::v1::{DaemonSet, Deployment, StatefulSet},
+    api::{
+        apps::v1::{DaemonSet, Deployment, StatefulSet},
+        core::v1::PodSpec,
+    },
     apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectMeta},
 };
 use kube::{
@@ -24,7 +27,11 @@ use kube::{
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
-use super::{Live, Version, Workload, argo::Rollout};
+use super::{
+    Live, Version, Workload,
+    argo::Rollout,
+    references::{self, References},
+};
 use crate::names;
 
 /// Metadata caches of the workload kinds in one scope (a namespace, or all).
@@ -73,6 +80,8 @@ pub struct Resolved {
     pub missing: Vec<String>,
     /// A sentence for each target whose kind the cluster does not serve to the controller.
     pub unserved: Vec<String>,
+    /// The ConfigMaps and Secrets the found workloads' pod templates reference, merged.
+    pub references: References,
 }
 
 impl Workloads {
@@ -136,8 +145,9 @@ impl Workloads {
             };
             let matched = !live.is_empty();
             // Such a Rollout has no template of its own: a stamp there would change nothing.
-            live.retain(|(name, _, _, workload_ref)| match workload_ref {
+            live.retain(|found| match &found.workload_ref {
                 Some(source) => {
+                    let name = &found.name;
                     missing.push(format!(
                         "Rollout {name:?} takes its pod template from {source} (workloadRef); bind that workload \
                          instead, and Argo Rollouts rolls the Rollout when its template changes"
@@ -152,11 +162,20 @@ impl Workloads {
                     (None, _) => format!("no {} matches the selector", target.kind),
                 });
             }
-            found.extend(live.into_iter().map(|(name, live, version, _)| ((target.kind, name), (live, version))));
+            found.extend(live.into_iter().map(|s| ((target.kind, s.name.clone()), s)));
         }
-        let live = found.iter().filter_map(|(w, (l, _))| Some((w.clone(), l.clone()?))).collect();
-        let versions = found.iter().map(|(w, (_, v))| (w.clone(), v.clone())).collect();
-        Resolved { found: found.into_keys().collect(), live, versions, missing, unserved }
+        let live = found.iter().filter_map(|(w, s)| Some((w.clone(), s.live.clone()?))).collect();
+        let versions = found.iter().map(|(w, s)| (w.clone(), s.version.clone())).collect();
+        let mut references = References::new();
+        for (id, used) in found.values().flat_map(|s| &s.references) {
+            match references.get_mut(id) {
+                Some(known) => known.merge(used),
+                None => {
+                    references.insert(id.clone(), used.clone());
+                }
+            }
+        }
+        Resolved { found: found.into_keys().collect(), live, versions, missing, unserved, references }
     }
 }
 
@@ -339,9 +358,11 @@ fn event_of<K, M>(event: watcher::Event<K>, f: impl Fn(K) -> M) -> watcher::Even
     }
 }
 
-/// A workload's pod template annotations.
+/// A workload's pod template: its annotations and its spec.
 pub trait Template {
     fn template_annotations(&self) -> Option<&BTreeMap<String, String>>;
+
+    fn pod_spec(&self) -> Option<&PodSpec>;
 
     /// The workload this one takes its template from, as "Kind name".
     fn workload_ref(&self) -> Option<String> {
@@ -352,6 +373,10 @@ pub trait Template {
 impl Template for Rollout {
     fn template_annotations(&self) -> Option<&BTreeMap<String, String>> {
         self.spec.as_ref()?.template.as_ref()?.metadata.as_ref()?.annotations.as_ref()
+    }
+
+    fn pod_spec(&self) -> Option<&PodSpec> {
+        self.spec.as_ref()?.template.as_ref()?.spec.as_ref()
     }
 
     fn workload_ref(&self) -> Option<String> {
@@ -366,6 +391,10 @@ macro_rules! template {
             fn template_annotations(&self) -> Option<&BTreeMap<String, String>> {
                 self.spec.template.metadata.as_ref()?.annotations.as_ref()
             }
+
+            fn pod_spec(&self) -> Option<&PodSpec> {
+                self.spec.template.spec.as_ref()
+            }
         }
     )*};
 }
@@ -377,7 +406,7 @@ const OWNED: &str = "owned.";
 
 /// What the caches keep of a workload: name, namespace, generation and labels, and as annotations this
 /// controller's pod-template annotations, each with an [`OWNED`] mark when the binding's field
-/// manager holds it.
+/// manager holds it, and the ConfigMaps and Secrets its pod template references.
 fn live_meta<K: Resource<DynamicType = ()> + Template>(obj: K) -> PartialObjectMeta<K> {
     let meta = obj.meta();
     let ours: BTreeMap<String, String> = obj
@@ -396,6 +425,9 @@ fn live_meta<K: Resource<DynamicType = ()> + Template>(obj: K) -> PartialObjectM
     }
     if let Some(source) = obj.workload_ref() {
         annotations.insert(WORKLOAD_REF.to_owned(), source);
+    }
+    if let Some(spec) = obj.pod_spec() {
+        annotations.extend(references::encode(&references::of(spec)));
     }
     let metadata = ObjectMeta {
         name: meta.name.clone(),
@@ -430,12 +462,26 @@ fn stamps_for(entry: &ManagedFieldsEntry, manager: &str) -> bool {
     }
 }
 
-/// A workload found for a target: its name, what it carries, its uid and generation, and the
-/// workload it takes its template from, if any.
-type Selected = (String, Option<Live>, Version, Option<String>);
+/// A workload found for a target.
+struct Selected {
+    name: String,
+    /// What it carries.
+    live: Option<Live>,
+    version: Version,
+    /// The workload it takes its template from, if any.
+    workload_ref: Option<String>,
+    references: References,
+}
 
 fn selected<K: Resource>(obj: &PartialObjectMeta<K>, live: Option<Live>) -> Selected {
-    (obj.name_any(), live, Version::of(obj), obj.annotations().get(WORKLOAD_REF).cloned())
+    let annotations = obj.annotations();
+    Selected {
+        name: obj.name_any(),
+        live,
+        version: Version::of(obj),
+        workload_ref: annotations.get(WORKLOAD_REF).cloned(),
+        references: references::decode(annotations),
+    }
 }
 
 fn select<K>(
@@ -465,7 +511,7 @@ where
         .filter(|obj| obj.namespace().as_deref() == Some(namespace) && selector.matches(obj.labels()))
         .map(|obj| selected(obj, live(obj)))
         .collect();
-    found.sort_by(|a, b| a.0.cmp(&b.0));
+    found.sort_by(|a, b| a.name.cmp(&b.name));
     found
 }
 

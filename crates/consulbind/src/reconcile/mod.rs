@@ -159,13 +159,18 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
     };
     let mut resolved = ctx.workloads.resolve(&namespace, &spec.targets, &names::annotation_key(&oref.name));
     read::trust_own_stamps(ctx, &oref, &mut resolved);
-    ctx.interest.locked().set(&oref, spec, &resolved.found);
+    let bound = read::bound_objects(spec, &resolved.references);
+    let listed = bound.as_deref().unwrap_or_default().iter().map(|b| (b.kind, b.source.name.as_str()));
+    ctx.interest.locked().set(&oref, spec, &resolved.found, listed);
     // Read after the interest is recorded, so that a change from here on wakes the binding.
-    let objects = match read::objects(ctx, &namespace, spec).await {
-        Ok(objects) => Ok(objects),
-        // The caches list within moments, and their first list wakes the binding.
-        Err(Unknown::Waiting) => return Ok(Action::requeue(Duration::from_secs(1))),
-        Err(Unknown::Failed(message)) => Err((conditions::reason::OBJECT_UNREADABLE, message)),
+    let objects = match &bound {
+        Ok(bound) => match read::objects(ctx, &namespace, bound).await {
+            Ok(objects) => Ok(objects),
+            // The caches list within moments, and their first list wakes the binding.
+            Err(Unknown::Waiting) => return Ok(Action::requeue(Duration::from_secs(1))),
+            Err(Unknown::Failed(message)) => Err((conditions::reason::OBJECT_UNREADABLE, message)),
+        },
+        Err(message) => Err((conditions::reason::BINDING_TOO_LARGE, message.clone())),
     };
 
     // Plan.
@@ -233,6 +238,14 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
             info!(binding = %oref, %message, "dry run");
             report::publish(ctx, binding.object_ref(&()), EventType::Normal, reason, message.clone());
         }
+    } else if plan.rebased {
+        let note = format!(
+            "the targets' pod templates now reference other ConfigMaps or Secrets; recorded checksum {} as the \
+             content they run with, and restarted nothing (the template change rolls them)",
+            report::short(&status)
+        );
+        info!(binding = %oref, %note, "references changed");
+        report::publish(ctx, binding.object_ref(&()), EventType::Normal, conditions::reason::BASELINED, note);
     } else if plan.baseline && previous.applied_checksum.is_none() {
         let note = format!("recorded checksum {} as the baseline; nothing was restarted", report::short(&status));
         report::publish(ctx, binding.object_ref(&()), EventType::Normal, conditions::reason::BASELINED, note);

@@ -33,6 +33,8 @@ pub struct KeyContent<'a> {
 pub struct ObjectContent<'a> {
     pub kind: ObjectKind,
     pub source: &'a ObjectSource,
+    /// Bound through a target's pod template.
+    pub referenced: bool,
     pub data: Option<&'a Digested>,
 }
 
@@ -97,6 +99,9 @@ pub struct Plan {
     pub wake_at: Option<Instant>,
     /// First sight of the content: recorded without a rollout.
     pub baseline: bool,
+    /// Only the set of objects the targets reference changed: the new content is recorded as
+    /// what the targets run with, and their stamps stand for it.
+    pub rebased: bool,
     /// In a dry run, the workloads that would have been rolled, and why.
     pub would_roll: Vec<Workload>,
     pub why: Option<String>,
@@ -203,13 +208,25 @@ pub fn plan(input: &Input<'_>, pending: &mut Option<Pending>, now: Instant) -> P
     // Decide from what each workload carries. The binding's own stamp says what its pods run;
     // a value someone else set (a rollout undo, a hand edit) or none at all says nothing, so such
     // a workload is rolled at the next change of content, never for the drift alone.
-    let carried = carried_checksums(input.previous);
+    let carried = carried_targets(input.previous);
     let content_changed = applied != desired;
+    // A template change that adds or drops a reference rolls the workload by itself.
+    if content_changed && only_references_moved(input.previous, &plan) {
+        let carries_applied = |w: &Workload| match input.live.get(w) {
+            Some(live) if live.owned => stands_for(&carried, w, live) == applied,
+            _ => true,
+        };
+        if input.found.iter().all(carries_applied) {
+            *pending = None;
+            plan.rebased = true;
+            return plan;
+        }
+    }
     let behind: Vec<Workload> = input
         .found
         .iter()
         .filter(|w| match input.live.get(*w) {
-            Some(live) if live.owned => live.checksum() != desired,
+            Some(live) if live.owned => stands_for(&carried, w, live) != desired,
             // New workloads start with the current content, so they are only rolled when asked to.
             None if !carried.contains_key(*w) => on_bind,
             _ => content_changed,
@@ -360,15 +377,28 @@ pub fn status(input: &Input<'_>, plan: &Plan, outcome: &Outcome, now: &Time) -> 
         .filter_map(|w| {
             let old = previous.targets.iter().find(|t| t.kind == w.0 && t.name == w.1);
             let live = input.live.get(w).filter(|l| l.owned);
-            let (checksum, last_rolled_time) = match old {
-                _ if outcome.rolled.contains(w) => (desired?.to_owned(), Some(now.clone())),
+            let (checksum, stamp, last_rolled_time) = match old {
+                _ if outcome.rolled.contains(w) => (desired?.to_owned(), None, Some(now.clone())),
                 Some(old) => {
-                    (live.map_or(old.checksum.clone(), |l| l.checksum().to_owned()), old.last_rolled_time.clone())
+                    let (checksum, stamp) = match live {
+                        Some(live) if old.stamp.as_deref() != Some(live.checksum()) => {
+                            (live.checksum().to_owned(), None)
+                        }
+                        _ => (old.checksum.clone(), old.stamp.clone()),
+                    };
+                    let (checksum, stamp) = match desired {
+                        Some(d) if plan.rebased && previous.applied_checksum.as_ref() == Some(&checksum) => {
+                            (d.to_owned(), stamp.or(Some(checksum)))
+                        }
+                        _ => (checksum, stamp),
+                    };
+                    let stamp = stamp.filter(|s| *s != checksum);
+                    (checksum, stamp, old.last_rolled_time.clone())
                 }
                 // Found now and not rolled: it started with the content of today.
-                None => (desired.or(previous.applied_checksum.as_deref())?.to_owned(), None),
+                None => (desired.or(previous.applied_checksum.as_deref())?.to_owned(), None, None),
             };
-            Some(TargetStatus { kind: w.0, name: w.1.clone(), checksum, last_rolled_time })
+            Some(TargetStatus { kind: w.0, name: w.1.clone(), checksum, stamp, last_rolled_time })
         })
         .collect();
 
@@ -518,11 +548,43 @@ fn object_status(key: &checksum::Key, object: &ObjectContent<'_>) -> ObjectStatu
         present: object.data.is_some(),
         entries,
         checksum: checksum::from_digests(key, &[source]),
+        referenced: object.referenced,
+        keys: object.source.keys.clone().filter(|_| object.referenced),
     }
 }
 
-fn carried_checksums(status: &ConsulBindingStatus) -> BTreeMap<Workload, String> {
-    status.targets.iter().map(|t| ((t.kind, t.name.clone()), t.checksum.clone())).collect()
+fn carried_targets(status: &ConsulBindingStatus) -> BTreeMap<Workload, &TargetStatus> {
+    status.targets.iter().map(|t| ((t.kind, t.name.clone()), t)).collect()
+}
+
+/// The content a workload's own stamp stands for: the stamp itself, or the newer content it was
+/// rebased to when only its template's references changed.
+fn stands_for<'a>(carried: &BTreeMap<Workload, &'a TargetStatus>, w: &Workload, live: &'a Live) -> &'a str {
+    match carried.get(w) {
+        Some(t) if t.stamp.as_deref() == Some(live.checksum()) => &t.checksum,
+        _ => live.checksum(),
+    }
+}
+
+/// Whether the content differs from the last status only by which objects the targets
+/// reference: every Consul key and named object is as it was, and every reference kept (same
+/// object, same keys) holds the same data.
+fn only_references_moved(previous: &ConsulBindingStatus, plan: &Plan) -> bool {
+    let keys = |k: &[KeyStatus]| k.iter().map(|k| (k.key.clone(), k.recurse, k.checksum.clone())).collect::<Vec<_>>();
+    let named = |o: &[ObjectStatus]| {
+        o.iter().filter(|o| !o.referenced).map(|o| (o.kind, o.name.clone(), o.checksum.clone())).collect::<Vec<_>>()
+    };
+    let referenced = |o: &[ObjectStatus]| {
+        o.iter()
+            .filter(|o| o.referenced)
+            .map(|o| ((o.kind, o.name.clone(), o.keys.clone()), o.checksum.clone()))
+            .collect::<BTreeMap<_, _>>()
+    };
+    let (before, now) = (referenced(&previous.objects), referenced(&plan.objects));
+    keys(&previous.keys) == keys(&plan.keys)
+        && named(&previous.objects) == named(&plan.objects)
+        && !before.keys().eq(now.keys())
+        && before.iter().all(|(id, checksum)| now.get(id).is_none_or(|c| c == checksum))
 }
 
 fn source<'a>(content: &KeyContent<'a>) -> Source<'a> {
@@ -1019,8 +1081,12 @@ mod tests {
                 .map(|(k, v)| (k.to_string(), checksum::Field::Data, checksum::digest(&KEY, v.as_bytes())))
                 .collect(),
         });
-        let object =
-            ObjectContent { kind: ObjectKind::ConfigMap, source: &spec.config_maps[0], data: digested.as_ref() };
+        let object = ObjectContent {
+            kind: ObjectKind::ConfigMap,
+            source: &spec.config_maps[0],
+            referenced: false,
+            data: digested.as_ref(),
+        };
         let (entries, found) = (entry("v1"), web());
         let objects = match failed {
             true => Err((reason::OBJECT_UNREADABLE, "could not read ConfigMap app: forbidden".to_owned())),
@@ -1028,6 +1094,98 @@ mod tests {
         };
         let input = Input { objects, ..input(&spec, previous, &entries, &found) };
         plan_and_status(&input)
+    }
+
+    /// A referenced ConfigMap: name, data, and the keys its references read.
+    type Referenced<'a> = (&'a str, &'a [(&'a str, &'a str)], Option<&'a [&'a str]>);
+
+    /// One plan of a binding that reads `app/config` (value `value`), with the ConfigMaps its
+    /// target references; the target carries `stamp` as its own.
+    fn step_references(
+        previous: &ConsulBindingStatus,
+        value: &str,
+        stamp: Option<&str>,
+        references: &[Referenced<'_>],
+    ) -> (Plan, ConsulBindingStatus) {
+        let spec = ConsulBindingSpec { include_target_references: true, ..spec(false) };
+        let sources: Vec<ObjectSource> = references
+            .iter()
+            .map(|(name, _, keys)| ObjectSource {
+                name: name.to_string(),
+                keys: keys.map(|k| k.iter().map(|k| k.to_string()).collect()),
+                optional: false,
+            })
+            .collect();
+        let digested: Vec<Digested> = references
+            .iter()
+            .map(|(_, data, _)| Digested {
+                version: "1".into(),
+                entries: data
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), checksum::Field::Data, checksum::digest(&KEY, v.as_bytes())))
+                    .collect(),
+            })
+            .collect();
+        let objects = sources
+            .iter()
+            .zip(&digested)
+            .map(|(source, data)| ObjectContent {
+                kind: ObjectKind::ConfigMap,
+                source,
+                referenced: true,
+                data: Some(data),
+            })
+            .collect();
+        let (entries, found) = (entry(value), web());
+        let live: BTreeMap<Workload, Live> =
+            stamp.map(|s| (found[0].clone(), Live { value: s.to_owned(), owned: true })).into_iter().collect();
+        let input = Input { objects: Ok(objects), live: &live, ..input(&spec, previous, &entries, &found) };
+        plan_and_status(&input)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reference_a_template_adds_or_drops_is_recorded_without_a_rollout_and_its_changes_roll() {
+        let (_, first) = step_references(&Default::default(), "v1", None, &[]);
+        let a0 = first.applied_checksum.clone().unwrap();
+        let app: &[(&str, &str)] = &[("a", "1"), ("b", "1")];
+
+        // The template now mounts ConfigMap app: its rollout is the template's own.
+        let (plan, added) = step_references(&first, "v1", Some(&a0), &[("app", app, None)]);
+        assert!(plan.rebased && plan.roll.is_empty(), "a new reference rolled");
+        let a1 = added.applied_checksum.clone().unwrap();
+        assert_ne!(a1, a0);
+        assert_eq!((added.targets[0].checksum.as_str(), added.targets[0].stamp.as_deref()), (a1.as_str(), Some(&*a0)));
+        assert_eq!(added.target_summary.as_deref(), Some("1/1"));
+        assert!(added.objects[0].referenced);
+
+        // Looked at again, or after a restart: the old stamp stands for the new content.
+        let (plan, again) = step_references(&added, "v1", Some(&a0), &[("app", app, None)]);
+        assert!(plan.roll.is_empty() && !plan.rebased);
+        assert_eq!(again.targets, added.targets);
+
+        // A change of the referenced data rolls, once.
+        let changed: &[(&str, &str)] = &[("a", "2"), ("b", "1")];
+        let (plan, rolled) = step_references(&added, "v1", Some(&a0), &[("app", changed, None)]);
+        assert_eq!(plan.roll, web());
+        assert_eq!(rolled.targets[0].stamp, None);
+        assert_eq!(rolled.targets[0].checksum, rolled.applied_checksum.clone().unwrap());
+
+        // Reading another key of the same object, or dropping the reference, is the template's too.
+        let (plan, narrowed) = step_references(&added, "v1", Some(&a0), &[("app", app, Some(&["a"]))]);
+        assert!(plan.rebased && plan.roll.is_empty());
+        assert_eq!(narrowed.objects[0].keys, Some(vec!["a".to_owned()]));
+        let (plan, dropped) = step_references(&added, "v1", Some(&a0), &[]);
+        assert!(plan.rebased && plan.roll.is_empty());
+        assert_eq!(dropped.applied_checksum.as_deref(), Some(&*a0));
+        assert_eq!((dropped.targets[0].checksum.as_str(), dropped.targets[0].stamp.as_deref()), (&*a0, None));
+
+        // A Consul change that comes with a new reference is a change of content.
+        let (plan, _) = step_references(&first, "v2", Some(&a0), &[("app", app, None)]);
+        assert_eq!(plan.roll, web());
+        // So is a reference whose data changed while another one was added.
+        let two: &[(&str, &str)] = &[("x", "1")];
+        let (plan, _) = step_references(&added, "v1", Some(&a0), &[("app", changed, None), ("two", two, None)]);
+        assert_eq!(plan.roll, web());
     }
 
     #[tokio::test(start_paused = true)]

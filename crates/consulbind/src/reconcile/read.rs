@@ -24,6 +24,7 @@ use crate::{
     cluster::{
         Live, Version, Workload,
         objects::{Digested, Unknown},
+        references::References,
         tokens::{Lookup, TOKEN_LABEL},
         workloads::{self, Resolved},
     },
@@ -35,8 +36,11 @@ const DEFAULT_MAX: Duration = Duration::from_secs(30);
 
 /// Checks what the schema cannot, and returns the debounce window.
 pub fn validate(spec: &ConsulBindingSpec) -> Result<Window, String> {
-    if spec.keys.is_empty() && spec.objects().next().is_none() {
-        return Err("the binding has no source: set spec.keys, spec.configMaps or spec.secrets".into());
+    if spec.keys.is_empty() && spec.objects().next().is_none() && !spec.include_target_references {
+        return Err(
+            "the binding has no source: set spec.keys, spec.configMaps, spec.secrets or spec.includeTargetReferences"
+                .into(),
+        );
     }
     for (kind, object) in spec.objects() {
         if object.name.is_empty() || object.keys.iter().flatten().any(String::is_empty) {
@@ -169,25 +173,75 @@ pub fn consul_view<'a>(spec: &'a ConsulBindingSpec, states: &'a [KeyState], max_
     Some(Consul::Ready(contents))
 }
 
-/// A bound ConfigMap or Secret as read: its data as digests, `None` when it does not exist.
-pub type ObjectRead<'a> = (ObjectKind, &'a ObjectSource, Option<Arc<Digested>>);
+/// The most ConfigMaps and Secrets a binding's targets may reference, together: each is part
+/// of the status.
+pub const MAX_REFERENCES: usize = 64;
 
-/// The binding's ConfigMaps and Secrets, from the cache or read where they changed.
-pub async fn objects<'a>(
-    ctx: &Context,
-    namespace: &str,
-    spec: &'a ConsulBindingSpec,
-) -> Result<Vec<ObjectRead<'a>>, Unknown> {
+/// A bound ConfigMap or Secret.
+pub struct Bound {
+    pub kind: ObjectKind,
+    pub source: ObjectSource,
+    /// Bound through a target's pod template, not named in the spec.
+    pub referenced: bool,
+}
+
+/// The ConfigMaps and Secrets a binding reads: those of its spec, then, with
+/// `includeTargetReferences`, those its targets reference that the spec does not name.
+pub fn bound_objects(spec: &ConsulBindingSpec, references: &References) -> Result<Vec<Bound>, String> {
+    let mut bound: Vec<Bound> =
+        spec.objects().map(|(kind, source)| Bound { kind, source: source.clone(), referenced: false }).collect();
+    if !spec.include_target_references {
+        return Ok(bound);
+    }
+    let named = |kind, name: &str| spec.objects().any(|(k, o)| k == kind && o.name == name);
+    let referenced: Vec<Bound> = references
+        .iter()
+        .filter(|((kind, name), _)| !named(*kind, name))
+        .map(|((kind, name), used)| Bound {
+            kind: *kind,
+            source: ObjectSource {
+                name: name.clone(),
+                keys: used.keys.as_ref().map(|keys| keys.iter().cloned().collect()),
+                optional: used.optional,
+            },
+            referenced: true,
+        })
+        .collect();
+    if referenced.len() > MAX_REFERENCES {
+        return Err(format!(
+            "the targets' pod templates reference {} ConfigMaps and Secrets that the spec does not name, more than \
+             the {MAX_REFERENCES} a binding may read that way; name the ones that matter in spec.configMaps and \
+             spec.secrets instead of spec.includeTargetReferences",
+            referenced.len()
+        ));
+    }
+    bound.extend(referenced);
+    Ok(bound)
+}
+
+/// A bound ConfigMap or Secret as read: its data as digests, `None` when it does not exist.
+pub type ObjectRead<'a> = (&'a Bound, Option<Arc<Digested>>);
+
+/// The bound ConfigMaps and Secrets, from the cache or read where they changed.
+pub async fn objects<'a>(ctx: &Context, namespace: &str, bound: &'a [Bound]) -> Result<Vec<ObjectRead<'a>>, Unknown> {
     let mut read = Vec::new();
-    for (kind, source) in spec.objects() {
-        let data = ctx.objects.read(&(kind, namespace.to_owned(), source.name.clone())).await?;
-        read.push((kind, source, data));
+    for object in bound {
+        let data = ctx.objects.read(&(object.kind, namespace.to_owned(), object.source.name.clone())).await?;
+        read.push((object, data));
     }
     Ok(read)
 }
 
 pub fn object_contents<'a>(objects: &'a [ObjectRead<'_>]) -> Vec<ObjectContent<'a>> {
-    objects.iter().map(|(kind, source, data)| ObjectContent { kind: *kind, source, data: data.as_deref() }).collect()
+    objects
+        .iter()
+        .map(|(bound, data)| ObjectContent {
+            kind: bound.kind,
+            source: &bound.source,
+            referenced: bound.referenced,
+            data: data.as_deref(),
+        })
+        .collect()
 }
 
 /// When an answer for one of the binding's contents last came with Consul's index gone backwards.

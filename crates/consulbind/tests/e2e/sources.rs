@@ -4,9 +4,12 @@ use consulbind_api::conditions::{self, reason};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
+use consulbind::names;
+use kube::api::{Patch, PatchParams};
+
 use crate::{
     DEPLOY,
-    support::{SETTLE, Scene, deploy},
+    support::{SETTLE, Scene, deploy, spec, workload},
 };
 
 fn config_map(name: &str, labels: Value, data: Value) -> Value {
@@ -148,5 +151,162 @@ async fn a_missing_required_config_map_holds_until_it_is_created_and_a_binding_n
     let invalid = s.wait_condition("empty", conditions::READY, "False", reason::INVALID_SPEC).await;
     let ready = invalid.status.unwrap().conditions.into_iter().find(|c| c.type_ == conditions::READY).unwrap();
     assert!(ready.message.contains("no source"), "{}", ready.message);
+    s.finish().await;
+}
+
+/// Deployment `web` whose pod template uses the objects of `pod` (volumes, containers).
+fn web_using(pod: Value) -> Value {
+    let mut web = workload(DEPLOY, "web", json!({}));
+    let template = &mut web["spec"]["template"]["spec"];
+    let container = pod["container"].as_object().cloned().unwrap_or_default();
+    template["containers"][0].as_object_mut().unwrap().extend(container);
+    if let Some(volumes) = pod.get("volumes") {
+        template["volumes"] = volumes.clone();
+    }
+    web
+}
+
+#[tokio::test]
+async fn references_through_env_from_a_secret_volume_a_projected_volume_and_a_secret_key_ref_each_roll_once() {
+    let Some(s) = Scene::new("references").await else { return };
+    s.apply(config_map("env", json!({}), json!({"LEVEL": "info"}))).await.unwrap();
+    s.apply(secret("tls", json!({"tls.crt": "one"}))).await.unwrap();
+    s.apply(config_map("projected", json!({}), json!({"a": "1", "unused": "1"}))).await.unwrap();
+    s.apply(secret("db", json!({"password": "p1", "user": "u1"}))).await.unwrap();
+    s.apply(config_map("unreferenced", json!({}), json!({"a": "1"}))).await.unwrap();
+    s.apply(secret("registry", json!({"token": "r1"}))).await.unwrap();
+    let web = web_using(json!({
+        "volumes": [
+            {"name": "tls", "secret": {"secretName": "tls"}},
+            {"name": "all", "projected": {"sources": [
+                {"configMap": {"name": "projected", "items": [{"key": "a", "path": "a"}]}}
+            ]}}
+        ],
+        "container": {
+            "envFrom": [{"configMapRef": {"name": "env"}}],
+            "env": [{"name": "PASSWORD", "valueFrom": {"secretKeyRef": {"name": "db", "key": "password"}}}]
+        }
+    }));
+    let mut web = web;
+    web["spec"]["template"]["spec"]["imagePullSecrets"] = json!([{"name": "registry"}]);
+    s.apply(web).await.unwrap();
+    s.wait_revisions(DEPLOY, "web", 1).await;
+    let spec = json!({"includeTargetReferences": true, "targets": deploy("web"), "rollout": {"quietPeriod": "0s"}});
+    s.binding("cfg", spec).await;
+    let baselined = s.wait_condition("cfg", conditions::READY, "True", reason::BASELINED).await.status.unwrap();
+    let mut bound: Vec<(String, String, bool)> =
+        baselined.objects.iter().map(|o| (o.kind.to_string(), o.name.clone(), o.referenced)).collect();
+    bound.sort();
+    let expected = [("ConfigMap", "env"), ("ConfigMap", "projected"), ("Secret", "db"), ("Secret", "tls")];
+    assert_eq!(bound, expected.map(|(k, n)| (k.to_owned(), n.to_owned(), true)), "image pull Secrets are not content");
+    assert_eq!(baselined.key_summary.as_deref(), Some("4/4"));
+
+    // What no reference reads: another ConfigMap, a key outside items or outside the keyRef, the
+    // image pull Secret.
+    s.apply(config_map("unreferenced", json!({}), json!({"a": "2"}))).await.unwrap();
+    s.apply(config_map("projected", json!({}), json!({"a": "1", "unused": "2"}))).await.unwrap();
+    s.apply(secret("db", json!({"password": "p1", "user": "u2"}))).await.unwrap();
+    s.apply(secret("registry", json!({"token": "r2"}))).await.unwrap();
+    assert_eq!(settled_revisions(&s).await, 1, "rolled for data no reference reads");
+
+    s.apply(config_map("env", json!({}), json!({"LEVEL": "debug"}))).await.unwrap();
+    s.wait_revisions(DEPLOY, "web", 2).await;
+    s.apply(secret("tls", json!({"tls.crt": "two"}))).await.unwrap();
+    s.wait_revisions(DEPLOY, "web", 3).await;
+    s.apply(config_map("projected", json!({}), json!({"a": "2", "unused": "2"}))).await.unwrap();
+    s.wait_revisions(DEPLOY, "web", 4).await;
+    s.apply(secret("db", json!({"password": "p2", "user": "u2"}))).await.unwrap();
+    s.wait_revisions(DEPLOY, "web", 5).await;
+    let events = s.events_for("cfg").await;
+    let notes: Vec<&String> = events.iter().filter(|(r, _)| r == reason::ROLLED_OUT).map(|(_, n)| n).collect();
+    assert!(notes.iter().any(|n| n.contains(r#"Secret "db""#)), "{events:?}");
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn a_template_change_that_adds_or_drops_a_reference_rolls_once_and_a_restart_rolls_nothing() {
+    let Some(mut s) = Scene::new("reference-added").await else { return };
+    let key = s.key("config");
+    s.put(&key, "v1").await;
+    s.apply(config_map("extra", json!({}), json!({"x": "1"}))).await.unwrap();
+    s.workload(DEPLOY, "web", json!({})).await;
+    let mut spec = spec(json!([{"key": &key}]), deploy("web"), "0s");
+    spec["includeTargetReferences"] = json!(true);
+    s.binding("cfg", spec).await;
+    let baselined = s.wait_condition("cfg", conditions::READY, "True", reason::BASELINED).await.status.unwrap();
+    assert!(baselined.objects.is_empty());
+    // Rolled once by a change, so that the workload carries the binding's own stamp.
+    s.put(&key, "v2").await;
+    s.wait_revisions(DEPLOY, "web", 2).await;
+    let stamp = s.template_annotations(DEPLOY, "web").await[&names::annotation_key("cfg")].clone();
+
+    // The template change rolls; the reference it adds does not roll again.
+    s.apply(web_using(json!({"container": {"envFrom": [{"configMapRef": {"name": "extra"}}]}}))).await.unwrap();
+    crate::support::wait("the binding to read the new reference", || async {
+        let status = s.get_binding("cfg").await.status.unwrap_or_default();
+        Ok(status.objects.iter().any(|o| o.name == "extra" && o.referenced))
+    })
+    .await
+    .unwrap();
+    s.wait_revisions(DEPLOY, "web", 3).await;
+    assert_eq!(s.template_annotations(DEPLOY, "web").await[&names::annotation_key("cfg")], stamp);
+    let status = s.wait_condition("cfg", conditions::READY, "True", reason::UP_TO_DATE).await.status.unwrap();
+    assert_eq!(status.target_summary.as_deref(), Some("1/1"));
+    assert_eq!(status.targets[0].stamp.as_deref(), Some(stamp.as_str()));
+    let events = s.events_for("cfg").await;
+    assert!(events.iter().any(|(r, n)| r == reason::BASELINED && n.contains("now reference")), "{events:?}");
+
+    // After a restart the old stamp still stands for the new content.
+    s.stop_controller().await;
+    s.start_controller(&[]).await;
+    s.wait_condition("cfg", conditions::READY, "True", reason::UP_TO_DATE).await;
+    assert_eq!(settled_revisions(&s).await, 3, "a restart rolled a workload whose stamp stands for the content");
+
+    // The new reference is content now.
+    s.apply(config_map("extra", json!({}), json!({"x": "2"}))).await.unwrap();
+    s.wait_revisions(DEPLOY, "web", 4).await;
+
+    // Dropping it is the template's rollout alone, and its changes no longer roll.
+    s.apply(workload(DEPLOY, "web", json!({}))).await.unwrap();
+    s.wait_revisions(DEPLOY, "web", 5).await;
+    crate::support::wait("the binding to drop the reference", || async {
+        Ok(s.get_binding("cfg").await.status.unwrap_or_default().objects.is_empty())
+    })
+    .await
+    .unwrap();
+    s.apply(config_map("extra", json!({}), json!({"x": "3"}))).await.unwrap();
+    assert_eq!(settled_revisions(&s).await, 5);
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn a_consul_only_status_from_before_config_map_sources_keeps_its_checksum_and_rolls_nothing() {
+    let Some(mut s) = Scene::new("upgrade-sources").await else { return };
+    let key = s.key("config");
+    s.put(&key, "v1").await;
+    s.workload(DEPLOY, "web", json!({})).await;
+    s.binding("cfg", spec(json!([{"key": &key}]), deploy("web"), "0s")).await;
+    s.wait_condition("cfg", conditions::READY, "True", reason::BASELINED).await;
+    s.put(&key, "v2").await;
+    s.wait_revisions(DEPLOY, "web", 2).await;
+    s.stop_controller().await;
+
+    // The status as that release wrote it: no objects, and keys counted from Consul alone. Its
+    // checksum of the same content is the one pinned by the checksum tests' vectors.
+    let keyed = s.checksum_of(&key, b"v2").await;
+    let key_checksum = s.get_binding("cfg").await.status.unwrap().keys[0].checksum.clone();
+    let status = json!({"status": {"appliedChecksum": &keyed, "shortChecksum": &keyed[..12], "keySummary": "1/1",
+        "targetSummary": "1/1", "objects": null,
+        "keys": [{"key": &key, "present": true, "entries": 1, "checksum": key_checksum}],
+        "targets": [{"kind": "Deployment", "name": "web", "checksum": &keyed}]}});
+    s.bindings().patch_status("cfg", &PatchParams::default(), &Patch::Merge(&status)).await.unwrap();
+    assert_eq!(s.template_annotations(DEPLOY, "web").await[&names::annotation_key("cfg")], keyed);
+
+    s.start_controller(&[]).await;
+    let after = s.wait_condition("cfg", conditions::READY, "True", reason::UP_TO_DATE).await.status.unwrap();
+    assert_eq!(after.applied_checksum.as_ref(), Some(&keyed));
+    assert_eq!(settled_revisions(&s).await, 2, "an upgrade rolled");
+    s.put(&key, "v3").await;
+    s.wait_revisions(DEPLOY, "web", 3).await;
     s.finish().await;
 }
