@@ -189,6 +189,12 @@ pub(crate) fn rss_kib(pid: u32) -> Result<u64> {
     status_kib(pid, "VmRSS")
 }
 
+/// Resident memory as (anonymous, file-backed), in KiB: the heap and stacks, and the pages of
+/// the binary and libraries that were touched.
+pub(crate) fn rss_split_kib(pid: u32) -> Result<(u64, u64)> {
+    Ok((status_kib(pid, "RssAnon")?, status_kib(pid, "RssFile")?))
+}
+
 /// Peak resident memory.
 pub(crate) fn hwm_kib(pid: u32) -> Result<u64> {
     status_kib(pid, "VmHWM")
@@ -273,4 +279,96 @@ fn wait(what: &str, timeout: Duration, done: impl Fn() -> Result<bool>) -> Resul
 /// `n` and the noun, in the singular for one.
 fn plural(n: usize, noun: &str) -> String {
     if n == 1 { format!("1 {noun}") } else { format!("{n} {noun}s") }
+}
+
+/// Deployments' generations as a watch sees them, with the time each was first seen: the end
+/// of a change's latency, measured the same way for every controller.
+pub(crate) struct Generations {
+    seen: std::sync::Arc<std::sync::Mutex<HashMap<String, (i64, Instant)>>>,
+    /// Told of every new generation, so that waiting for one costs no polling.
+    moved: std::sync::Arc<tokio::sync::Notify>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Generations {
+    pub(crate) fn watch(deployments: kube::Api<k8s_openapi::api::apps::v1::Deployment>) -> Self {
+        use futures::StreamExt;
+        use kube::{
+            ResourceExt,
+            runtime::{WatchStreamExt, watcher},
+        };
+        let seen: std::sync::Arc<std::sync::Mutex<HashMap<String, (i64, Instant)>>> = Default::default();
+        let moved = std::sync::Arc::new(tokio::sync::Notify::new());
+        let task = tokio::spawn({
+            let (seen, moved) = (seen.clone(), moved.clone());
+            async move {
+                let mut events =
+                    watcher::watcher(deployments, watcher::Config::default()).default_backoff().applied_objects().boxed();
+                while let Some(Ok(d)) = events.next().await {
+                    let generation = d.metadata.generation.unwrap_or_default();
+                    let mut seen = seen.lock().unwrap();
+                    let entry = seen.entry(d.name_any()).or_insert((generation, Instant::now()));
+                    if entry.0 != generation {
+                        *entry = (generation, Instant::now());
+                        moved.notify_waiters();
+                    }
+                }
+            }
+        });
+        Self { seen, moved, task }
+    }
+
+    /// Every Deployment's generation now.
+    pub(crate) fn now(&self) -> HashMap<String, i64> {
+        self.seen.lock().unwrap().iter().map(|(name, (generation, _))| (name.clone(), *generation)).collect()
+    }
+
+    /// Waits until every one of `targets` has reached its generation in `expected`, and returns
+    /// how long after `from` the last of them was seen; `None` after `timeout`.
+    pub(crate) async fn reached(
+        &self,
+        targets: &[String],
+        expected: &HashMap<String, i64>,
+        from: Instant,
+        timeout: Duration,
+    ) -> Option<Duration> {
+        let deadline = tokio::time::Instant::from_std(from + timeout);
+        loop {
+            let next = self.moved.notified();
+            let done: Option<Instant> = {
+                let seen = self.seen.lock().unwrap();
+                let at: Option<Vec<Instant>> = targets
+                    .iter()
+                    .map(|t| seen.get(t).filter(|(g, _)| *g >= expected[t]).map(|(_, at)| *at))
+                    .collect();
+                at.and_then(|at| at.into_iter().max())
+            };
+            if let Some(at) = done {
+                return Some(at.saturating_duration_since(from));
+            }
+            tokio::time::timeout_at(deadline, next).await.ok()?;
+        }
+    }
+
+    /// Waits until no generation has moved for `quiet`, at most `timeout`.
+    pub(crate) async fn settle(&self, quiet: Duration, timeout: Duration) {
+        let deadline = tokio::time::Instant::now() + timeout;
+        while tokio::time::Instant::now() < deadline {
+            if tokio::time::timeout(quiet, self.moved.notified()).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+impl Drop for Generations {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The value at fraction `p` of sorted `sorted`, in milliseconds.
+pub(crate) fn percentile_ms(sorted: &[Duration], p: f64) -> f64 {
+    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted.get(index).map_or(f64::NAN, |d| d.as_secs_f64() * 1000.0)
 }

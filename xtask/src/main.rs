@@ -1,6 +1,7 @@
 //! Development tasks for consulbind: `cargo xtask env up|down|status`, `test`, `e2e`, `crdgen`, `image`,
 //! `explain`, `monitoring`, `demo`.
 
+mod anchor;
 mod apt;
 mod bench;
 mod big;
@@ -138,6 +139,19 @@ enum Bench {
         #[arg(long, default_value_t = 8_192)]
         bytes: usize,
     },
+    /// This controller beside k8s-consul-mutator-rs, built from fetched copies, on the same
+    /// servers, one at a time, alternating: latency, missed and spurious rollouts, memory, and a
+    /// raw PATCH as the floor.
+    Anchor {
+        /// Deployments per controller, each bound to a key of its own.
+        #[arg(long, default_value_t = 50)]
+        bindings: usize,
+        /// Consul writes per controller and round, one at a time.
+        #[arg(long, default_value_t = 200)]
+        changes: usize,
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+    },
     /// Time from one Consul write to every bound Deployment rolled, and the controller's memory.
     Rollout {
         /// Number of Deployments, each with its own binding.
@@ -223,6 +237,9 @@ fn run(command: Command) -> Result<()> {
             objects::run(&env, objects::Sizes { config_maps, secrets, bytes })
         }
         Command::Bench { bench: Bench::Rollout { bindings, rounds } } => bench::rollout(&env, bindings, rounds),
+        Command::Bench { bench: Bench::Anchor { bindings, changes, rounds } } => {
+            anchor::run(&env, anchor::Sizes { bindings, changes, rounds })
+        }
         Command::Bench { bench: Bench::Tenants { scopes, changes, busy_changes, max_connections } } => {
             tenants::run(&env, tenants::Sizes { scopes, changes, busy_changes, max_connections })
         }

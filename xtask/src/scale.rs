@@ -6,7 +6,7 @@ use std::{
     collections::HashMap,
     process::Command,
     sync::{
-        Arc, Mutex,
+        Arc,
         atomic::{AtomicBool, AtomicUsize, Ordering},
     },
     time::{Duration, Instant},
@@ -20,13 +20,11 @@ use k8s_openapi::api::{apps::v1::Deployment, core::v1::Namespace, events::v1::Ev
 use kube::{
     Api, ResourceExt,
     api::{ListParams, Patch, PatchParams, PostParams},
-    runtime::{WatchStreamExt, watcher},
 };
 use serde_json::json;
-use tokio::sync::Notify;
 
 use crate::{
-    bench::{all_ready, metric, rss_kib},
+    bench::{Generations, all_ready, metric, percentile_ms, rss_kib, rss_split_kib},
     env::Env,
     process, repo_root,
 };
@@ -127,26 +125,7 @@ async fn measure(env: &Env, vars: &[(&'static str, String)], sizes: &Sizes) -> R
         .await?;
     println!("    set up in {:.0} s", setup.elapsed().as_secs_f64());
 
-    // Generations as a watch sees them, with the time each was first seen.
-    let seen: Arc<Mutex<HashMap<String, (i64, Instant)>>> = Arc::default();
-    // Told of every new generation, so that waiting for one costs no polling.
-    let moved = Arc::new(Notify::new());
-    let watch = tokio::spawn({
-        let (seen, moved, deployments) = (seen.clone(), moved.clone(), deployments.clone());
-        async move {
-            let mut events =
-                watcher(deployments, watcher::Config::default()).default_backoff().applied_objects().boxed();
-            while let Some(Ok(d)) = events.next().await {
-                let generation = d.metadata.generation.unwrap_or_default();
-                let mut seen = seen.lock().unwrap();
-                let entry = seen.entry(d.name_any()).or_insert((generation, Instant::now()));
-                if entry.0 != generation {
-                    *entry = (generation, Instant::now());
-                    moved.notify_waiters();
-                }
-            }
-        }
-    });
+    let generations = Generations::watch(deployments.clone());
 
     let controller = env.daemon("bench-scale-controller");
     controller.stop()?;
@@ -185,9 +164,8 @@ async fn measure(env: &Env, vars: &[(&'static str, String)], sizes: &Sizes) -> R
         ensure!(ready, "not every binding became Ready");
 
         // Changes, one at a time, each to a key of the next binding in turn.
-        let generations = seen.lock().unwrap().clone();
-        ensure!(generations.len() == workloads, "the watch saw {} of {workloads} Deployments", generations.len());
-        let mut expected: HashMap<String, i64> = generations.iter().map(|(n, (g, _))| (n.clone(), *g)).collect();
+        let mut expected = generations.now();
+        ensure!(expected.len() == workloads, "the watch saw {} of {workloads} Deployments", expected.len());
         let mut latencies = Vec::with_capacity(sizes.changes);
         let mut missed = 0;
         for change in 0..sizes.changes {
@@ -199,27 +177,14 @@ async fn measure(env: &Env, vars: &[(&'static str, String)], sizes: &Sizes) -> R
             }
             let written = Instant::now();
             consul.put(&key(k), format!("v{}", change + 1).as_bytes(), None).await?;
-            let deadline = tokio::time::Instant::from_std(written + CHANGE_TIMEOUT);
-            loop {
-                let next = moved.notified();
-                let done: Option<Instant> = {
-                    let seen = seen.lock().unwrap();
-                    targets.iter().map(|t| seen.get(t).filter(|(g, _)| *g >= expected[t]).map(|(_, at)| *at)).collect::<Option<Vec<_>>>().and_then(|at| at.into_iter().max())
-                };
-                if let Some(at) = done {
-                    latencies.push(at.saturating_duration_since(written));
-                    break;
-                }
-                if tokio::time::timeout_at(deadline, next).await.is_err() {
-                    missed += 1;
-                    break;
-                }
+            match generations.reached(&targets, &expected, written, CHANGE_TIMEOUT).await {
+                Some(latency) => latencies.push(latency),
+                None => missed += 1,
             }
         }
         tokio::time::sleep(Duration::from_secs(2)).await;
-        let final_generations = seen.lock().unwrap().clone();
-        let spurious: i64 =
-            expected.iter().map(|(n, want)| (final_generations[n].0 - want).max(0)).sum();
+        let final_generations = generations.now();
+        let spurious: i64 = expected.iter().map(|(n, want)| (final_generations[n] - want).max(0)).sum();
 
         // Idle: nothing changes; count what the controller writes.
         let before = snapshot(&binding_api, &deployments).await?;
@@ -236,11 +201,11 @@ async fn measure(env: &Env, vars: &[(&'static str, String)], sizes: &Sizes) -> R
             .count();
         let idle_writes = before.iter().filter(|(name, rv)| after.get(*name) != Some(rv)).count() + idle_events;
         let rss_end = rss_kib(pid)?;
+        let (anon_end, file_end) = rss_split_kib(pid)?;
         let metrics = process::http_get(ADMIN_PORT, "/metrics", None).context("reading /metrics")?.1;
 
         latencies.sort();
-        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-        let pct = |p: f64| latencies.get(((latencies.len() as f64 - 1.0) * p).round() as usize).map_or(f64::NAN, |d| ms(*d));
+        let pct = |p: f64| percentile_ms(&latencies, p);
         println!(
             "\nresults: {bindings} bindings, {workloads} Deployments, {keys} keys, {} changes, {} cores, budget {} connections",
             sizes.changes,
@@ -260,7 +225,7 @@ async fn measure(env: &Env, vars: &[(&'static str, String)], sizes: &Sizes) -> R
             pct(0.5),
             pct(0.9),
             pct(0.99),
-            latencies.last().map_or(f64::NAN, |d| ms(*d)),
+            pct(1.0),
             latencies.len()
         );
         println!("  missed changes (no rollout within {CHANGE_TIMEOUT:?}):         {missed}");
@@ -273,7 +238,13 @@ async fn measure(env: &Env, vars: &[(&'static str, String)], sizes: &Sizes) -> R
             }
         }
         println!("  API writes during {} s idle (status, stamps, events):  {idle_writes}", sizes.idle.as_secs());
-        println!("  resident memory: {} MiB when Ready, {} MiB at the end", rss_ready / 1024, rss_end / 1024);
+        println!(
+            "  resident memory: {} MiB when Ready, {} MiB at the end ({} MiB anonymous, {} MiB file-backed)",
+            rss_ready / 1024,
+            rss_end / 1024,
+            anon_end / 1024,
+            file_end / 1024
+        );
         ensure!(missed == 0 && spurious == 0, "{missed} missed and {spurious} spurious rollouts");
         Ok(())
     }
@@ -281,7 +252,7 @@ async fn measure(env: &Env, vars: &[(&'static str, String)], sizes: &Sizes) -> R
 
     sampling.store(false, Ordering::Relaxed);
     let _ = sampler.join();
-    watch.abort();
+    drop(generations);
     controller.stop()?;
     let _ = namespaces.delete(&ns, &Default::default()).await;
     result

@@ -1,0 +1,354 @@
+//! `cargo xtask bench anchor`: this controller beside k8s-consul-mutator-rs, its nearest peer, on
+//! the same local servers and measured the same way, one controller at a time, alternating.
+//!
+//! The mutator is built unchanged from fetched copies of its repository and its two git
+//! dependencies (never vendored here), once, into the cache. Each controller has a namespace of
+//! its own with N Deployments (`replicas: 0`), each bound to a Consul key of its own: the
+//! mutator's by its annotation, ours by one binding each with a quiet period of 0. A round
+//! starts one controller, lets it settle, writes C changes one at a time (each to the next
+//! key), times each from just before the Consul PUT until a watch on the Deployments sees the
+//! new generation, and stops it. Between rounds, with no controller running, a raw PATCH of one
+//! pod-template annotation is timed the same way: the floor.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, ensure};
+use consul_kv::{Client as Consul, ClientConfig};
+use consulbind_api::ConsulBinding;
+use futures::{StreamExt, TryStreamExt, stream};
+use k8s_openapi::api::{apps::v1::Deployment, core::v1::Namespace};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+use crate::{
+    bench::{Generations, all_ready, percentile_ms, rss_kib},
+    cache_dir,
+    env::Env,
+    process, repo_root,
+    scale::deployment,
+};
+
+/// The commit of k8s-consul-mutator-rs that is built and measured.
+const COMMIT: &str = "6566de5";
+const REPOSITORIES: [&str; 3] = ["k8s-consul-mutator-rs", "consulrs", "axum-test-helper"];
+/// Its key annotation on a Deployment.
+const KEY_ANNOTATION: &str = "k8s-consul-mutator.io/key-config";
+const CHANGE_TIMEOUT: Duration = Duration::from_secs(10);
+const SETUP_CONCURRENCY: usize = 16;
+const MUTATOR_PORT: u16 = 18093;
+const ADMIN_PORT: u16 = 18092;
+
+pub struct Sizes {
+    pub bindings: usize,
+    pub changes: usize,
+    pub rounds: usize,
+}
+
+pub fn run(env: &Env, sizes: Sizes) -> Result<()> {
+    ensure!(sizes.bindings > 0 && sizes.changes > 0 && sizes.rounds > 0, "need bindings, changes and rounds");
+    let mutator = build_mutator()?;
+    let (vars, runtime) = crate::bench::prepare(env)?;
+    runtime.block_on(measure(env, &vars, &sizes, &mutator))
+}
+
+/// Where the fetched copies are: bare git directories named `owner+name/repo`.
+fn mirrors() -> PathBuf {
+    std::env::var_os("CONSULBIND_ANCHOR_MIRRORS").map_or_else(|| PathBuf::from("/work/.mirror"), PathBuf::from)
+}
+
+/// Builds the mutator from the fetched copies, unless the cache has it.
+fn build_mutator() -> Result<PathBuf> {
+    let dir = cache_dir()?.join("anchor").join(REPOSITORIES[0]);
+    let binary = dir.join("target/release").join(REPOSITORIES[0]);
+    if binary.exists() {
+        return Ok(binary);
+    }
+    let copy = |name: &str| mirrors().join(format!("ngerakines+{name}")).join("repo");
+    for name in REPOSITORIES {
+        ensure!(
+            copy(name).exists(),
+            "no copy of github:ngerakines/{name} at {}: fetch the three repositories named in \
+             ../shared/anchors/mutator.md, or set CONSULBIND_ANCHOR_MIRRORS to the directory that holds \
+             them as owner+name/repo",
+            copy(name).display()
+        );
+    }
+    println!("==> building k8s-consul-mutator-rs {COMMIT} from the fetched copies (once; minutes on 2 cores)");
+    if !dir.join("Cargo.toml").exists() {
+        std::fs::create_dir_all(dir.parent().context("cache dir")?)?;
+        process::run(Command::new("git").arg("clone").arg("-q").arg(copy(REPOSITORIES[0])).arg(&dir))?;
+    }
+    process::run(Command::new("git").current_dir(&dir).args(["checkout", "-q", COMMIT]))?;
+    // Its Cargo.toml takes the other two from GitHub; git reads them from the copies instead.
+    let mut cargo = Command::new(env!("CARGO"));
+    cargo.current_dir(&dir).args(["build", "--release", "--locked", "-j2"]);
+    cargo.env("CARGO_NET_GIT_FETCH_WITH_CLI", "true").env("GIT_CONFIG_COUNT", "2");
+    for (i, name) in REPOSITORIES[1..].iter().enumerate() {
+        cargo.env(format!("GIT_CONFIG_KEY_{i}"), format!("url.file://{}.insteadOf", copy(name).display()));
+        cargo.env(format!("GIT_CONFIG_VALUE_{i}"), format!("https://github.com/ngerakines/{name}.git"));
+    }
+    process::run(&mut cargo)?;
+    ensure!(binary.exists(), "the mutator's build made no {}", binary.display());
+    Ok(binary)
+}
+
+/// One round of one controller.
+struct Round {
+    latencies: Vec<Duration>,
+    missed: usize,
+    spurious: i64,
+    rss_kib: u64,
+}
+
+/// A namespace of N keyed Deployments, and the watch that times them.
+struct Side {
+    ns: String,
+    keys: Vec<String>,
+    deployments: Api<Deployment>,
+    generations: Generations,
+}
+
+async fn measure(env: &Env, vars: &[(&'static str, String)], sizes: &Sizes, mutator: &Path) -> Result<()> {
+    let client = crate::bench::kube_client(vars).await?;
+    let consul_addr = crate::bench::var(vars, "CONSUL_HTTP_ADDR")?;
+    let consul = Consul::new(ClientConfig { address: consul_addr.clone(), ..ClientConfig::default() }).await?;
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let run = std::process::id();
+    let n = sizes.bindings;
+    println!("==> {n} Deployments each for the mutator and for consulbind, each bound to a key of its own");
+
+    let mut sides = Vec::new();
+    for who in ["mutator", "consulbind"] {
+        let ns = format!("bench-anchor-{run}-{who}");
+        namespaces.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": ns}}))?).await?;
+        let keys: Vec<String> = (0..n).map(|i| format!("{ns}/k{i:04}")).collect();
+        stream::iter(&keys)
+            .map(|key| consul.put(key, b"v0", None))
+            .buffer_unordered(SETUP_CONCURRENCY)
+            .try_collect::<Vec<_>>()
+            .await?;
+        let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
+        let apply = PatchParams::apply("consulbind-bench").force();
+        stream::iter(0..n)
+            .map(|i| {
+                let mut manifest = deployment(&format!("w{i:04}"));
+                if who == "mutator" {
+                    manifest["metadata"]["annotations"] = json!({KEY_ANNOTATION: &keys[i]});
+                }
+                let (deployments, apply) = (&deployments, &apply);
+                async move { deployments.patch(&format!("w{i:04}"), apply, &Patch::Apply(manifest)).await }
+            })
+            .buffer_unordered(SETUP_CONCURRENCY)
+            .try_collect::<Vec<_>>()
+            .await?;
+        if who == "consulbind" {
+            let bindings: Api<ConsulBinding> = Api::namespaced(client.clone(), &ns);
+            stream::iter(0..n)
+                .map(|i| {
+                    let manifest = json!({
+                        "apiVersion": "consulbind.dev/v1alpha1", "kind": "ConsulBinding",
+                        "metadata": {"name": format!("b{i:04}")},
+                        "spec": {"keys": [{"key": &keys[i]}], "targets": [{"kind": "Deployment", "name": format!("w{i:04}")}],
+                                 "rollout": {"quietPeriod": "0s"}},
+                    });
+                    let (bindings, apply) = (&bindings, &apply);
+                    async move { bindings.patch(&format!("b{i:04}"), apply, &Patch::Apply(manifest)).await }
+                })
+                .buffer_unordered(SETUP_CONCURRENCY)
+                .try_collect::<Vec<_>>()
+                .await?;
+        }
+        let generations = Generations::watch(deployments.clone());
+        sides.push(Side { ns, keys, deployments, generations });
+    }
+    let floor_ns = format!("bench-anchor-{run}-floor");
+    namespaces.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": floor_ns}}))?).await?;
+    let floor_api: Api<Deployment> = Api::namespaced(client.clone(), &floor_ns);
+    floor_api.patch("floor", &PatchParams::apply("consulbind-bench"), &Patch::Apply(deployment("floor"))).await?;
+    let floor_generations = Generations::watch(floor_api.clone());
+
+    let result = async {
+        let mut rows = Vec::new();
+        let mut step = 0;
+        for round in 1..=sizes.rounds {
+            let floor = time_patches(&floor_api, &floor_generations, sizes.changes.min(100)).await?;
+            let m = mutator_round(env, vars, mutator, &sides[0], &consul, sizes.changes, &mut step).await?;
+            let c = consulbind_round(env, vars, &sides[1], &consul, sizes.changes, &mut step).await?;
+            print_round(round, &m, &c, &floor);
+            rows.push((m, c, floor));
+        }
+        summary(&rows, sizes);
+        Ok(())
+    }
+    .await;
+    drop(sides);
+    drop(floor_generations);
+    for suffix in ["mutator", "consulbind", "floor"] {
+        let _ = namespaces.delete(&format!("bench-anchor-{run}-{suffix}"), &Default::default()).await;
+    }
+    result
+}
+
+async fn mutator_round(
+    env: &Env,
+    vars: &[(&'static str, String)],
+    binary: &Path,
+    side: &Side,
+    consul: &Consul,
+    changes: usize,
+    step: &mut usize,
+) -> Result<Round> {
+    let daemon = env.daemon("bench-anchor-mutator");
+    daemon.stop()?;
+    daemon.ensure_started(
+        Command::new(binary)
+            .envs(vars.iter().map(|(k, v)| (*k, v)))
+            .env("UPDATE_DEBOUNCE", "0")
+            .env("WATCH_DISPATCHER_FIRST_RECONCILE", "10")
+            .env("PORT", MUTATOR_PORT.to_string())
+            .env("SECURE_PORT", "0")
+            .env("RUST_LOG", "warn"),
+    )?;
+    let pid = daemon.pid().context("the mutator exited at once")?;
+    // It ignores the watcher's first list: Deployments that existed before it started are seen
+    // once something touches them. A label does not move the generation.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let touch = json!({"metadata": {"labels": {"bench-touch": step.to_string()}}});
+    stream::iter(0..side.keys.len())
+        .map(|i| {
+            let (deployments, touch) = (&side.deployments, &touch);
+            async move { deployments.patch(&format!("w{i:04}"), &PatchParams::default(), &Patch::Merge(touch)).await }
+        })
+        .buffer_unordered(SETUP_CONCURRENCY)
+        .try_collect::<Vec<_>>()
+        .await?;
+    // Then, after its first reconcile, it rolls every Deployment once, its checksum annotation
+    // being new to it.
+    tokio::time::sleep(Duration::from_secs(25)).await;
+    side.generations.settle(Duration::from_secs(5), Duration::from_secs(60)).await;
+    let round = changes_round(side, consul, changes, step, pid).await;
+    daemon.stop()?;
+    round
+}
+
+async fn consulbind_round(
+    env: &Env,
+    vars: &[(&'static str, String)],
+    side: &Side,
+    consul: &Consul,
+    changes: usize,
+    step: &mut usize,
+) -> Result<Round> {
+    let daemon = env.daemon("bench-anchor-consulbind");
+    daemon.stop()?;
+    daemon.ensure_started(
+        Command::new(repo_root().join("target/release/consulbind"))
+            .args([
+                &format!("--namespaces={}", side.ns),
+                &format!("--admin-addr=127.0.0.1:{ADMIN_PORT}"),
+                "--default-token-prefixes=*",
+            ])
+            .env("RUST_LOG", "warn")
+            .envs(vars.iter().map(|(k, v)| (*k, v))),
+    )?;
+    let pid = daemon.pid().context("the controller exited at once")?;
+    let bindings: Api<ConsulBinding> = Api::namespaced(side.deployments.clone().into_client(), &side.ns);
+    ensure!(all_ready(&bindings, side.keys.len(), Duration::from_secs(120)).await?, "not every binding Ready");
+    side.generations.settle(Duration::from_secs(3), Duration::from_secs(60)).await;
+    let round = changes_round(side, consul, changes, step, pid).await;
+    daemon.stop()?;
+    round
+}
+
+/// Writes `changes` values one at a time, each to the next key, and times each until its
+/// Deployment's new generation is seen.
+async fn changes_round(side: &Side, consul: &Consul, changes: usize, step: &mut usize, pid: u32) -> Result<Round> {
+    let mut expected = side.generations.now();
+    ensure!(expected.len() == side.keys.len(), "the watch saw {} Deployments", expected.len());
+    let mut latencies = Vec::with_capacity(changes);
+    let mut missed = 0;
+    for change in 0..changes {
+        let i = change % side.keys.len();
+        let target = format!("w{i:04}");
+        *expected.get_mut(&target).context("a watched Deployment")? += 1;
+        *step += 1;
+        let written = Instant::now();
+        consul.put(&side.keys[i], format!("v{step}").as_bytes(), None).await?;
+        match side.generations.reached(std::slice::from_ref(&target), &expected, written, CHANGE_TIMEOUT).await {
+            Some(latency) => latencies.push(latency),
+            None => missed += 1,
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let now = side.generations.now();
+    let spurious = expected.iter().map(|(name, want)| (now[name] - want).max(0)).sum();
+    latencies.sort();
+    Ok(Round { latencies, missed, spurious, rss_kib: rss_kib(pid)? })
+}
+
+/// A merge patch of one pod-template annotation, timed like a change.
+async fn time_patches(api: &Api<Deployment>, generations: &Generations, count: usize) -> Result<Vec<Duration>> {
+    let mut expected = generations.now();
+    let target = vec!["floor".to_owned()];
+    let mut latencies = Vec::with_capacity(count);
+    for _ in 0..count {
+        *expected.get_mut("floor").context("the floor Deployment")? += 1;
+        let value = format!("{:?}", Instant::now());
+        let patch = json!({"spec": {"template": {"metadata": {"annotations": {"bench/floor": value}}}}});
+        let written = Instant::now();
+        api.patch("floor", &PatchParams::default(), &Patch::Merge(&patch)).await?;
+        latencies.extend(generations.reached(&target, &expected, written, CHANGE_TIMEOUT).await);
+    }
+    latencies.sort();
+    Ok(latencies)
+}
+
+fn line(who: &str, r: &Round) -> String {
+    let p = |q| percentile_ms(&r.latencies, q);
+    format!(
+        "{who:<11} p50 {:>6.1}  p90 {:>6.1}  p99 {:>6.1}  max {:>7.1} ms   missed {}  spurious {}  RSS {:.1} MiB",
+        p(0.5),
+        p(0.9),
+        p(0.99),
+        p(1.0),
+        r.missed,
+        r.spurious,
+        r.rss_kib as f64 / 1024.0
+    )
+}
+
+fn print_round(round: usize, m: &Round, c: &Round, floor: &[Duration]) {
+    println!("round {round} ({} changes each)", m.latencies.len() + m.missed);
+    println!("  {}", line("mutator", m));
+    println!("  {}", line("consulbind", c));
+    println!("  raw PATCH   p50 {:>6.1} ms ({} patches)", percentile_ms(floor, 0.5), floor.len());
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// The mutator's round, ours, and the raw PATCHes of the same round.
+type Row = (Round, Round, Vec<Duration>);
+
+fn summary(rows: &[Row], sizes: &Sizes) {
+    let of = |f: &dyn Fn(&Row) -> f64| median(rows.iter().map(f).collect());
+    let (m50, c50) = (of(&|r| percentile_ms(&r.0.latencies, 0.5)), of(&|r| percentile_ms(&r.1.latencies, 0.5)));
+    let (m99, c99) = (of(&|r| percentile_ms(&r.0.latencies, 0.99)), of(&|r| percentile_ms(&r.1.latencies, 0.99)));
+    let floor = of(&|r| percentile_ms(&r.2, 0.5));
+    println!(
+        "\nresults: {} Deployments each, {} changes per round, {} rounds, {} cores; medians over the rounds",
+        sizes.bindings,
+        sizes.changes,
+        sizes.rounds,
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    println!("  mutator     p50 {m50:.1} ms  p99 {m99:.1} ms");
+    println!("  consulbind  p50 {c50:.1} ms  p99 {c99:.1} ms");
+    println!("  raw PATCH   p50 {floor:.1} ms; consulbind's p50 is {:.2} times it, the mutator's {:.2}", c50 / floor, m50 / floor);
+}
