@@ -140,6 +140,8 @@ impl Interest {
 
 fn add_to(list: &mut Vec<BindingRef>, binding: &BindingRef) {
     if !list.contains(binding) {
+        // A first push would make room for four, and most lists hold one.
+        list.reserve_exact(1);
         list.push(binding.clone());
     }
 }

@@ -292,7 +292,7 @@ pub fn last_status(ctx: &Context, binding: &ConsulBinding, oref: &BindingRef) ->
     // The watch event of a write can come before the copy is kept; drop it here then.
     ctx.states.apply(binding);
     let uid = binding.uid().unwrap_or_default();
-    ctx.states.update(oref, |record| match &record.written {
+    ctx.states.update(oref, |record| match record.written.as_deref() {
         Some((written_uid, status)) if *written_uid == uid => status.clone(),
         _ => binding.status.clone().unwrap_or_default(),
     })

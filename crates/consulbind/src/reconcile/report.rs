@@ -58,7 +58,7 @@ pub async fn status(
     let params = PatchParams { field_manager: Some(STATUS_MANAGER.into()), ..PatchParams::default() };
     api.patch_status(&binding.name_any(), &params, &Patch::Merge(&patch)).await.map_err(Error::Status)?;
     let uid = binding.uid().unwrap_or_default();
-    ctx.states.update(&oref, |r| r.written = Some((uid, status.clone())));
+    ctx.states.update(&oref, |r| r.written = Some(Box::new((uid, status.clone()))));
     Ok(())
 }
 

@@ -23,8 +23,9 @@ pub struct Record {
     pub pending: Option<Pending>,
     /// The status this replica last wrote, with the binding's uid. Only the leader writes
     /// status, so it is never older than the cache, which may not have seen the write yet
-    /// when a Consul change wakes the binding again.
-    pub written: Option<(String, ConsulBindingStatus)>,
+    /// when a Consul change wakes the binding again. Boxed: most records have none, and there
+    /// is a record per binding.
+    pub written: Option<Box<(String, ConsulBindingStatus)>>,
     /// The Ready condition's status, as counted in `consulbind_bindings`.
     ready: Option<&'static str>,
     /// What this binding stamped on each workload, and the object and generation that came of
@@ -59,7 +60,7 @@ impl States {
     pub fn apply(&self, binding: &ConsulBinding) {
         let mut records = self.records.locked();
         let Some(record) = records.get_mut(&binding_ref(binding)) else { return };
-        if let Some((uid, status)) = &record.written
+        if let Some((uid, status)) = record.written.as_deref()
             && binding.uid().as_ref() == Some(uid)
             && same_as_stored(binding.status.as_ref(), status)
         {
@@ -155,7 +156,7 @@ mod tests {
         states.set_ready(&a, "True");
         states.set_ready(&b, "False");
         states.update(&a, |r| {
-            r.written = Some(("uid".into(), ConsulBindingStatus::default()));
+            r.written = Some(Box::new(("uid".into(), ConsulBindingStatus::default())));
             r.stamps.insert(
                 (WorkloadKind::Deployment, "web".into()),
                 (Version { uid: "u".into(), generation: 2 }, "sum".into()),
@@ -190,7 +191,7 @@ mod tests {
         let written = ConsulBindingStatus { applied_checksum: Some("sum".into()), ..Default::default() };
         let a = BindingRef::new("a").within("ns");
         let keep = |states: &States| states.update(&a, |r| r.written.is_some());
-        states.update(&a, |r| r.written = Some(("uid-1".into(), written.clone())));
+        states.update(&a, |r| r.written = Some(Box::new(("uid-1".into(), written.clone()))));
 
         states.apply(&binding("a", "uid-1", None));
         assert!(keep(&states), "the cache has not seen the write");

@@ -88,6 +88,8 @@ impl Path {
     pub fn subscribe(&self, binding: &BindingRef) {
         let mut subscribers = self.subscribers.locked();
         if !subscribers.contains(binding) {
+            // A first push would make room for four.
+            subscribers.reserve_exact(1);
             subscribers.push(binding.clone());
         }
     }
