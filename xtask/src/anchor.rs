@@ -25,7 +25,7 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use crate::{
-    bench::{Generations, all_ready, percentile_ms, rss_kib},
+    bench::{Generations, all_ready, metric, percentile_ms, rss_kib},
     cache_dir,
     env::Env,
     process, repo_root,
@@ -46,6 +46,9 @@ pub struct Sizes {
     pub bindings: usize,
     pub changes: usize,
     pub rounds: usize,
+    /// A pause after each change is seen, before the next: lets what a controller writes after
+    /// the stamp (our status and events) finish before the next change is timed.
+    pub gap: Duration,
 }
 
 pub fn run(env: &Env, sizes: Sizes) -> Result<()> {
@@ -102,6 +105,8 @@ struct Round {
     missed: usize,
     spurious: i64,
     rss_kib: u64,
+    /// This controller's own account of where a change's time went: stage and mean.
+    stages: Vec<(&'static str, Duration)>,
 }
 
 /// A namespace of N keyed Deployments, and the watch that times them.
@@ -117,6 +122,7 @@ async fn measure(env: &Env, vars: &[(&'static str, String)], sizes: &Sizes, muta
     let consul_addr = crate::bench::var(vars, "CONSUL_HTTP_ADDR")?;
     let consul = Consul::new(ClientConfig { address: consul_addr.clone(), ..ClientConfig::default() }).await?;
     let namespaces: Api<Namespace> = Api::all(client.clone());
+    crate::bench::wait_for_earlier_runs(&namespaces).await?;
     let run = std::process::id();
     let n = sizes.bindings;
     println!("==> {n} Deployments each for the mutator and for consulbind, each bound to a key of its own");
@@ -163,6 +169,7 @@ async fn measure(env: &Env, vars: &[(&'static str, String)], sizes: &Sizes, muta
                 .await?;
         }
         let generations = Generations::watch(deployments.clone());
+        ensure!(generations.seen(n, Duration::from_secs(60)).await, "the watch did not see the {who} Deployments");
         sides.push(Side { ns, keys, deployments, generations });
     }
     let floor_ns = format!("bench-anchor-{run}-floor");
@@ -170,14 +177,15 @@ async fn measure(env: &Env, vars: &[(&'static str, String)], sizes: &Sizes, muta
     let floor_api: Api<Deployment> = Api::namespaced(client.clone(), &floor_ns);
     floor_api.patch("floor", &PatchParams::apply("consulbind-bench"), &Patch::Apply(deployment("floor"))).await?;
     let floor_generations = Generations::watch(floor_api.clone());
+    ensure!(floor_generations.seen(1, Duration::from_secs(60)).await, "the watch did not see the floor Deployment");
 
     let result = async {
         let mut rows = Vec::new();
         let mut step = 0;
         for round in 1..=sizes.rounds {
             let floor = time_patches(&floor_api, &floor_generations, sizes.changes.min(100)).await?;
-            let m = mutator_round(env, vars, mutator, &sides[0], &consul, sizes.changes, &mut step).await?;
-            let c = consulbind_round(env, vars, &sides[1], &consul, sizes.changes, &mut step).await?;
+            let m = mutator_round(env, vars, mutator, &sides[0], &consul, sizes, &mut step).await?;
+            let c = consulbind_round(env, vars, &sides[1], &consul, sizes, &mut step).await?;
             print_round(round, &m, &c, &floor);
             rows.push((m, c, floor));
         }
@@ -199,7 +207,7 @@ async fn mutator_round(
     binary: &Path,
     side: &Side,
     consul: &Consul,
-    changes: usize,
+    sizes: &Sizes,
     step: &mut usize,
 ) -> Result<Round> {
     let daemon = env.daemon("bench-anchor-mutator");
@@ -230,7 +238,7 @@ async fn mutator_round(
     // being new to it.
     tokio::time::sleep(Duration::from_secs(25)).await;
     side.generations.settle(Duration::from_secs(5), Duration::from_secs(60)).await;
-    let round = changes_round(side, consul, changes, step, pid).await;
+    let round = changes_round(side, consul, sizes, step, pid).await;
     daemon.stop()?;
     round
 }
@@ -240,7 +248,7 @@ async fn consulbind_round(
     vars: &[(&'static str, String)],
     side: &Side,
     consul: &Consul,
-    changes: usize,
+    sizes: &Sizes,
     step: &mut usize,
 ) -> Result<Round> {
     let daemon = env.daemon("bench-anchor-consulbind");
@@ -259,14 +267,23 @@ async fn consulbind_round(
     let bindings: Api<ConsulBinding> = Api::namespaced(side.deployments.clone().into_client(), &side.ns);
     ensure!(all_ready(&bindings, side.keys.len(), Duration::from_secs(120)).await?, "not every binding Ready");
     side.generations.settle(Duration::from_secs(3), Duration::from_secs(60)).await;
-    let round = changes_round(side, consul, changes, step, pid).await;
+    let mut round = changes_round(side, consul, sizes, step, pid).await?;
+    let metrics = process::http_get(ADMIN_PORT, "/metrics", None).context("reading /metrics")?.1;
+    for stage in ["consul_to_reconcile", "reconcile_to_patch", "patch"] {
+        let sum = metric(&metrics, &format!("consulbind_rollout_stage_seconds_sum{{stage=\"{stage}\"}}"));
+        let count = metric(&metrics, &format!("consulbind_rollout_stage_seconds_count{{stage=\"{stage}\"}}"));
+        if let (Some(sum), Some(count)) = (sum, count.filter(|c| *c > 0.0)) {
+            round.stages.push((stage, Duration::from_secs_f64(sum / count)));
+        }
+    }
     daemon.stop()?;
-    round
+    Ok(round)
 }
 
 /// Writes `changes` values one at a time, each to the next key, and times each until its
 /// Deployment's new generation is seen.
-async fn changes_round(side: &Side, consul: &Consul, changes: usize, step: &mut usize, pid: u32) -> Result<Round> {
+async fn changes_round(side: &Side, consul: &Consul, sizes: &Sizes, step: &mut usize, pid: u32) -> Result<Round> {
+    let changes = sizes.changes;
     let mut expected = side.generations.now();
     ensure!(expected.len() == side.keys.len(), "the watch saw {} Deployments", expected.len());
     let mut latencies = Vec::with_capacity(changes);
@@ -282,29 +299,46 @@ async fn changes_round(side: &Side, consul: &Consul, changes: usize, step: &mut 
             Some(latency) => latencies.push(latency),
             None => missed += 1,
         }
+        tokio::time::sleep(sizes.gap).await;
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
     let now = side.generations.now();
     let spurious = expected.iter().map(|(name, want)| (now[name] - want).max(0)).sum();
     latencies.sort();
-    Ok(Round { latencies, missed, spurious, rss_kib: rss_kib(pid)? })
+    Ok(Round { latencies, missed, spurious, rss_kib: rss_kib(pid)?, stages: Vec::new() })
 }
 
-/// A merge patch of one pod-template annotation, timed like a change.
-async fn time_patches(api: &Api<Deployment>, generations: &Generations, count: usize) -> Result<Vec<Duration>> {
+/// Raw writes of one pod-template annotation, timed like a change: merge patches, and
+/// server-side applies of the same field, alternating.
+struct Floor {
+    merge: Vec<Duration>,
+    apply: Vec<Duration>,
+}
+
+async fn time_patches(api: &Api<Deployment>, generations: &Generations, count: usize) -> Result<Floor> {
     let mut expected = generations.now();
     let target = vec!["floor".to_owned()];
-    let mut latencies = Vec::with_capacity(count);
-    for _ in 0..count {
+    let mut floor = Floor { merge: Vec::with_capacity(count), apply: Vec::with_capacity(count) };
+    let apply = PatchParams::apply("consulbind-bench-floor").force();
+    for i in 0..count * 2 {
         *expected.get_mut("floor").context("the floor Deployment")? += 1;
-        let value = format!("{:?}", Instant::now());
-        let patch = json!({"spec": {"template": {"metadata": {"annotations": {"bench/floor": value}}}}});
+        let annotations = json!({"bench/floor": format!("{i}-{:?}", Instant::now())});
         let written = Instant::now();
-        api.patch("floor", &PatchParams::default(), &Patch::Merge(&patch)).await?;
-        latencies.extend(generations.reached(&target, &expected, written, CHANGE_TIMEOUT).await);
+        if i % 2 == 0 {
+            let patch = json!({"spec": {"template": {"metadata": {"annotations": annotations}}}});
+            api.patch("floor", &PatchParams::default(), &Patch::Merge(&patch)).await?;
+        } else {
+            let body = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "floor"},
+                              "spec": {"template": {"metadata": {"annotations": annotations}}}});
+            api.patch("floor", &apply, &Patch::Apply(&body)).await?;
+        }
+        let took = generations.reached(&target, &expected, written, CHANGE_TIMEOUT).await;
+        let list = if i % 2 == 0 { &mut floor.merge } else { &mut floor.apply };
+        list.extend(took);
     }
-    latencies.sort();
-    Ok(latencies)
+    floor.merge.sort();
+    floor.apply.sort();
+    Ok(floor)
 }
 
 fn line(who: &str, r: &Round) -> String {
@@ -321,11 +355,19 @@ fn line(who: &str, r: &Round) -> String {
     )
 }
 
-fn print_round(round: usize, m: &Round, c: &Round, floor: &[Duration]) {
+fn print_round(round: usize, m: &Round, c: &Round, floor: &Floor) {
     println!("round {round} ({} changes each)", m.latencies.len() + m.missed);
     println!("  {}", line("mutator", m));
     println!("  {}", line("consulbind", c));
-    println!("  raw PATCH   p50 {:>6.1} ms ({} patches)", percentile_ms(floor, 0.5), floor.len());
+    let stages: Vec<String> =
+        c.stages.iter().map(|(stage, mean)| format!("{stage} {:.2}", mean.as_secs_f64() * 1000.0)).collect();
+    println!("    consulbind's stages, mean ms: {}", stages.join(", "));
+    println!(
+        "  raw writes  p50 {:>6.1} ms merge patch, {:.1} ms server-side apply ({} each)",
+        percentile_ms(&floor.merge, 0.5),
+        percentile_ms(&floor.apply, 0.5),
+        floor.merge.len()
+    );
 }
 
 fn median(mut values: Vec<f64>) -> f64 {
@@ -333,22 +375,30 @@ fn median(mut values: Vec<f64>) -> f64 {
     values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
-/// The mutator's round, ours, and the raw PATCHes of the same round.
-type Row = (Round, Round, Vec<Duration>);
+/// The mutator's round, ours, and the raw writes of the same round.
+type Row = (Round, Round, Floor);
 
 fn summary(rows: &[Row], sizes: &Sizes) {
     let of = |f: &dyn Fn(&Row) -> f64| median(rows.iter().map(f).collect());
     let (m50, c50) = (of(&|r| percentile_ms(&r.0.latencies, 0.5)), of(&|r| percentile_ms(&r.1.latencies, 0.5)));
     let (m99, c99) = (of(&|r| percentile_ms(&r.0.latencies, 0.99)), of(&|r| percentile_ms(&r.1.latencies, 0.99)));
-    let floor = of(&|r| percentile_ms(&r.2, 0.5));
+    let floor = of(&|r| percentile_ms(&r.2.merge, 0.5));
+    let apply = of(&|r| percentile_ms(&r.2.apply, 0.5));
     println!(
-        "\nresults: {} Deployments each, {} changes per round, {} rounds, {} cores; medians over the rounds",
+        "\nresults: {} Deployments each, {} changes per round, {} rounds, {} ms between changes, {} cores; medians \
+         over the rounds",
         sizes.bindings,
         sizes.changes,
         sizes.rounds,
+        sizes.gap.as_millis(),
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
     println!("  mutator     p50 {m50:.1} ms  p99 {m99:.1} ms");
     println!("  consulbind  p50 {c50:.1} ms  p99 {c99:.1} ms");
-    println!("  raw PATCH   p50 {floor:.1} ms; consulbind's p50 is {:.2} times it, the mutator's {:.2}", c50 / floor, m50 / floor);
+    println!(
+        "  raw merge patch p50 {floor:.1} ms (server-side apply {apply:.1} ms); consulbind's p50 is {:.2} times the \
+         patch, the mutator's {:.2}",
+        c50 / floor,
+        m50 / floor
+    );
 }

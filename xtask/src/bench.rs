@@ -350,6 +350,18 @@ impl Generations {
         }
     }
 
+    /// Waits until the watch has seen `count` Deployments; false after `timeout`.
+    pub(crate) async fn seen(&self, count: usize, timeout: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        while self.seen.lock().unwrap().len() < count {
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        true
+    }
+
     /// Waits until no generation has moved for `quiet`, at most `timeout`.
     pub(crate) async fn settle(&self, quiet: Duration, timeout: Duration) {
         let deadline = tokio::time::Instant::now() + timeout;
@@ -371,4 +383,30 @@ impl Drop for Generations {
 pub(crate) fn percentile_ms(sorted: &[Duration], p: f64) -> f64 {
     let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted.get(index).map_or(f64::NAN, |d| d.as_secs_f64() * 1000.0)
+}
+
+/// Deletes what earlier benchmark runs left (an interrupted run keeps its namespaces) and waits until it is
+/// gone: kube-controller-manager deletes the Deployments and ReplicaSets one by one, which would
+/// load the servers during this run.
+pub(crate) async fn wait_for_earlier_runs(namespaces: &kube::Api<k8s_openapi::api::core::v1::Namespace>) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(600);
+    loop {
+        let list = namespaces.list(&Default::default()).await?;
+        let earlier =
+            list.items.iter().filter(|n| n.metadata.name.as_deref().is_some_and(|n| n.starts_with("bench-")));
+        let earlier: Vec<_> = earlier.map(|n| n.metadata.name.clone().unwrap_or_default()).collect();
+        if earlier.is_empty() {
+            return Ok(());
+        }
+        for name in &earlier {
+            let _ = namespaces.delete(name, &Default::default()).await;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "namespaces of earlier runs still there after 10 minutes: {}",
+            earlier.join(", ")
+        );
+        println!("    waiting for earlier runs' namespaces to go: {}", earlier.join(", "));
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
 }

@@ -151,6 +151,9 @@ enum Bench {
         changes: usize,
         #[arg(long, default_value_t = 3)]
         rounds: usize,
+        /// Milliseconds to wait after each change is seen before the next one.
+        #[arg(long, default_value_t = 0)]
+        gap_ms: u64,
     },
     /// Time from one Consul write to every bound Deployment rolled, and the controller's memory.
     Rollout {
@@ -237,8 +240,9 @@ fn run(command: Command) -> Result<()> {
             objects::run(&env, objects::Sizes { config_maps, secrets, bytes })
         }
         Command::Bench { bench: Bench::Rollout { bindings, rounds } } => bench::rollout(&env, bindings, rounds),
-        Command::Bench { bench: Bench::Anchor { bindings, changes, rounds } } => {
-            anchor::run(&env, anchor::Sizes { bindings, changes, rounds })
+        Command::Bench { bench: Bench::Anchor { bindings, changes, rounds, gap_ms } } => {
+            let gap = Duration::from_millis(gap_ms);
+            anchor::run(&env, anchor::Sizes { bindings, changes, rounds, gap })
         }
         Command::Bench { bench: Bench::Tenants { scopes, changes, busy_changes, max_connections } } => {
             tenants::run(&env, tenants::Sizes { scopes, changes, busy_changes, max_connections })

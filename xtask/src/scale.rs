@@ -77,7 +77,7 @@ async fn measure(env: &Env, vars: &[(&'static str, String)], sizes: &Sizes) -> R
         .context("Consul port")?;
 
     let namespaces: Api<Namespace> = Api::all(client.clone());
-    wait_for_earlier_runs(&namespaces).await?;
+    crate::bench::wait_for_earlier_runs(&namespaces).await?;
     let ns = format!("bench-scale-{}", std::process::id());
     let Sizes { bindings, workloads, keys, .. } = *sizes;
     println!("==> namespace {ns}: {keys} Consul keys, {workloads} Deployments (replicas 0), {bindings} bindings");
@@ -256,32 +256,6 @@ async fn measure(env: &Env, vars: &[(&'static str, String)], sizes: &Sizes) -> R
     controller.stop()?;
     let _ = namespaces.delete(&ns, &Default::default()).await;
     result
-}
-
-/// Deletes what earlier runs left (an interrupted run keeps its namespace) and waits until it is
-/// gone: kube-controller-manager deletes the Deployments and ReplicaSets one by one, which would
-/// load the servers during this run.
-async fn wait_for_earlier_runs(namespaces: &Api<Namespace>) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(600);
-    loop {
-        let list = namespaces.list(&ListParams::default()).await?;
-        let earlier =
-            list.items.iter().filter(|n| n.metadata.name.as_deref().is_some_and(|n| n.starts_with("bench-scale-")));
-        let earlier: Vec<_> = earlier.map(|n| n.metadata.name.clone().unwrap_or_default()).collect();
-        if earlier.is_empty() {
-            return Ok(());
-        }
-        for name in &earlier {
-            let _ = namespaces.delete(name, &Default::default()).await;
-        }
-        ensure!(
-            Instant::now() < deadline,
-            "namespaces of earlier runs still there after 10 minutes: {}",
-            earlier.join(", ")
-        );
-        println!("    waiting for earlier runs' namespaces to go: {}", earlier.join(", "));
-        tokio::time::sleep(Duration::from_secs(5)).await;
-    }
 }
 
 pub(crate) fn deployment(name: &str) -> serde_json::Value {
