@@ -105,6 +105,8 @@ struct Round {
     missed: usize,
     spurious: i64,
     rss_kib: u64,
+    /// CPU time the controller used during the changes.
+    cpu: Duration,
     /// This controller's own account of where a change's time went: stage and mean.
     stages: Vec<(&'static str, Duration)>,
 }
@@ -288,6 +290,7 @@ async fn changes_round(side: &Side, consul: &Consul, sizes: &Sizes, step: &mut u
     ensure!(expected.len() == side.keys.len(), "the watch saw {} Deployments", expected.len());
     let mut latencies = Vec::with_capacity(changes);
     let mut missed = 0;
+    let cpu_before = cpu_time(pid)?;
     for change in 0..changes {
         let i = change % side.keys.len();
         let target = format!("w{i:04}");
@@ -305,7 +308,19 @@ async fn changes_round(side: &Side, consul: &Consul, sizes: &Sizes, step: &mut u
     let now = side.generations.now();
     let spurious = expected.iter().map(|(name, want)| (now[name] - want).max(0)).sum();
     latencies.sort();
-    Ok(Round { latencies, missed, spurious, rss_kib: rss_kib(pid)?, stages: Vec::new() })
+    let cpu = cpu_time(pid)?.saturating_sub(cpu_before);
+    Ok(Round { latencies, missed, spurious, rss_kib: rss_kib(pid)?, cpu, stages: Vec::new() })
+}
+
+/// User and system CPU time of a process so far, from `/proc`.
+fn cpu_time(pid: u32) -> Result<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let fields: Vec<&str> = stat.rsplit_once(')').context("/proc stat")?.1.split_whitespace().collect();
+    let ticks: u64 = fields[11].parse::<u64>()? + fields[12].parse::<u64>()?;
+    // SAFETY: sysconf only reads a system constant.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    Ok(Duration::from_millis(ticks * 1000 / per_second))
 }
 
 /// Raw writes of one pod-template annotation, timed like a change: merge patches, and
@@ -344,14 +359,15 @@ async fn time_patches(api: &Api<Deployment>, generations: &Generations, count: u
 fn line(who: &str, r: &Round) -> String {
     let p = |q| percentile_ms(&r.latencies, q);
     format!(
-        "{who:<11} p50 {:>6.1}  p90 {:>6.1}  p99 {:>6.1}  max {:>7.1} ms   missed {}  spurious {}  RSS {:.1} MiB",
+        "{who:<11} p50 {:>6.1}  p90 {:>6.1}  p99 {:>6.1}  max {:>7.1} ms   missed {}  spurious {}  RSS {:.1} MiB  CPU {:.2} s",
         p(0.5),
         p(0.9),
         p(0.99),
         p(1.0),
         r.missed,
         r.spurious,
-        r.rss_kib as f64 / 1024.0
+        r.rss_kib as f64 / 1024.0,
+        r.cpu.as_secs_f64()
     )
 }
 
