@@ -175,7 +175,9 @@ async fn measure(env: &Env, vars: &[(&'static str, String)], sizes: &Sizes, muta
         sides.push(Side { ns, keys, deployments, generations });
     }
     let floor_ns = format!("bench-anchor-{run}-floor");
-    namespaces.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": floor_ns}}))?).await?;
+    namespaces
+        .create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": floor_ns}}))?)
+        .await?;
     let floor_api: Api<Deployment> = Api::namespaced(client.clone(), &floor_ns);
     floor_api.patch("floor", &PatchParams::apply("consulbind-bench"), &Patch::Apply(deployment("floor"))).await?;
     let floor_generations = Generations::watch(floor_api.clone());

@@ -302,8 +302,10 @@ impl Generations {
         let task = tokio::spawn({
             let (seen, moved) = (seen.clone(), moved.clone());
             async move {
-                let mut events =
-                    watcher::watcher(deployments, watcher::Config::default()).default_backoff().applied_objects().boxed();
+                let mut events = watcher::watcher(deployments, watcher::Config::default())
+                    .default_backoff()
+                    .applied_objects()
+                    .boxed();
                 while let Some(Ok(d)) = events.next().await {
                     let generation = d.metadata.generation.unwrap_or_default();
                     let mut seen = seen.lock().unwrap();
@@ -337,10 +339,8 @@ impl Generations {
             let next = self.moved.notified();
             let done: Option<Instant> = {
                 let seen = self.seen.lock().unwrap();
-                let at: Option<Vec<Instant>> = targets
-                    .iter()
-                    .map(|t| seen.get(t).filter(|(g, _)| *g >= expected[t]).map(|(_, at)| *at))
-                    .collect();
+                let at: Option<Vec<Instant>> =
+                    targets.iter().map(|t| seen.get(t).filter(|(g, _)| *g >= expected[t]).map(|(_, at)| *at)).collect();
                 at.and_then(|at| at.into_iter().max())
             };
             if let Some(at) = done {
@@ -392,8 +392,7 @@ pub(crate) async fn wait_for_earlier_runs(namespaces: &kube::Api<k8s_openapi::ap
     let deadline = Instant::now() + Duration::from_secs(600);
     loop {
         let list = namespaces.list(&Default::default()).await?;
-        let earlier =
-            list.items.iter().filter(|n| n.metadata.name.as_deref().is_some_and(|n| n.starts_with("bench-")));
+        let earlier = list.items.iter().filter(|n| n.metadata.name.as_deref().is_some_and(|n| n.starts_with("bench-")));
         let earlier: Vec<_> = earlier.map(|n| n.metadata.name.clone().unwrap_or_default()).collect();
         if earlier.is_empty() {
             return Ok(());

@@ -45,9 +45,10 @@ struct Shared {
 
 #[derive(Default)]
 struct Inner {
-    paths: HashMap<KvQuery, Arc<Path>>,
+    /// The query of each path is shared with the bindings' lists: one copy per path.
+    paths: HashMap<Arc<KvQuery>, Arc<Path>>,
     /// Each binding's queries, without duplicates: a short list takes less room than a set.
-    by_binding: HashMap<BindingRef, Box<[KvQuery]>>,
+    by_binding: HashMap<BindingRef, Box<[Arc<KvQuery>]>>,
     groups: Groups,
 }
 
@@ -89,21 +90,7 @@ impl Watches {
     /// ones it no longer uses. Returns the current state of each query, in order.
     pub fn subscribe(&self, binding: &BindingRef, queries: &[KvQuery]) -> Vec<KeyState> {
         let mut inner = self.shared.inner.locked();
-        let wanted: HashSet<KvQuery> = queries.iter().cloned().collect();
-        let old: HashSet<KvQuery> =
-            inner.by_binding.remove(binding).unwrap_or_default().into_vec().into_iter().collect();
-        let mut replan = false;
-        for query in old.difference(&wanted) {
-            replan |= inner.unsubscribe(binding, query);
-        }
-        for query in wanted.difference(&old) {
-            let path = inner.paths.entry(query.clone()).or_insert_with(|| {
-                replan = true;
-                Arc::default()
-            });
-            path.subscribe(binding);
-        }
-        inner.by_binding.insert(binding.clone(), wanted.into_iter().collect());
+        let replan = inner.subscribe(binding, queries);
         let states = queries.iter().map(|q| inner.paths[q].state()).collect();
         drop(inner);
         if replan {
@@ -187,6 +174,39 @@ impl Watches {
 }
 
 impl Inner {
+    /// Returns whether a path came or went, so the groups need planning again.
+    fn subscribe(&mut self, binding: &BindingRef, queries: &[KvQuery]) -> bool {
+        let wanted: HashSet<&KvQuery> = queries.iter().collect();
+        let old = self.by_binding.remove(binding).unwrap_or_default();
+        let mut replan = false;
+        for query in old.iter().filter(|q| !wanted.contains(&***q)) {
+            replan |= self.unsubscribe(binding, query);
+        }
+        let had: HashSet<&KvQuery> = old.iter().map(|q| &**q).collect();
+        let mut list: Vec<Arc<KvQuery>> = Vec::with_capacity(wanted.len());
+        for query in wanted {
+            let shared = match self.paths.get_key_value(query) {
+                Some((shared, path)) => {
+                    if !had.contains(query) {
+                        path.subscribe(binding);
+                    }
+                    shared.clone()
+                }
+                None => {
+                    replan = true;
+                    let shared = Arc::new(query.clone());
+                    let path = Arc::new(Path::default());
+                    path.subscribe(binding);
+                    self.paths.insert(shared.clone(), path);
+                    shared
+                }
+            };
+            list.push(shared);
+        }
+        self.by_binding.insert(binding.clone(), list.into_boxed_slice());
+        replan
+    }
+
     /// Returns whether the path is gone, so the groups need planning again.
     fn unsubscribe(&mut self, binding: &BindingRef, query: &KvQuery) -> bool {
         let Some(path) = self.paths.get(query) else {
@@ -207,5 +227,40 @@ async fn plan_forever(shared: Arc<Shared>) {
         tokio::time::sleep(SETTLE).await;
         let inner = &mut *shared.inner.locked();
         planner::plan(&shared.runner, &inner.paths, &mut inner.groups);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kube::runtime::reflector::ObjectRef;
+
+    use super::*;
+
+    fn binding(name: &str) -> BindingRef {
+        ObjectRef::new(name).within("ns")
+    }
+
+    #[test]
+    fn bindings_share_one_path_and_one_copy_of_its_query_and_the_last_one_out_removes_it() {
+        let mut inner = Inner::default();
+        let (a, b) = (binding("a"), binding("b"));
+        let (shared, own) = (KvQuery::exact("app/shared"), KvQuery::exact("app/a"));
+        assert!(inner.subscribe(&a, &[shared.clone(), own.clone(), shared.clone()]), "new paths need a plan");
+        assert!(!inner.subscribe(&b, &[shared.clone()]), "an existing path needs none");
+        assert_eq!(inner.paths.len(), 2);
+        assert_eq!(inner.by_binding[&a].len(), 2, "a duplicate query is one subscription");
+        let (key, path) = inner.paths.get_key_value(&shared).unwrap();
+        assert!(Arc::ptr_eq(key, &inner.by_binding[&b][0]), "the bindings' lists share the path's query");
+        assert_eq!(path.subscribers(), [a.clone(), b.clone()]);
+
+        // The same queries again change nothing; dropping one releases only that subscription.
+        assert!(!inner.subscribe(&a, &[own.clone(), shared.clone()]));
+        assert_eq!(inner.paths[&shared].subscribers(), [a.clone(), b.clone()]);
+        assert!(!inner.subscribe(&a, &[own.clone()]), "b still reads the shared path");
+        assert_eq!(inner.paths[&shared].subscribers(), [b.clone()]);
+        assert!(inner.subscribe(&b, &[]), "the last reader removes the path");
+        assert!(!inner.paths.contains_key(&shared));
+        assert!(inner.unsubscribe(&a, &own));
+        assert!(inner.paths.is_empty());
     }
 }

@@ -208,7 +208,7 @@ pub struct Groups {
 
 /// Plans the groups for `paths`, updating `groups` in place: kept groups get their new roster,
 /// new ones start, and the ones no longer needed stop.
-pub fn plan(runner: &Arc<Runner>, paths: &HashMap<KvQuery, Arc<Path>>, groups: &mut Groups) {
+pub fn plan(runner: &Arc<Runner>, paths: &HashMap<Arc<KvQuery>, Arc<Path>>, groups: &mut Groups) {
     let mut by_scope: BTreeMap<Scope, Vec<(WatchPath, Arc<Path>)>> = BTreeMap::new();
     for (query, path) in paths {
         let watch_path = WatchPath { key: query.key.clone(), recurse: query.recurse };
