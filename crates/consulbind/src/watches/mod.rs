@@ -246,7 +246,7 @@ mod tests {
         let (a, b) = (binding("a"), binding("b"));
         let (shared, own) = (KvQuery::exact("app/shared"), KvQuery::exact("app/a"));
         assert!(inner.subscribe(&a, &[shared.clone(), own.clone(), shared.clone()]), "new paths need a plan");
-        assert!(!inner.subscribe(&b, &[shared.clone()]), "an existing path needs none");
+        assert!(!inner.subscribe(&b, std::slice::from_ref(&shared)), "an existing path needs none");
         assert_eq!(inner.paths.len(), 2);
         assert_eq!(inner.by_binding[&a].len(), 2, "a duplicate query is one subscription");
         let (key, path) = inner.paths.get_key_value(&shared).unwrap();
@@ -256,8 +256,8 @@ mod tests {
         // The same queries again change nothing; dropping one releases only that subscription.
         assert!(!inner.subscribe(&a, &[own.clone(), shared.clone()]));
         assert_eq!(inner.paths[&shared].subscribers(), [a.clone(), b.clone()]);
-        assert!(!inner.subscribe(&a, &[own.clone()]), "b still reads the shared path");
-        assert_eq!(inner.paths[&shared].subscribers(), [b.clone()]);
+        assert!(!inner.subscribe(&a, std::slice::from_ref(&own)), "b still reads the shared path");
+        assert_eq!(inner.paths[&shared].subscribers(), std::slice::from_ref(&b));
         assert!(inner.subscribe(&b, &[]), "the last reader removes the path");
         assert!(!inner.paths.contains_key(&shared));
         assert!(inner.unsubscribe(&a, &own));
