@@ -34,6 +34,17 @@ pub struct Digested {
     pub entries: Vec<(String, Field, [u8; DIGEST_LEN])>,
 }
 
+/// The first object `params` lists in `namespace`.
+async fn first<K>(client: &Client, namespace: &str, params: &ListParams) -> kube::Result<Option<K>>
+where
+    K: kube::Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    Ok(Api::<K>::namespaced(client.clone(), namespace).list(params).await?.items.into_iter().next())
+}
+
 /// How far the metadata watch of one kind has come.
 #[derive(Clone, Debug, Default, PartialEq)]
 enum Listed {
@@ -102,14 +113,12 @@ impl Objects {
         // controller needs no `get` beyond the `list` its watch has.
         let by_name = ListParams::default().fields(&format!("metadata.name={name}"));
         let fetched = match kind {
-            ObjectKind::ConfigMap => Api::<ConfigMap>::namespaced(self.client.clone(), namespace)
-                .list(&by_name)
+            ObjectKind::ConfigMap => first::<ConfigMap>(&self.client, namespace, &by_name)
                 .await
-                .map(|l| l.items.into_iter().next().map(|o| self.digest_config_map(o))),
-            ObjectKind::Secret => Api::<Secret>::namespaced(self.client.clone(), namespace)
-                .list(&by_name)
-                .await
-                .map(|l| l.items.into_iter().next().map(|o| self.digest_secret(o))),
+                .map(|o| o.map(|o| self.digest_config_map(o))),
+            ObjectKind::Secret => {
+                first::<Secret>(&self.client, namespace, &by_name).await.map(|o| o.map(|o| self.digest_secret(o)))
+            }
         };
         let digested = match fetched {
             Ok(Some(digested)) => Arc::new(digested),

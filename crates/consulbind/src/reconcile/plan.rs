@@ -129,8 +129,11 @@ pub fn plan(input: &Input<'_>, pending: &mut Option<Pending>, now: Instant) -> P
         Err((reason, message)) => return unread(input, reason, message),
     };
     let keys: Vec<KeyStatus> = contents.iter().map(|c| key_status(input.key, c)).collect();
-    let object_statuses = objects.iter().map(|o| object_status(input.key, o)).collect();
-    let desired = checksum::from_digests(input.key, &sources(contents, objects));
+    let object_sources: Vec<Source<'_>> = objects.iter().map(object_source).collect();
+    let object_statuses = objects.iter().zip(&object_sources).map(|(o, s)| object_status(input.key, o, s)).collect();
+    // Every source of the checksum: the Consul keys, then the ConfigMaps and Secrets.
+    let sources: Vec<Source<'_>> = contents.iter().map(source).chain(object_sources).collect();
+    let desired = checksum::from_digests(input.key, &sources);
     let mut plan = Plan { desired: Some(desired.clone()), keys, objects: object_statuses, ..Plan::default() };
 
     let missing: Vec<&str> =
@@ -516,11 +519,6 @@ fn unread(input: &Input<'_>, reason: &'static str, message: &str) -> Plan {
     }
 }
 
-/// Every source of the checksum: the Consul keys, then the ConfigMaps and Secrets.
-fn sources<'a>(contents: &[KeyContent<'a>], objects: &[ObjectContent<'a>]) -> Vec<Source<'a>> {
-    contents.iter().map(source).chain(objects.iter().map(object_source)).collect()
-}
-
 fn object_source<'a>(object: &ObjectContent<'a>) -> Source<'a> {
     let bound = |key: &str| object.source.keys.as_ref().is_none_or(|keys| keys.iter().any(|k| k == key));
     Source::Object {
@@ -536,9 +534,8 @@ fn object_source<'a>(object: &ObjectContent<'a>) -> Source<'a> {
     }
 }
 
-fn object_status(key: &checksum::Key, object: &ObjectContent<'_>) -> ObjectStatus {
-    let source = object_source(object);
-    let entries = match &source {
+fn object_status(key: &checksum::Key, object: &ObjectContent<'_>, source: &Source<'_>) -> ObjectStatus {
+    let entries = match source {
         Source::Object { entries, .. } => entries.as_ref().map(|e| u32::try_from(e.len()).unwrap_or(u32::MAX)),
         _ => None,
     };
@@ -547,7 +544,7 @@ fn object_status(key: &checksum::Key, object: &ObjectContent<'_>) -> ObjectStatu
         name: object.source.name.clone(),
         present: object.data.is_some(),
         entries,
-        checksum: checksum::from_digests(key, &[source]),
+        checksum: checksum::from_digests(key, std::slice::from_ref(source)),
         referenced: object.referenced,
         keys: object.source.keys.clone().filter(|_| object.referenced),
     }
