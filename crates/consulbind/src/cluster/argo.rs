@@ -29,8 +29,15 @@ pub struct RolloutSpec {
 pub struct Template {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<ObjectMeta>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// A template this controller cannot decode is one without references, not a failed list
+    /// of every Rollout: Argo's schema is not the API server's own.
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "lenient")]
     pub spec: Option<PodSpec>,
+}
+
+fn lenient<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<PodSpec>, D::Error> {
+    let value = serde_json::Value::deserialize(deserializer)?;
+    Ok(serde_json::from_value(value).ok())
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
@@ -83,8 +90,15 @@ mod tests {
                      "template": {"metadata": {"annotations": {"x": "y"}}, "spec": {"containers": []}}}
         }))
         .unwrap();
-        let annotations = rollout.spec.unwrap().template.unwrap().metadata.unwrap().annotations.unwrap();
-        assert_eq!(annotations["x"], "y");
+        let template = rollout.spec.unwrap().template.unwrap();
+        assert_eq!(template.metadata.unwrap().annotations.unwrap()["x"], "y");
+        assert!(template.spec.is_some());
+        let odd: Rollout = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "odd"},
+            "spec": {"template": {"spec": {"containers": "not a list"}}}
+        }))
+        .unwrap();
+        assert!(odd.spec.unwrap().template.unwrap().spec.is_none(), "an odd template is read as none");
         assert_eq!(Rollout::api_version(&()), "argoproj.io/v1alpha1");
         let by_ref: Rollout = serde_json::from_value(serde_json::json!({
             "metadata": {"name": "web"},

@@ -48,7 +48,11 @@ pub fn of(spec: &PodSpec) -> References {
             }
         }
     };
-    let items = |items: &Option<Vec<KeyToPath>>| items.as_ref().map(|i| i.iter().map(|i| i.key.clone()).collect());
+    // A key no ConfigMap or Secret can hold matches nothing; dropping it keeps the encoding's
+    // `*`, `,` and `?` unambiguous.
+    let items = |items: &Option<Vec<KeyToPath>>| {
+        items.as_ref().map(|i| i.iter().map(|i| i.key.clone()).filter(|k| data_key(k)).collect())
+    };
     for volume in spec.volumes.iter().flatten() {
         if let Some(c) = &volume.config_map {
             add(ObjectKind::ConfigMap, Some(&c.name), items(&c.items), c.optional);
@@ -77,14 +81,21 @@ pub fn of(spec: &PodSpec) -> References {
         }
         for source in container.env.iter().flatten().filter_map(|e| e.value_from.as_ref()) {
             if let Some(c) = &source.config_map_key_ref {
-                add(ObjectKind::ConfigMap, Some(&c.name), Some([c.key.clone()].into()), c.optional);
+                let keys = [c.key.clone()].into_iter().filter(|k| data_key(k)).collect();
+                add(ObjectKind::ConfigMap, Some(&c.name), Some(keys), c.optional);
             }
             if let Some(s) = &source.secret_key_ref {
-                add(ObjectKind::Secret, Some(&s.name), Some([s.key.clone()].into()), s.optional);
+                let keys = [s.key.clone()].into_iter().filter(|k| data_key(k)).collect();
+                add(ObjectKind::Secret, Some(&s.name), Some(keys), s.optional);
             }
         }
     }
     found
+}
+
+/// Whether a ConfigMap or Secret could hold `key`: the API server allows only these characters.
+fn data_key(key: &str) -> bool {
+    !key.is_empty() && key.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
 }
 
 /// Annotation keys of the cached metadata that hold references start so; no real annotation
@@ -197,6 +208,22 @@ mod tests {
         let found = of(&spec);
         assert_eq!(found[&(ObjectKind::ConfigMap, "app".to_owned())], keys(&["a", "b"], true));
         assert_eq!(found[&(ObjectKind::Secret, "s".to_owned())], whole(false), "one required use makes it required");
+    }
+
+    #[test]
+    fn keys_no_object_can_hold_are_dropped_so_the_encoding_stays_unambiguous() {
+        let spec: PodSpec = serde_json::from_value(json!({
+            "volumes": [{"name": "v", "configMap": {"name": "app", "items": [
+                {"key": "*", "path": "a"}, {"key": "a,b", "path": "b"}, {"key": "?c", "path": "c"}, {"key": "ok", "path": "d"}
+            ]}}],
+            "containers": [{"name": "c", "env": [{"name": "A", "valueFrom": {"secretKeyRef": {"name": "s", "key": "*"}}}]}]
+        }))
+        .unwrap();
+        let found = of(&spec);
+        let decoded = decode(&encode(&found).collect());
+        assert_eq!(decoded, found);
+        assert_eq!(found[&(ObjectKind::ConfigMap, "app".to_owned())], keys(&["ok"], false));
+        assert_eq!(found[&(ObjectKind::Secret, "s".to_owned())], keys(&[], false), "reads no key it could hold");
     }
 
     #[test]

@@ -240,8 +240,9 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
         }
     } else if plan.rebased {
         let note = format!(
-            "the targets' pod templates now reference other ConfigMaps or Secrets; recorded checksum {} as the \
-             content they run with, and restarted nothing (the template change rolls them)",
+            "the ConfigMaps and Secrets the targets reference changed (a template change, a target found or gone, \
+             or includeTargetReferences set); recorded checksum {} as the content they run with, and restarted \
+             nothing: a template change rolls its workload itself",
             report::short(&status)
         );
         info!(binding = %oref, %note, "references changed");

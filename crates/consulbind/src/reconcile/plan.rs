@@ -214,7 +214,7 @@ pub fn plan(input: &Input<'_>, pending: &mut Option<Pending>, now: Instant) -> P
     let carried = carried_targets(input.previous);
     let content_changed = applied != desired;
     // A template change that adds or drops a reference rolls the workload by itself.
-    if content_changed && only_references_moved(input.previous, &plan) {
+    if content_changed && pending.is_none() && only_references_moved(input.key, input.previous, &plan, objects) {
         let carries_applied = |w: &Workload| match input.live.get(w) {
             Some(live) if live.owned => stands_for(&carried, w, live) == applied,
             _ => true,
@@ -314,8 +314,9 @@ pub struct ChangedMeanwhile;
 /// format: [`checksum::v1`], or before that [`checksum::legacy`]. Only the values can tell
 /// whether it is that of the current content, so the caller reads them once more.
 ///
-/// A binding that reads ConfigMaps or Secrets was made by this release: an older value on it
-/// stands for content without them, which is a change.
+/// A binding that names ConfigMaps or Secrets was made by a release that reads them: an older
+/// value on it stands for content without them, which is a change. (One that only references
+/// them through its targets is upgraded like a Consul-only binding, and then rebased.)
 pub fn older_values(input: &Input<'_>) -> bool {
     let older = |value: &str| !checksum::is_current(value);
     matches!(input.consul, Consul::Ready(_))
@@ -520,7 +521,12 @@ fn unread(input: &Input<'_>, reason: &'static str, message: &str) -> Plan {
 }
 
 fn object_source<'a>(object: &ObjectContent<'a>) -> Source<'a> {
-    let bound = |key: &str| object.source.keys.as_ref().is_none_or(|keys| keys.iter().any(|k| k == key));
+    filtered_source(object, object.source.keys.as_deref())
+}
+
+/// The object as a source of the checksum, with only `keys` of its data, or all of them.
+fn filtered_source<'a>(object: &ObjectContent<'a>, keys: Option<&[String]>) -> Source<'a> {
+    let bound = |key: &str| keys.is_none_or(|keys| keys.iter().any(|k| k == key));
     Source::Object {
         kind: object.kind,
         name: &object.source.name,
@@ -564,24 +570,40 @@ fn stands_for<'a>(carried: &BTreeMap<Workload, &'a TargetStatus>, w: &Workload, 
 }
 
 /// Whether the content differs from the last status only by which objects the targets
-/// reference: every Consul key and named object is as it was, and every reference kept (same
-/// object, same keys) holds the same data.
-fn only_references_moved(previous: &ConsulBindingStatus, plan: &Plan) -> bool {
+/// reference: the last status had rolled out what it recorded (no change was held), every
+/// Consul key and named object is as it was, and every object still referenced holds the same
+/// data under the keys it was read by before (a reference may now read other keys too).
+fn only_references_moved(
+    key: &checksum::Key,
+    previous: &ConsulBindingStatus,
+    plan: &Plan,
+    objects: &[ObjectContent<'_>],
+) -> bool {
+    // A status written while a change was held records sources that the applied checksum does
+    // not stand for; so does one from a failed patch.
+    let settled = [reason::UP_TO_DATE, reason::BASELINED, reason::TARGET_MISSING, reason::KIND_NOT_SERVED];
+    let ready = previous.conditions.iter().find(|c| c.type_ == conditions::READY);
+    if !ready.is_some_and(|c| settled.contains(&c.reason.as_str())) {
+        return false;
+    }
     let keys = |k: &[KeyStatus]| k.iter().map(|k| (k.key.clone(), k.recurse, k.checksum.clone())).collect::<Vec<_>>();
     let named = |o: &[ObjectStatus]| {
         o.iter().filter(|o| !o.referenced).map(|o| (o.kind, o.name.clone(), o.checksum.clone())).collect::<Vec<_>>()
     };
     let referenced = |o: &[ObjectStatus]| {
-        o.iter()
-            .filter(|o| o.referenced)
-            .map(|o| ((o.kind, o.name.clone(), o.keys.clone()), o.checksum.clone()))
-            .collect::<BTreeMap<_, _>>()
+        o.iter().filter(|o| o.referenced).map(|o| (o.kind, o.name.clone(), o.keys.clone())).collect::<Vec<_>>()
     };
-    let (before, now) = (referenced(&previous.objects), referenced(&plan.objects));
+    let unchanged = previous.objects.iter().filter(|p| p.referenced).all(|before| {
+        let now = objects.iter().find(|o| o.referenced && o.kind == before.kind && o.source.name == before.name);
+        now.is_none_or(|now| {
+            let source = filtered_source(now, before.keys.as_deref());
+            checksum::from_digests(key, std::slice::from_ref(&source)) == before.checksum
+        })
+    });
     keys(&previous.keys) == keys(&plan.keys)
         && named(&previous.objects) == named(&plan.objects)
-        && !before.keys().eq(now.keys())
-        && before.iter().all(|(id, checksum)| now.get(id).is_none_or(|c| c == checksum))
+        && referenced(&previous.objects) != referenced(&plan.objects)
+        && unchanged
 }
 
 fn source<'a>(content: &KeyContent<'a>) -> Source<'a> {
@@ -1179,6 +1201,18 @@ mod tests {
         // A Consul change that comes with a new reference is a change of content.
         let (plan, _) = step_references(&first, "v2", Some(&a0), &[("app", app, None)]);
         assert_eq!(plan.roll, web());
+        // So is one that was held (debounced, suspended) when the reference came.
+        let mut held = first.clone();
+        held.keys = step_references(&first, "v2", Some(&a0), &[]).1.keys;
+        held.conditions
+            .iter_mut()
+            .filter(|c| c.type_ == conditions::READY)
+            .for_each(|c| c.reason = "ChangePending".into());
+        let (plan, _) = step_references(&held, "v2", Some(&a0), &[("app", app, None)]);
+        assert!(!plan.rebased && plan.roll == web(), "a held change was taken for a reference");
+        // And a change of data the reference read before, though it now reads other keys.
+        let (plan, _) = step_references(&added, "v1", Some(&a0), &[("app", &[("a", "2"), ("b", "1")], Some(&["a"]))]);
+        assert!(!plan.rebased && plan.roll == web(), "a re-filtered reference hid a change");
         // So is a reference whose data changed while another one was added.
         let two: &[(&str, &str)] = &[("x", "1")];
         let (plan, _) = step_references(&added, "v1", Some(&a0), &[("app", changed, None), ("two", two, None)]);

@@ -254,7 +254,7 @@ async fn a_template_change_that_adds_or_drops_a_reference_rolls_once_and_a_resta
     assert_eq!(status.target_summary.as_deref(), Some("1/1"));
     assert_eq!(status.targets[0].stamp.as_deref(), Some(stamp.as_str()));
     let events = s.events_for("cfg").await;
-    assert!(events.iter().any(|(r, n)| r == reason::BASELINED && n.contains("now reference")), "{events:?}");
+    assert!(events.iter().any(|(r, n)| r == reason::BASELINED && n.contains("restarted nothing")), "{events:?}");
 
     // After a restart the old stamp still stands for the new content.
     s.stop_controller().await;
