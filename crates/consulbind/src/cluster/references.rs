@@ -35,18 +35,22 @@ impl Use {
 
 pub type References = BTreeMap<(ObjectKind, String), Use>;
 
+/// Adds one use of object `id`, merged with any use already there.
+pub fn add(references: &mut References, id: &(ObjectKind, String), used: &Use) {
+    match references.get_mut(id) {
+        Some(known) => known.merge(used),
+        None => {
+            references.insert(id.clone(), used.clone());
+        }
+    }
+}
+
 /// Every ConfigMap and Secret that `spec` references, with how.
 pub fn of(spec: &PodSpec) -> References {
     let mut found = References::new();
-    let mut add = |kind, name: Option<&String>, keys: Option<BTreeSet<String>>, optional: Option<bool>| {
+    let mut use_of = |kind, name: Option<&String>, keys: Option<BTreeSet<String>>, optional: Option<bool>| {
         let Some(name) = name.filter(|n| !n.is_empty()) else { return };
-        let used = Use { keys, optional: optional.unwrap_or(false) };
-        match found.get_mut(&(kind, name.clone())) {
-            Some(known) => known.merge(&used),
-            None => {
-                found.insert((kind, name.clone()), used);
-            }
-        }
+        add(&mut found, &(kind, name.clone()), &Use { keys, optional: optional.unwrap_or(false) });
     };
     // A key no ConfigMap or Secret can hold matches nothing; dropping it keeps the encoding's
     // `*`, `,` and `?` unambiguous.
@@ -55,17 +59,17 @@ pub fn of(spec: &PodSpec) -> References {
     };
     for volume in spec.volumes.iter().flatten() {
         if let Some(c) = &volume.config_map {
-            add(ObjectKind::ConfigMap, Some(&c.name), items(&c.items), c.optional);
+            use_of(ObjectKind::ConfigMap, Some(&c.name), items(&c.items), c.optional);
         }
         if let Some(s) = &volume.secret {
-            add(ObjectKind::Secret, s.secret_name.as_ref(), items(&s.items), s.optional);
+            use_of(ObjectKind::Secret, s.secret_name.as_ref(), items(&s.items), s.optional);
         }
         for source in volume.projected.iter().flat_map(|p| p.sources.iter().flatten()) {
             if let Some(c) = &source.config_map {
-                add(ObjectKind::ConfigMap, Some(&c.name), items(&c.items), c.optional);
+                use_of(ObjectKind::ConfigMap, Some(&c.name), items(&c.items), c.optional);
             }
             if let Some(s) = &source.secret {
-                add(ObjectKind::Secret, Some(&s.name), items(&s.items), s.optional);
+                use_of(ObjectKind::Secret, Some(&s.name), items(&s.items), s.optional);
             }
         }
     }
@@ -73,20 +77,20 @@ pub fn of(spec: &PodSpec) -> References {
     for container in containers {
         for from in container.env_from.iter().flatten() {
             if let Some(c) = &from.config_map_ref {
-                add(ObjectKind::ConfigMap, Some(&c.name), None, c.optional);
+                use_of(ObjectKind::ConfigMap, Some(&c.name), None, c.optional);
             }
             if let Some(s) = &from.secret_ref {
-                add(ObjectKind::Secret, Some(&s.name), None, s.optional);
+                use_of(ObjectKind::Secret, Some(&s.name), None, s.optional);
             }
         }
         for source in container.env.iter().flatten().filter_map(|e| e.value_from.as_ref()) {
             if let Some(c) = &source.config_map_key_ref {
                 let keys = [c.key.clone()].into_iter().filter(|k| data_key(k)).collect();
-                add(ObjectKind::ConfigMap, Some(&c.name), Some(keys), c.optional);
+                use_of(ObjectKind::ConfigMap, Some(&c.name), Some(keys), c.optional);
             }
             if let Some(s) = &source.secret_key_ref {
                 let keys = [s.key.clone()].into_iter().filter(|k| data_key(k)).collect();
-                add(ObjectKind::Secret, Some(&s.name), Some(keys), s.optional);
+                use_of(ObjectKind::Secret, Some(&s.name), Some(keys), s.optional);
             }
         }
     }

@@ -113,18 +113,19 @@ impl Workloads {
     }
 
     /// The workloads in `namespace` that `targets` name or select, with what each carries in
-    /// the pod-template annotation `annotation`.
-    pub fn resolve(&self, namespace: &str, targets: &[TargetRef], annotation: &str) -> Resolved {
+    /// the pod-template annotation `annotation`, and with `references`, the objects their pod
+    /// templates reference.
+    pub fn resolve(&self, namespace: &str, targets: &[TargetRef], annotation: &str, references: bool) -> Resolved {
         let mut found = BTreeMap::new();
         let mut missing = Vec::new();
         let mut unserved = Vec::new();
         for target in targets {
             let mut live = match target.kind {
-                WorkloadKind::Deployment => select(&self.deployments, namespace, target, annotation),
-                WorkloadKind::StatefulSet => select(&self.statefulsets, namespace, target, annotation),
-                WorkloadKind::DaemonSet => select(&self.daemonsets, namespace, target, annotation),
+                WorkloadKind::Deployment => select(&self.deployments, namespace, target, annotation, references),
+                WorkloadKind::StatefulSet => select(&self.statefulsets, namespace, target, annotation, references),
+                WorkloadKind::DaemonSet => select(&self.daemonsets, namespace, target, annotation, references),
                 WorkloadKind::Rollout => match &*self.rollouts_served.borrow() {
-                    Served::Yes => select(&self.rollouts, namespace, target, annotation),
+                    Served::Yes => select(&self.rollouts, namespace, target, annotation, references),
                     Served::Forbidden => {
                         unserved.push(
                             "the controller may not list or watch Argo Rollouts (rollouts.argoproj.io); grant it \
@@ -168,12 +169,7 @@ impl Workloads {
         let versions = found.iter().map(|(w, s)| (w.clone(), s.version.clone())).collect();
         let mut references = References::new();
         for (id, used) in found.values().flat_map(|s| &s.references) {
-            match references.get_mut(id) {
-                Some(known) => known.merge(used),
-                None => {
-                    references.insert(id.clone(), used.clone());
-                }
-            }
+            references::add(&mut references, id, used);
         }
         Resolved { found: found.into_keys().collect(), live, versions, missing, unserved, references }
     }
@@ -470,17 +466,18 @@ struct Selected {
     version: Version,
     /// The workload it takes its template from, if any.
     workload_ref: Option<String>,
+    /// The objects its pod template references, when asked for.
     references: References,
 }
 
-fn selected<K: Resource>(obj: &PartialObjectMeta<K>, live: Option<Live>) -> Selected {
+fn selected<K: Resource>(obj: &PartialObjectMeta<K>, live: Option<Live>, with_references: bool) -> Selected {
     let annotations = obj.annotations();
     Selected {
         name: obj.name_any(),
         live,
         version: Version::of(obj),
         workload_ref: annotations.get(WORKLOAD_REF).cloned(),
-        references: references::decode(annotations),
+        references: if with_references { references::decode(annotations) } else { References::new() },
     }
 }
 
@@ -489,6 +486,7 @@ fn select<K>(
     namespace: &str,
     target: &TargetRef,
     annotation: &str,
+    references: bool,
 ) -> Vec<Selected>
 where
     K: Resource<DynamicType = ()> + Clone,
@@ -500,7 +498,7 @@ where
     };
     if let Some(name) = &target.name {
         let key = ObjectRef::<PartialObjectMeta<K>>::new(name).within(namespace);
-        return store.get(&key).map(|obj| vec![selected(&obj, live(&obj))]).unwrap_or_default();
+        return store.get(&key).map(|obj| vec![selected(&obj, live(&obj), references)]).unwrap_or_default();
     }
     let Some(selector) = target.selector.clone().and_then(|s| Selector::try_from(s).ok()) else {
         return Vec::new();
@@ -509,7 +507,7 @@ where
         .state()
         .iter()
         .filter(|obj| obj.namespace().as_deref() == Some(namespace) && selector.matches(obj.labels()))
-        .map(|obj| selected(obj, live(obj)))
+        .map(|obj| selected(obj, live(obj), references))
         .collect();
     found.sort_by(|a, b| a.name.cmp(&b.name));
     found

@@ -157,7 +157,8 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
             }
         }
     };
-    let mut resolved = ctx.workloads.resolve(&namespace, &spec.targets, &names::annotation_key(&oref.name));
+    let annotation = names::annotation_key(&oref.name);
+    let mut resolved = ctx.workloads.resolve(&namespace, &spec.targets, &annotation, spec.include_target_references);
     read::trust_own_stamps(ctx, &oref, &mut resolved);
     let bound = read::bound_objects(spec, &resolved.references);
     let listed = bound.as_deref().unwrap_or_default().iter().map(|b| (b.kind, b.source.name.as_str()));
