@@ -310,3 +310,46 @@ async fn a_consul_only_status_from_before_config_map_sources_keeps_its_checksum_
     s.wait_revisions(DEPLOY, "web", 3).await;
     s.finish().await;
 }
+
+#[tokio::test]
+async fn a_template_over_the_reference_limit_is_refused_without_a_rollout_and_other_bindings_still_roll() {
+    use consulbind::reconcile::read::MAX_REFERENCES;
+    let Some(s) = Scene::new("too-many-references").await else { return };
+    let names: Vec<String> = (0..=MAX_REFERENCES).map(|i| format!("ref-{i:02}")).collect();
+    for name in &names {
+        s.apply(config_map(name, json!({}), json!({"a": "1"}))).await.unwrap();
+    }
+    let env_from = |names: &[String]| -> Value { names.iter().map(|n| json!({"configMapRef": {"name": n}})).collect() };
+    s.apply(web_using(json!({"container": {"envFrom": env_from(&names)}}))).await.unwrap();
+    s.wait_revisions(DEPLOY, "web", 1).await;
+    let key = s.key("config");
+    s.put(&key, "v1").await;
+    s.workload(DEPLOY, "neighbour", json!({})).await;
+    s.binding("neighbour", spec(json!([{"key": &key}]), deploy("neighbour"), "0s")).await;
+    s.wait_condition("neighbour", conditions::READY, "True", reason::BASELINED).await;
+
+    let spec_over =
+        json!({"includeTargetReferences": true, "targets": deploy("web"), "rollout": {"quietPeriod": "0s"}});
+    s.binding("over", spec_over).await;
+    let refused = s.wait_condition("over", conditions::READY, "False", reason::BINDING_TOO_LARGE).await;
+    let ready = refused.status.unwrap().conditions.into_iter().find(|c| c.type_ == conditions::READY).unwrap();
+    assert!(ready.message.contains(&MAX_REFERENCES.to_string()), "{}", ready.message);
+    let events = s.events_for("over").await;
+    assert!(events.iter().any(|(r, _)| r == reason::BINDING_TOO_LARGE), "{events:?}");
+    s.apply(config_map("ref-00", json!({}), json!({"a": "2"}))).await.unwrap();
+    assert_eq!(settled_revisions(&s).await, 1, "a refused binding rolled its target");
+
+    // The same controller serves the binding beside it.
+    s.put(&key, "v2").await;
+    s.wait_revisions(DEPLOY, "neighbour", 2).await;
+
+    // Back within the limit: the template change rolls the workload by itself, and the binding
+    // takes the content it runs with as its baseline, adding no rollout of its own.
+    s.apply(web_using(json!({"container": {"envFrom": env_from(&names[..MAX_REFERENCES])}}))).await.unwrap();
+    s.wait_revisions(DEPLOY, "web", 2).await;
+    let status = s.wait_condition("over", conditions::READY, "True", reason::BASELINED).await.status.unwrap();
+    assert_eq!(status.objects.len(), MAX_REFERENCES);
+    assert_eq!(settled_revisions(&s).await, 2, "the binding rolled when it came back within the limit");
+    assert_eq!(s.revisions(DEPLOY, "neighbour").await, 2);
+    s.finish().await;
+}
