@@ -25,7 +25,7 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use crate::{
-    bench::{Generations, all_ready, metric, percentile_ms, rss_kib},
+    bench::{Generations, all_ready, percentile_ms, rss_kib, stage_means},
     cache_dir,
     env::Env,
     process, repo_root,
@@ -273,13 +273,7 @@ async fn consulbind_round(
     side.generations.settle(Duration::from_secs(3), Duration::from_secs(60)).await;
     let mut round = changes_round(side, consul, sizes, step, pid).await?;
     let metrics = process::http_get(ADMIN_PORT, "/metrics", None).context("reading /metrics")?.1;
-    for stage in ["consul_to_reconcile", "reconcile_to_patch", "patch"] {
-        let sum = metric(&metrics, &format!("consulbind_rollout_stage_seconds_sum{{stage=\"{stage}\"}}"));
-        let count = metric(&metrics, &format!("consulbind_rollout_stage_seconds_count{{stage=\"{stage}\"}}"));
-        if let (Some(sum), Some(count)) = (sum, count.filter(|c| *c > 0.0)) {
-            round.stages.push((stage, Duration::from_secs_f64(sum / count)));
-        }
-    }
+    round.stages = stage_means(&metrics).into_iter().map(|(stage, mean, _)| (stage, mean)).collect();
     daemon.stop()?;
     Ok(round)
 }

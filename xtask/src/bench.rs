@@ -265,6 +265,21 @@ pub(crate) fn metric(body: &str, name: &str) -> Option<f64> {
     body.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
+/// The controller's own account of where a change's time went, from its metrics: each rollout
+/// stage it has seen, with its mean and how many it measured.
+pub(crate) fn stage_means(metrics: &str) -> Vec<(&'static str, Duration, f64)> {
+    let of = |part: &str, stage: &str| {
+        metric(metrics, &format!("consulbind_rollout_stage_seconds_{part}{{stage=\"{stage}\"}}"))
+    };
+    ["consul_to_reconcile", "reconcile_to_patch", "patch"]
+        .into_iter()
+        .filter_map(|stage| {
+            let (sum, count) = (of("sum", stage)?, of("count", stage).filter(|c| *c > 0.0)?);
+            Some((stage, Duration::from_secs_f64(sum / count), count))
+        })
+        .collect()
+}
+
 fn wait(what: &str, timeout: Duration, done: impl Fn() -> Result<bool>) -> Result<()> {
     let start = Instant::now();
     while start.elapsed() < timeout {

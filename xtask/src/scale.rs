@@ -24,7 +24,7 @@ use kube::{
 use serde_json::json;
 
 use crate::{
-    bench::{Generations, all_ready, metric, percentile_ms, rss_kib, rss_split_kib},
+    bench::{Generations, all_ready, metric, percentile_ms, rss_kib, rss_split_kib, stage_means},
     env::Env,
     process, repo_root,
 };
@@ -230,12 +230,8 @@ async fn measure(env: &Env, vars: &[(&'static str, String)], sizes: &Sizes) -> R
         );
         println!("  missed changes (no rollout within {CHANGE_TIMEOUT:?}):         {missed}");
         println!("  spurious rollouts:                                   {spurious}");
-        for stage in ["consul_to_reconcile", "reconcile_to_patch", "patch"] {
-            let label = format!("consulbind_rollout_stage_seconds_sum{{stage=\"{stage}\"}}");
-            let count = format!("consulbind_rollout_stage_seconds_count{{stage=\"{stage}\"}}");
-            if let (Some(sum), Some(n)) = (metric(&metrics, &label), metric(&metrics, &count)) {
-                println!("    stage {stage:<20} mean {:.2} ms over {n}", sum / n * 1000.0);
-            }
+        for (stage, mean, n) in stage_means(&metrics) {
+            println!("    stage {stage:<20} mean {:.2} ms over {n}", mean.as_secs_f64() * 1000.0);
         }
         println!("  API writes during {} s idle (status, stamps, events):  {idle_writes}", sizes.idle.as_secs());
         println!(

@@ -593,17 +593,17 @@ fn only_references_moved(
     let referenced = |o: &[ObjectStatus]| {
         o.iter().filter(|o| o.referenced).map(|o| (o.kind, o.name.clone(), o.keys.clone())).collect::<Vec<_>>()
     };
-    let unchanged = previous.objects.iter().filter(|p| p.referenced).all(|before| {
+    let unchanged = |before: &ObjectStatus| {
         let now = objects.iter().find(|o| o.referenced && o.kind == before.kind && o.source.name == before.name);
         now.is_none_or(|now| {
             let source = filtered_source(now, before.keys.as_deref());
             checksum::from_digests(key, std::slice::from_ref(&source)) == before.checksum
         })
-    });
+    };
     keys(&previous.keys) == keys(&plan.keys)
         && named(&previous.objects) == named(&plan.objects)
         && referenced(&previous.objects) != referenced(&plan.objects)
-        && unchanged
+        && previous.objects.iter().filter(|p| p.referenced).all(unchanged)
 }
 
 fn source<'a>(content: &KeyContent<'a>) -> Source<'a> {
@@ -1207,7 +1207,7 @@ mod tests {
         held.conditions
             .iter_mut()
             .filter(|c| c.type_ == conditions::READY)
-            .for_each(|c| c.reason = "ChangePending".into());
+            .for_each(|c| c.reason = reason::PENDING.into());
         let (plan, _) = step_references(&held, "v2", Some(&a0), &[("app", app, None)]);
         assert!(!plan.rebased && plan.roll == web(), "a held change was taken for a reference");
         // And a change of data the reference read before, though it now reads other keys.
