@@ -207,7 +207,14 @@ async fn run_scope(
 
     // Workload and token Secret changes wake the bindings they concern. The caches must be
     // complete before the first reconcile, or a present target would look missing.
-    let (touched_tx, touched_rx) = mpsc::unbounded();
+    // Marked woken, like a Consul wake: bindings on one workload woken by one ConfigMap change
+    // stamp it in one write.
+    let (tx, touched_rx) = mpsc::unbounded();
+    let desk = ctx.desk.clone();
+    let touched_tx = move |binding: BindingRef| {
+        desk.woken(&binding);
+        let _ = tx.unbounded_send(binding);
+    };
     let secret_tx = touched_tx.clone();
     let namespace_tx = touched_tx.clone();
     let rollout_tx = touched_tx.clone();
@@ -215,21 +222,21 @@ async fn run_scope(
     let interest = ctx.interest.clone();
     tokio::spawn(touched.for_each(move |t| {
         for binding in interest.locked().workload(&t.namespace, t.kind, &t.name, &t.labels) {
-            let _ = touched_tx.unbounded_send(binding);
+            touched_tx(binding);
         }
         futures::future::ready(())
     }));
     let interest = ctx.interest.clone();
     tokio::spawn(secrets_touched.for_each(move |(namespace, name)| {
         for binding in interest.locked().secret(&namespace, &name) {
-            let _ = secret_tx.unbounded_send(binding);
+            secret_tx(binding);
         }
         futures::future::ready(())
     }));
     let interest = ctx.interest.clone();
     tokio::spawn(objects_touched.for_each(move |object| {
         for binding in interest.locked().object(&object) {
-            let _ = object_tx.unbounded_send(binding);
+            object_tx(binding);
         }
         futures::future::ready(())
     }));
@@ -241,7 +248,7 @@ async fn run_scope(
         while rollouts_served.changed().await.is_ok() {
             let targets_rollouts = |b: &ConsulBinding| b.spec.targets.iter().any(|t| t.kind == WorkloadKind::Rollout);
             for binding in bindings.state().iter().filter(|b| targets_rollouts(b)) {
-                let _ = rollout_tx.unbounded_send(ObjectRef::from_obj(&**binding));
+                rollout_tx(ObjectRef::from_obj(&**binding));
             }
         }
     });
@@ -249,7 +256,7 @@ async fn run_scope(
     let bindings = ctx.bindings.clone();
     tokio::spawn(namespaces_touched.for_each(move |namespace| {
         for binding in bindings.state().iter().filter(|b| b.metadata.namespace.as_ref() == Some(&namespace)) {
-            let _ = namespace_tx.unbounded_send(ObjectRef::from_obj(&**binding));
+            namespace_tx(ObjectRef::from_obj(&**binding));
         }
         futures::future::ready(())
     }));

@@ -5,7 +5,9 @@
 //! workload would give two rollouts for one change. So a stamp for a workload that another
 //! binding in flight (woken, not yet planned) may also stamp waits, for a moment, until that
 //! binding has planned; whatever was submitted for the workload by then is one write. A stamp
-//! with no other binding in flight goes at once.
+//! with no other binding in flight goes at once. A binding waiting out a quiet period counts as
+//! in flight from a moment before its quiet period ends: bindings woken by one change end their
+//! quiet periods together, each on its own timer.
 
 use std::{
     collections::HashMap,
@@ -51,6 +53,8 @@ pub struct Desk {
 struct Inner {
     /// Bindings woken whose reconcile has not planned yet, and since when.
     flight: HashMap<BindingRef, Instant>,
+    /// Bindings whose quiet period ends at a time, when they plan again.
+    due: HashMap<BindingRef, Instant>,
     last_sweep: Option<Instant>,
     /// Stamps waiting for a write, by workload.
     open: HashMap<Target, Batch>,
@@ -77,15 +81,32 @@ impl Desk {
         let now = Instant::now();
         let mut inner = self.inner.locked();
         inner.flight.insert(binding.clone(), now);
-        // Bindings that never planned (deleted, out of scope) must not pile up.
-        if inner.last_sweep.is_none_or(|at| now.duration_since(at) > STALE) {
-            inner.flight.retain(|_, at| now.duration_since(*at) <= STALE);
-            inner.last_sweep = Some(now);
+        inner.sweep(now);
+    }
+
+    /// The binding plans again at `at`, when its quiet period ends, or at no set time.
+    pub fn due(&self, binding: &BindingRef, at: Option<Instant>) {
+        let mut inner = self.inner.locked();
+        match at {
+            Some(at) => drop(inner.due.insert(binding.clone(), at)),
+            None => drop(inner.due.remove(binding)),
         }
+        inner.sweep(Instant::now());
     }
 
     /// The binding has planned: every stamp it will make now is submitted.
     pub fn planned(&self, binding: &BindingRef) {
+        let mut inner = self.inner.locked();
+        let (woken, due) = (inner.flight.remove(binding), inner.due.remove(binding));
+        drop(inner);
+        if woken.is_some() || due.is_some() {
+            self.planned.notify_waiters();
+        }
+    }
+
+    /// The binding's reconcile ended, planned or not: it is no longer in flight for its wake.
+    /// The time it is due, which that reconcile may have set, stays.
+    pub fn done(&self, binding: &BindingRef) {
         if self.inner.locked().flight.remove(binding).is_some() {
             self.planned.notify_waiters();
         }
@@ -141,7 +162,20 @@ impl Desk {
 
 impl Inner {
     fn in_flight(&self, binding: &BindingRef) -> bool {
-        self.flight.get(binding).is_some_and(|at| at.elapsed() <= STALE)
+        let now = Instant::now();
+        let woken = self.flight.get(binding).is_some_and(|at| now.duration_since(*at) <= STALE);
+        let due =
+            self.due.get(binding).is_some_and(|at| *at <= now + GATHER && now.saturating_duration_since(*at) <= STALE);
+        woken || due
+    }
+
+    /// Bindings that never planned (deleted, out of scope) must not pile up.
+    fn sweep(&mut self, now: Instant) {
+        if self.last_sweep.is_none_or(|at| now.duration_since(at) > STALE) {
+            self.flight.retain(|_, at| now.saturating_duration_since(*at) <= STALE);
+            self.due.retain(|_, at| now.saturating_duration_since(*at) <= STALE);
+            self.last_sweep = Some(now);
+        }
     }
 }
 
@@ -256,6 +290,26 @@ mod tests {
         assert_eq!(started.elapsed(), GATHER);
         // The next stamp opens a write of its own.
         assert!(matches!(desk.submit(web(), stamp("a"), vec![]), Turn::Alone(_)));
+    }
+
+    #[tokio::test]
+    async fn a_binding_whose_quiet_period_ends_now_is_waited_for_and_one_due_later_is_not() {
+        let desk = Desk::default();
+        let (soon, later) = (binding("soon"), binding("later"));
+        let now = Instant::now();
+        // Set by the reconcile that planned the wait, whose end leaves it in place.
+        desk.due(&soon, Some(now + GATHER / 2));
+        desk.done(&soon);
+        desk.due(&later, Some(now + Duration::from_secs(60)));
+        let turn = desk.submit(web(), stamp("a"), vec![soon.clone(), later.clone()]);
+        let Turn::Lead { others, .. } = turn else { panic!("wrote alone while a binding's quiet period was ending") };
+        assert_eq!(others, [soon.clone()]);
+        // Its run at the end of the quiet period plans, and is no longer waited for.
+        desk.planned(&soon);
+        assert!(!desk.inner.locked().in_flight(&soon));
+        desk.due(&soon, None);
+        desk.inner.locked().open.clear();
+        assert!(matches!(desk.submit(web(), stamp("a"), vec![soon, later]), Turn::Alone(_)));
     }
 
     #[tokio::test]

@@ -79,8 +79,8 @@ async fn reconcile_marked(binding: Arc<ConsulBinding>, ctx: &Context) -> Result<
         Ok(result) => result,
         Err(panic) => Err(panicked(ctx, &binding, panic).await),
     };
-    // Whatever way it ended, no stamp waits for it any more.
-    ctx.desk.planned(&binding_ref(&binding));
+    // Whatever way it ended, no stamp waits for this run any more.
+    ctx.desk.done(&binding_ref(&binding));
     let label = match &result {
         Ok(_) => "ok",
         Err(e) => e.metric_label(),
@@ -226,6 +226,8 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
             Outcome::default()
         }
     };
+    // Other bindings' stamps on the same workloads wait for this one when its quiet period ends.
+    ctx.desk.due(&oref, plan.wake_at.map(Instant::into_std));
 
     // Report.
     let now = Time(Timestamp::now());

@@ -423,6 +423,57 @@ async fn two_bindings_due_together_on_one_deployment_give_one_new_generation() {
     s.finish().await;
 }
 
+/// Bindings woken by one change wait out their quiet periods on timers of their own, and a
+/// ConfigMap change wakes them outside Consul: either way, one change is one new generation.
+#[tokio::test]
+async fn two_bindings_on_one_deployment_after_a_quiet_period_or_a_config_map_change_give_one_new_generation() {
+    let Some(s) = Scene::new("joint-quiet").await else { return };
+    let shared = s.key("shared");
+    s.put(&shared, "1").await;
+    let config_map = |value: &str| json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "app"}, "data": {"a.conf": value}});
+    s.apply(config_map("1")).await.unwrap();
+    s.workload(DEPLOY, "web", json!({})).await;
+    let both = |quiet: &str| {
+        json!({"keys": [{"key": shared}], "configMaps": [{"name": "app"}], "targets": deploy("web"),
+               "rollout": {"quietPeriod": quiet}})
+    };
+    s.binding("first", both("2s")).await;
+    s.binding("second", both("2s")).await;
+    s.wait_condition("first", conditions::READY, "True", reason::BASELINED).await;
+    s.wait_condition("second", conditions::READY, "True", reason::BASELINED).await;
+
+    let mut generation = deployment_generation(&s, "web").await;
+    let mut revisions = 1;
+    for (change, quiet) in [("Consul", "2s"), ("ConfigMap", "2s"), ("ConfigMap", "0s")] {
+        if quiet != "2s" {
+            s.binding("first", both(quiet)).await;
+            s.binding("second", both(quiet)).await;
+            tokio::time::sleep(SETTLE).await;
+            assert_eq!(deployment_generation(&s, "web").await, generation, "a new quiet period rolled");
+        }
+        match change {
+            "Consul" => s.put(&shared, &format!("{revisions}-next")).await,
+            _ => s.apply(config_map(&format!("{revisions}-next"))).await.unwrap(),
+        }
+        revisions += 1;
+        s.wait_revisions(DEPLOY, "web", revisions).await;
+        for name in ["first", "second"] {
+            s.wait_condition(name, conditions::READY, "True", reason::UP_TO_DATE).await;
+        }
+        tokio::time::sleep(SETTLE).await;
+        let now = deployment_generation(&s, "web").await;
+        assert_eq!(
+            now,
+            generation + 1,
+            "a {change} change with a quiet period of {quiet}: one template change\n{}",
+            s.log()
+        );
+        assert_eq!(s.revisions(DEPLOY, "web").await, revisions, "{change}, {quiet}");
+        generation = now;
+    }
+    s.finish().await;
+}
+
 #[tokio::test]
 async fn a_workload_deleted_right_after_a_stamp_and_made_again_rolls_once_at_the_next_change() {
     let Some(s) = Scene::new("remade").await else { return };
