@@ -178,14 +178,12 @@ pub fn assign(paths: &[WatchPath], current: &[(String, bool)], slots: usize) -> 
         groups.iter().enumerate().filter(|(_, g)| !g.recurse).map(|(i, g)| (g.key.as_str(), i)).collect();
     let prefixes: HashMap<&str, usize> =
         groups.iter().enumerate().filter(|(_, g)| g.recurse).map(|(i, g)| (g.key.as_str(), i)).collect();
+    let lengths = lengths(prefixes.keys().map(|k| k.len()));
     let mut homes = Vec::with_capacity(paths.len());
     let mut homeless = Vec::new();
     for (i, path) in paths.iter().enumerate() {
         let own = if path.recurse { prefixes.get(path.key.as_str()) } else { exact.get(path.key.as_str()) };
-        let deepest = || {
-            let ends = path.key.char_indices().map(|(end, _)| end).chain([path.key.len()]).rev();
-            ends.filter_map(|end| prefixes.get(&path.key[..end])).next()
-        };
+        let deepest = || lengths.iter().rev().find_map(|&end| prefixes.get(path.key.get(..end)?));
         match own.or_else(deepest) {
             Some(&g) => homes.push((g, i)),
             None => homeless.push(i),
@@ -269,11 +267,22 @@ pub fn merge(entries: &mut Vec<KvEntry>, path: &WatchPath, fresh: Vec<KvEntry>) 
     entries.splice(span, fresh);
 }
 
+/// Distinct lengths, ascending: a key is looked up once per prefix length, not once per
+/// character, however long it is.
+fn lengths(lengths: impl Iterator<Item = usize>) -> Vec<usize> {
+    let mut lengths: Vec<usize> = lengths.collect();
+    lengths.sort_unstable();
+    lengths.dedup();
+    lengths
+}
+
 /// The paths one group serves, indexed to find which of them an entry belongs to.
 #[derive(Debug, Default)]
 pub struct Members {
     exact: HashMap<String, usize>,
     prefixes: HashMap<String, usize>,
+    /// The lengths of the prefixes, ascending: the only places a key can meet one.
+    lengths: Vec<usize>,
 }
 
 impl Members {
@@ -284,21 +293,25 @@ impl Members {
             let map = if path.recurse { &mut members.prefixes } else { &mut members.exact };
             map.insert(path.key.clone(), i);
         }
+        members.lengths = lengths(members.prefixes.keys().map(String::len));
         members
     }
 
     /// Calls `f` with every path that covers `key`: at most one exact key and one prefix per
-    /// character of `key`.
+    /// prefix length.
     fn covering(&self, key: &str, mut f: impl FnMut(usize)) {
         if let Some(&i) = self.exact.get(key) {
             f(i);
         }
-        if self.prefixes.is_empty() {
-            return;
-        }
-        for (end, _) in key.char_indices().chain([(key.len(), ' ')]) {
-            if let Some(&i) = self.prefixes.get(&key[..end]) {
-                f(i);
+        for &end in &self.lengths {
+            match key.get(..end) {
+                Some(start) => {
+                    if let Some(&i) = self.prefixes.get(start) {
+                        f(i);
+                    }
+                }
+                None if end > key.len() => break,
+                None => {}
             }
         }
     }
@@ -559,6 +572,24 @@ mod tests {
                 assert_eq!(index.changed(&kept_old, &kept_new), expected, "round {round}");
             }
         }
+    }
+
+    #[test]
+    fn a_key_meets_the_prefixes_of_each_length_and_none_mid_character() {
+        let members = [path("a/", true), path("a/€", true), path("a/€x", false), path("b/cd", true)];
+        let index = Members::new(&members);
+        let covering = |key: &str| {
+            let mut found = Vec::new();
+            index.covering(key, |i| found.push(i));
+            found
+        };
+        assert_eq!(covering("a/€x"), [2, 0, 1]);
+        assert_eq!(covering("a/€y"), [0, 1]);
+        // Byte 4 is inside the three-byte character: no prefix of that length can match there.
+        assert_eq!(covering("a/€"), [0, 1]);
+        assert_eq!(covering("a"), Vec::<usize>::new());
+        assert_eq!(covering(&format!("b/cd{}", "z".repeat(100_000))), [3]);
+        assert!(!index.covers("b/c"));
     }
 
     #[test]

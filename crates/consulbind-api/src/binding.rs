@@ -77,6 +77,9 @@ pub const KEY_PATTERN: &str = r"^((?:[^/.][^/]*|\.[^/.][^/]*|\.\.[^/]+)/)*(?:[^/
 
 /// What is wrong with a key, by the rule of [`KEY_PATTERN`], for objects the schema did not check.
 pub fn key_problem(key: &str) -> Option<&'static str> {
+    if key.len() > MAX_KEY_LENGTH {
+        return Some("is longer than 512 bytes");
+    }
     if key.starts_with('/') {
         return Some("starts with /");
     }
@@ -89,14 +92,18 @@ pub fn key_problem(key: &str) -> Option<&'static str> {
     })
 }
 
+/// The longest Consul key a binding may name, in bytes.
+pub const MAX_KEY_LENGTH: usize = 512;
+
 /// One Consul key, or every key under a prefix.
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct KeySource {
     /// The Consul key, for example `app/config.json`, or a prefix such as `app/features/` when
     /// `recurse` is true. Segments are separated by `/`; none may be empty, `.` or `..`, and the
-    /// key may not start with `/` (Consul would read such a key as another, or as missing).
-    #[schemars(length(min = 1), regex(pattern = KEY_PATTERN))]
+    /// key may not start with `/` (Consul would read such a key as another, or as missing). At
+    /// most 512 bytes.
+    #[schemars(length(min = 1, max = 512), regex(pattern = KEY_PATTERN))]
     pub key: String,
 
     /// Treat `key` as a prefix and bind every key below it, recursively.

@@ -9,8 +9,8 @@ use std::{
 
 use consul_kv::{KvQuery, Token};
 use consulbind_api::{
-    ConsulBinding, ConsulBindingSpec, ConsulBindingStatus, MAX_DELAY, MAX_QUIET_PERIOD, ObjectKind, ObjectSource,
-    parse_duration,
+    ConsulBinding, ConsulBindingSpec, ConsulBindingStatus, KeySource, MAX_DELAY, MAX_QUIET_PERIOD, ObjectKind,
+    ObjectSource, parse_duration,
 };
 use kube::ResourceExt;
 
@@ -50,6 +50,28 @@ pub fn validate(spec: &ConsulBindingSpec) -> Result<Window, String> {
     for source in &spec.keys {
         if let Some(problem) = consulbind_api::key_problem(&source.key) {
             return Err(format!("Consul key {:?} {problem}; Consul would read another key, or none", source.key));
+        }
+    }
+    // One source read two ways would count once, by whichever entry came first.
+    for (i, source) in spec.keys.iter().enumerate() {
+        let same = |other: &&KeySource| other.key == source.key && other.recurse == source.recurse;
+        if spec.keys[..i].iter().find(same).is_some_and(|earlier| earlier != source) {
+            let what = if source.recurse { "prefix" } else { "key" };
+            return Err(format!(
+                "Consul {what} {:?} is listed twice in spec.keys with different settings; list it once",
+                source.key
+            ));
+        }
+    }
+    let objects: Vec<_> = spec.objects().collect();
+    for (i, (kind, source)) in objects.iter().enumerate() {
+        let same = |(k, o): &&(ObjectKind, &ObjectSource)| k == kind && o.name == source.name;
+        if objects[..i].iter().find(same).is_some_and(|(_, earlier)| earlier != source) {
+            return Err(format!(
+                "{kind} {:?} is listed twice with different keys or optional; list it once, with every key it \
+                 should read",
+                source.name
+            ));
         }
     }
     for target in &spec.targets {
@@ -403,6 +425,39 @@ mod tests {
             };
             assert!(validate(&spec).is_ok(), "{good}");
         }
+    }
+
+    #[test]
+    fn a_key_over_512_bytes_is_refused() {
+        let key = |key: String| ConsulBindingSpec {
+            keys: vec![consulbind_api::KeySource { key, ..Default::default() }],
+            ..spec(named(), None)
+        };
+        assert!(validate(&key("k".repeat(512))).is_ok());
+        assert!(validate(&key("k".repeat(513))).unwrap_err().contains("longer than 512 bytes"));
+    }
+
+    #[test]
+    fn a_source_listed_twice_with_different_settings_is_refused_and_an_exact_repeat_is_not() {
+        use consulbind_api::{KeySource, ObjectSource};
+        let app = KeySource { key: "app".into(), ..Default::default() };
+        let keys = |keys: Vec<KeySource>| ConsulBindingSpec { keys, ..spec(named(), None) };
+        assert!(validate(&keys(vec![app.clone(), app.clone()])).is_ok());
+        assert!(validate(&keys(vec![app.clone(), KeySource { recurse: true, ..app.clone() }])).is_ok(), "a prefix");
+        let error = validate(&keys(vec![app.clone(), KeySource { optional: true, ..app }])).unwrap_err();
+        assert!(error.contains(r#"Consul key "app" is listed twice"#), "{error}");
+
+        let object = |keys: &[&str]| ObjectSource {
+            name: "app".into(),
+            keys: Some(keys.iter().map(|k| k.to_string()).collect()),
+            ..Default::default()
+        };
+        let config_maps = |config_maps| ConsulBindingSpec { config_maps, ..spec(named(), None) };
+        assert!(validate(&config_maps(vec![object(&["a"]), object(&["a"])])).is_ok());
+        let error = validate(&config_maps(vec![object(&["a"]), object(&["b"])])).unwrap_err();
+        assert!(error.contains(r#"ConfigMap "app" is listed twice"#), "{error}");
+        let beside = ConsulBindingSpec { secrets: vec![object(&["b"])], ..config_maps(vec![object(&["a"])]) };
+        assert!(validate(&beside).is_ok(), "a Secret of the same name is another object");
     }
 
     #[test]
