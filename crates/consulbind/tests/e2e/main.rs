@@ -529,6 +529,7 @@ async fn api_server_refuses_invalid_bindings() {
         ("empty segment", json!({"keys": [{"key": "app//db"}], "targets": deploy("web")}), "spec.keys.key"),
         ("dot-dot segment", json!({"keys": [{"key": "app/../db"}], "targets": deploy("web")}), "spec.keys.key"),
         ("dot segment", json!({"keys": [{"key": "./db"}], "targets": deploy("web")}), "spec.keys.key"),
+        ("key over 512 bytes", json!({"keys": [{"key": "k".repeat(513)}], "targets": deploy("web")}), "spec.keys.key"),
         (
             "malformed ConfigMap name",
             json!({"configMaps": [{"name": "Bad_Name"}], "targets": deploy("web")}),
@@ -573,6 +574,17 @@ async fn api_server_refuses_invalid_bindings() {
         "{}",
         ready.message
     );
+
+    // What the schema cannot say: one ConfigMap listed twice, each time with other keys.
+    let twice = json!({"configMaps": [{"name": "app", "keys": ["a"]}, {"name": "app", "keys": ["b"]}],
+                       "targets": deploy("web")});
+    let manifest = json!({"apiVersion": "consulbind.dev/v1alpha1", "kind": "ConsulBinding", "metadata": {"name": "twice"}, "spec": twice});
+    s.apply(manifest).await.expect("the schema lets a list repeat a name");
+    let refused = s.wait_condition("twice", conditions::READY, "False", reason::INVALID_SPEC).await;
+    let ready = refused.status.unwrap().conditions.into_iter().find(|c| c.type_ == conditions::READY).unwrap();
+    assert!(ready.message.contains(r#"ConfigMap "app" is listed twice"#), "{}", ready.message);
+    let warned = s.events_for("twice").await.into_iter().any(|(r, _)| r == reason::INVALID_SPEC);
+    assert!(warned, "no InvalidSpec event");
     s.finish().await;
 }
 
