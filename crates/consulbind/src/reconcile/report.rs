@@ -3,11 +3,15 @@
 //! cluster.
 
 use consulbind_api::{ConsulBinding, ConsulBindingStatus, conditions};
-use k8s_openapi::{api::core::v1::ObjectReference, apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
+use k8s_openapi::{
+    api::{core::v1::ObjectReference, events::v1::Event},
+    apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time},
+    jiff::Timestamp,
+};
 use kube::{
     Api, Resource, ResourceExt,
-    api::{Patch, PatchParams},
-    runtime::events::{Event, EventType, Recorder},
+    api::{Patch, PatchParams, PostParams},
+    runtime::events::{EventType, Reporter},
 };
 use serde_json::json;
 use tracing::{info, warn};
@@ -153,14 +157,63 @@ fn changed_sources(applied: Option<&[u64]>, status: &ConsulBindingStatus) -> Vec
 /// Records an event without holding up the reconcile: the next change of this binding waits
 /// for the reconcile to end, and events are not part of the decision.
 pub fn publish(ctx: &Context, reference: ObjectReference, type_: EventType, reason: &str, note: String) {
-    let event = Event { type_, reason: reason.into(), note: Some(note), action: "Reconcile".into(), secondary: None };
-    let recorder = Recorder::new(ctx.client.clone(), ctx.reporter.clone());
+    let api: Api<Event> = Api::namespaced(ctx.client.clone(), reference.namespace.as_deref().unwrap_or("default"));
+    let event = event(&ctx.reporter, reference, type_, reason, note, Timestamp::now());
     let reason = reason.to_owned();
     tokio::spawn(async move {
-        if let Err(error) = recorder.publish(&event, &reference).await {
+        if let Err(error) = api.create(&PostParams::default(), &event).await {
             warn!(%error, reason, "could not record event");
         }
     });
+}
+
+/// The API server refuses a longer note.
+const NOTE_LIMIT: usize = 1024;
+/// Room in an object name for the event name's suffix: a dot and up to 16 hex digits.
+const NAME_ROOM: usize = 253 - 17;
+
+/// An event as the API server takes it, whatever the length of the note and of the object's
+/// name: the note is cut to its limit, and the name is cut so that the event's stays within 253.
+fn event(
+    reporter: &Reporter,
+    reference: ObjectReference,
+    type_: EventType,
+    reason: &str,
+    note: String,
+    now: Timestamp,
+) -> Event {
+    let object = reference.name.as_deref().unwrap_or(&reporter.controller);
+    let object = object.get(..NAME_ROOM).unwrap_or(object).trim_end_matches(['.', '-']);
+    let name = format!("{object}.{:x}", now.as_nanosecond());
+    Event {
+        metadata: ObjectMeta { name: Some(name), namespace: reference.namespace.clone(), ..ObjectMeta::default() },
+        action: Some("Reconcile".into()),
+        reason: Some(reason.into()),
+        note: Some(clip(note, NOTE_LIMIT)),
+        type_: Some(match type_ {
+            EventType::Normal => "Normal".into(),
+            EventType::Warning => "Warning".into(),
+        }),
+        event_time: Some(MicroTime(now)),
+        regarding: Some(reference),
+        reporting_controller: Some(reporter.controller.clone()),
+        reporting_instance: Some(reporter.instance.clone().unwrap_or_else(|| reporter.controller.clone())),
+        ..Event::default()
+    }
+}
+
+/// `text` in at most `limit` bytes, cut at a character with an ellipsis.
+fn clip(mut text: String, limit: usize) -> String {
+    const MORE: &str = "…";
+    if text.len() > limit {
+        let mut end = limit - MORE.len();
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+        text.push_str(MORE);
+    }
+    text
 }
 
 /// The JSON merge patch (RFC 7386) that turns `old` into `new`: changed fields, objects
@@ -196,6 +249,36 @@ fn needs_write(previous: &ConsulBindingStatus, status: &ConsulBindingStatus) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_event_stays_within_the_api_servers_limits_for_a_long_note_and_name() {
+        let reporter = Reporter { controller: "consulbind".into(), instance: Some("pod-1".into()) };
+        let reference = |name: String| ObjectReference {
+            kind: Some("Deployment".into()),
+            namespace: Some("ns".into()),
+            name: Some(name),
+            ..ObjectReference::default()
+        };
+        let now: Timestamp = "2026-11-24T10:00:00Z".parse().unwrap();
+        let long = format!("{}.-{}", "a".repeat(NAME_ROOM - 2), "b".repeat(20));
+        let note = "é".repeat(600);
+        let event = event(&reporter, reference(long), EventType::Normal, "RolledOut", note, now);
+        let name = event.metadata.name.unwrap();
+        assert!(name.len() <= 253 && name.starts_with(&"a".repeat(NAME_ROOM - 2)), "{name}");
+        assert!(!name.contains(".-") && !name.contains(".."), "{name}");
+        let note = event.note.unwrap();
+        assert!(note.len() <= NOTE_LIMIT && note.ends_with('…') && note.starts_with("éé"), "{}", note.len());
+        assert_eq!(event.regarding.unwrap().namespace.as_deref(), Some("ns"));
+        assert_eq!(event.reporting_instance.as_deref(), Some("pod-1"));
+
+        let short = event_note(&reporter, reference("web".into()), "rolled out".into(), now);
+        assert_eq!(short, ("web.".to_owned() + &format!("{:x}", now.as_nanosecond()), "rolled out".to_owned()));
+    }
+
+    fn event_note(reporter: &Reporter, reference: ObjectReference, note: String, now: Timestamp) -> (String, String) {
+        let event = event(reporter, reference, EventType::Normal, "RolledOut", note, now);
+        (event.metadata.name.unwrap(), event.note.unwrap())
+    }
 
     #[test]
     fn merge_diff_sets_changes_and_removes_what_is_gone() {

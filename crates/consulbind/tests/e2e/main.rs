@@ -423,6 +423,40 @@ async fn two_bindings_due_together_on_one_deployment_give_one_new_generation() {
     s.finish().await;
 }
 
+/// A binding with the longest name the API allows, rolling more workloads than an event's
+/// note can list, still leaves its events on itself and on each workload.
+#[tokio::test]
+async fn a_rollout_of_many_workloads_by_a_long_named_binding_is_recorded_in_events() {
+    let Some(s) = Scene::new("long-events").await else { return };
+    let key = s.key("config");
+    s.put(&key, "v1").await;
+    let names: Vec<String> = (0..20).map(|i| format!("service-{i:02}-{}", "x".repeat(48))).collect();
+    for name in &names {
+        s.workload(DEPLOY, name, json!({"tier": "many"})).await;
+    }
+    let binding = format!("b{}", "n".repeat(252));
+    let targets = json!([{"kind": "Deployment", "selector": {"matchLabels": {"tier": "many"}}}]);
+    s.binding(&binding, spec(json!([{"key": key}]), targets, "0s")).await;
+    s.wait_condition(&binding, conditions::READY, "True", reason::BASELINED).await;
+    let baselined = || async { Ok(s.events_for(&binding).await.iter().any(|(r, _)| r == reason::BASELINED)) };
+    support::wait("the binding's Baselined event", baselined).await.unwrap();
+
+    s.put(&key, "v2").await;
+    for name in &names {
+        s.wait_revisions(DEPLOY, name, 2).await;
+    }
+    let rolled = || async { s.events_for(&binding).await.into_iter().find(|(r, _)| r == reason::ROLLED_OUT) };
+    support::wait("the binding's RolledOut event", || async { Ok(rolled().await.is_some()) }).await.unwrap();
+    let (_, note) = rolled().await.unwrap();
+    assert!(note.len() <= 1024 && note.contains(&names[0]), "{note}");
+    for name in &names {
+        let on_workload = || async { Ok(s.events_for(name).await.iter().any(|(r, _)| r == reason::ROLLED_OUT)) };
+        support::wait(&format!("a RolledOut event on {name}"), on_workload).await.unwrap();
+    }
+    assert!(!s.log().contains("could not record event"), "{}", s.log());
+    s.finish().await;
+}
+
 /// Bindings woken by one change wait out their quiet periods on timers of their own, and a
 /// ConfigMap change wakes them outside Consul: either way, one change is one new generation.
 #[tokio::test]
