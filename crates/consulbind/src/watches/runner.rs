@@ -568,9 +568,13 @@ pub async fn watch_agent(runner: Arc<Runner>) {
     }
 }
 
-/// The most bytes a group's answer may have: what its paths may hold together.
+/// The most bytes a group's answer may have: what its paths may hold together, but never more
+/// than one path may. Answers are held whole while they are read, so a tenant's many small keys
+/// must not make room for a huge one; a shared read over the limit is split into reads of
+/// their own.
 fn answer_limit(limits: &Limits, roster: &Roster) -> u64 {
-    roster.paths.iter().fold(0u64, |sum, p| sum.saturating_add(limits.answer_bytes(p.recurse)))
+    let together = roster.paths.iter().fold(0u64, |sum, p| sum.saturating_add(limits.answer_bytes(p.recurse)));
+    together.min(limits.answer_bytes(false))
 }
 
 #[cfg(test)]

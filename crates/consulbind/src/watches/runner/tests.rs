@@ -409,6 +409,19 @@ async fn a_retired_group_finishes_its_request_and_tells_no_one() {
     assert_eq!(group.content(0), [("app/a".to_owned(), "1".to_owned())]);
 }
 
+#[test]
+fn a_group_of_many_paths_may_read_no_more_than_one_path_may() {
+    let limits = Limits { entries: 10_000, bytes: 4 << 20 };
+    let keys: Vec<String> = (0..200).map(|i| format!("app/k{i}")).collect();
+    let many: Vec<(&str, bool, &[&str])> = keys.iter().map(|k| (k.as_str(), false, &[] as &[&str])).collect();
+    let limit = |paths: &[(&str, bool, &[&str])]| {
+        let (paths, cells) = cells(paths);
+        super::answer_limit(&limits, &Roster::new(paths, cells, None, false))
+    };
+    assert_eq!(limit(&many), limits.answer_bytes(false));
+    assert_eq!(limit(&[("app/", true, &[])]), limits.answer_bytes(true));
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_shared_read_too_large_asks_for_reads_of_their_own() {
     let mut group =
