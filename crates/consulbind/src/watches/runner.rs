@@ -199,6 +199,9 @@ impl Runner {
         // The roster and the entries its paths need, as of the last answer every path was told of.
         let mut last: Option<(Arc<Roster>, Vec<KvEntry>)> = None;
         let mut failing_since: Option<Instant> = None;
+        // A reset seen but not yet told: the read after it may fail, and the one after that
+        // looks fresh.
+        let mut untold_reset = false;
         let mut agent = self.agent.subscribe();
         loop {
             if roster.has_changed().is_err() {
@@ -272,8 +275,8 @@ impl Runner {
                         tokio::time::sleep(MIN_WAIT).await;
                         continue;
                     }
-                    let reset = progress == Progress::Reset;
-                    if reset {
+                    let reset = progress == Progress::Reset || untold_reset;
+                    if progress == Progress::Reset {
                         warn!(key = %query.key, index = response.index, "Consul's index went backwards (a restore or a rebuilt cluster?); reading afresh");
                     }
                     let seen =
@@ -281,10 +284,12 @@ impl Runner {
                     match self.confirm_vanished(&query, &members, response.entries, seen.as_deref()).await {
                         Ok((entries, denied)) => {
                             last =
-                                Some(self.deliver(&members, entries, seen.as_deref(), &denied, reset, response.index))
+                                Some(self.deliver(&members, entries, seen.as_deref(), &denied, reset, response.index));
+                            untold_reset = false;
                         }
                         // Read the whole group afresh; nothing was told.
                         Err(error) => {
+                            untold_reset = reset;
                             cursor.failed();
                             warn!(key = %query.key, %error, "could not confirm a key missing from a shared read");
                             tokio::time::sleep(backoff.next_delay()).await;

@@ -331,6 +331,36 @@ async fn an_index_reset_reads_afresh_and_marks_lost_content() {
     assert!(!back.reset_hold);
 }
 
+/// A reset whose follow-up read fails is still a reset when the group has read afresh: the
+/// lost content is held, not rolled out as an edit.
+#[tokio::test(start_paused = true)]
+async fn a_reset_stays_a_reset_when_the_read_after_it_fails() {
+    let paths: &[(&str, bool, &[&str])] = &[("app/a", false, &["one"]), ("app/b/", true, &["two"])];
+    let mut group = start(KvQuery::prefix("app/"), paths, no_limits());
+    group.request().await.reply(100, &[("app/a", "1", 90), ("app/b/x", "1", 95)]);
+    let blocking = group.request().await;
+    group.woken();
+
+    blocking.reply(5, &[]);
+    group.request().await.reply(5, &[]);
+    // The key missing from the shared read is read alone, to be sure; that read fails.
+    let alone = group.request().await;
+    assert_eq!(alone.query, KvQuery::exact("app/a"));
+    alone.fail(unreachable());
+    assert!(group.woken().is_empty(), "told before the reset was read whole");
+
+    let fresh = group.request().await;
+    assert_eq!(fresh.index, 0, "read afresh after the failure");
+    fresh.reply(6, &[]);
+    group.request().await.reply(6, &[]);
+    group.settle().await;
+    assert_eq!(group.woken(), names(&["one", "two"]));
+    for i in 0..2 {
+        let KeyState::Ready(lost) = group.cells[i].state() else { panic!("path {i} not ready") };
+        assert!(lost.reset_hold && lost.entries.is_empty(), "path {i}: content lost with the reset taken for an edit");
+    }
+}
+
 /// An agent that has just restarted may answer once from an empty state with a low index.
 #[tokio::test(start_paused = true)]
 async fn a_low_index_that_the_next_read_contradicts_changes_nothing() {
