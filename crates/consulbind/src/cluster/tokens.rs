@@ -35,7 +35,10 @@ impl Tokens {
         };
         let (store, writer) = reflector::store();
         let config = watcher::Config::default().labels(&format!("{TOKEN_LABEL}=true"));
-        let events = watcher(api, config).default_backoff().modify(super::strip::<Secret>);
+        let events = watcher(api, config).default_backoff().modify(|secret: &mut Secret| {
+            super::strip(secret);
+            keep_token_sized(secret);
+        });
         let touched = reflector::reflector(writer, events).filter_map(|event| {
             let touched = match event {
                 Ok(watcher::Event::Apply(s) | watcher::Event::Delete(s) | watcher::Event::InitApply(s)) => {
@@ -61,11 +64,35 @@ impl Tokens {
         let Some(secret) = self.store.get(&ObjectRef::new(name).within(namespace)) else {
             return Lookup::NoSecret;
         };
-        let value =
-            secret.data.as_ref().and_then(|d| d.get(key)).map(|v| String::from_utf8_lossy(&v.0).trim().to_owned());
-        match value {
+        let value = secret.data.as_ref().and_then(|d| d.get(key));
+        if value.is_some_and(|v| v.0 == TOO_LARGE) {
+            return Lookup::TooLarge;
+        }
+        match value.map(|v| String::from_utf8_lossy(&v.0).trim().to_owned()) {
             Some(token) if !token.is_empty() => Lookup::Token(token),
             _ => Lookup::NoKey,
+        }
+    }
+}
+
+/// The longest value kept from a labelled Secret. Consul's tokens are 36-character UUIDs; the
+/// cache holds every labelled Secret, and anyone in a namespace can label many large ones.
+pub const MAX_TOKEN_BYTES: usize = 1024;
+/// The most keys kept from a labelled Secret.
+pub const MAX_TOKEN_KEYS: usize = 16;
+/// Kept in place of a longer value: never UTF-8, so never a token.
+const TOO_LARGE: &[u8] = b"\xff";
+
+/// Keeps what could be a token: the first keys, and their values up to a token's size, a longer
+/// one as a marker, so that a binding naming it hears why it cannot be used.
+fn keep_token_sized(secret: &mut Secret) {
+    secret.string_data = None;
+    if let Some(data) = &mut secret.data {
+        while data.len() > MAX_TOKEN_KEYS {
+            data.pop_last();
+        }
+        for value in data.values_mut().filter(|v| v.0.len() > MAX_TOKEN_BYTES) {
+            value.0 = TOO_LARGE.to_vec();
         }
     }
 }
@@ -76,4 +103,29 @@ pub enum Lookup {
     NoSecret,
     /// The Secret has no non-empty value under the key.
     NoKey,
+    /// The value under the key is longer than any Consul token.
+    TooLarge,
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::ByteString;
+
+    use super::*;
+
+    #[test]
+    fn a_labelled_secret_keeps_token_sized_values_of_its_first_keys_only() {
+        let mut data: std::collections::BTreeMap<String, ByteString> =
+            (0..40).map(|i| (format!("k{i:02}"), ByteString(vec![b'v'; 10]))).collect();
+        data.insert("k00".into(), ByteString(vec![b'x'; 8 << 20]));
+        data.insert("k01".into(), ByteString(vec![b't'; MAX_TOKEN_BYTES]));
+        let mut secret = Secret { data: Some(data), ..Secret::default() };
+        keep_token_sized(&mut secret);
+        let data = secret.data.as_ref().unwrap();
+        assert_eq!(data.len(), MAX_TOKEN_KEYS);
+        assert_eq!(data["k00"].0, TOO_LARGE);
+        assert_eq!(data["k01"].0.len(), MAX_TOKEN_BYTES, "a value of a token's size is kept whole");
+        let kept: usize = data.values().map(|v| v.0.len()).sum();
+        assert!(kept < 2 * MAX_TOKEN_BYTES, "{kept} bytes kept");
+    }
 }

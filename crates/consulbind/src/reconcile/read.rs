@@ -137,9 +137,17 @@ pub fn token(ctx: &Context, namespace: &str, spec: &ConsulBindingSpec) -> TokenS
              that lets a Secret serve as a Consul token",
             secret_ref.name
         )),
-        Lookup::NoKey => {
-            TokenSource::Invalid(format!("token Secret {:?} has no non-empty key {key:?}", secret_ref.name))
-        }
+        Lookup::NoKey => TokenSource::Invalid(format!(
+            "token Secret {:?} has no non-empty key {key:?} (the controller reads the first {} keys of a token \
+                 Secret)",
+            secret_ref.name,
+            crate::cluster::tokens::MAX_TOKEN_KEYS
+        )),
+        Lookup::TooLarge => TokenSource::Invalid(format!(
+            "the value of key {key:?} in token Secret {:?} is longer than {} bytes, more than a Consul token",
+            secret_ref.name,
+            crate::cluster::tokens::MAX_TOKEN_BYTES
+        )),
     }
 }
 

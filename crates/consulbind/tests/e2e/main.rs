@@ -783,12 +783,17 @@ async fn acl_token_from_secret_syncs_and_a_bad_one_is_denied_without_leaking() {
     acl.put(&key, "v1").await;
     let good = acl.read_token(&format!("{}/", s.ns)).await;
     let bad = "00000000-1111-2222-3333-444444444444".to_owned();
+    // The cache keeps no more of a labelled Secret than a token needs.
+    let huge = "h".repeat(512 << 10);
 
     s.workload(DEPLOY, "web", json!({})).await;
     let labelled = json!({"consulbind.dev/token": "true"});
-    for (name, token, labels) in
-        [("good-token", &good, &labelled), ("bad-token", &bad, &labelled), ("unlabelled", &good, &json!({}))]
-    {
+    for (name, token, labels) in [
+        ("good-token", &good, &labelled),
+        ("bad-token", &bad, &labelled),
+        ("unlabelled", &good, &json!({})),
+        ("huge-token", &huge, &labelled),
+    ] {
         let metadata = json!({"name": name, "labels": labels});
         s.apply(json!({"apiVersion": "v1", "kind": "Secret", "metadata": metadata, "stringData": {"token": token}}))
             .await
@@ -801,7 +806,12 @@ async fn acl_token_from_secret_syncs_and_a_bad_one_is_denied_without_leaking() {
     s.binding("good", with_secret("good-token")).await;
     s.binding("bad", with_secret("bad-token")).await;
     s.binding("unlabelled", with_secret("unlabelled")).await;
+    s.binding("huge", with_secret("huge-token")).await;
     s.wait_condition("good", conditions::CONSUL_SYNCED, "True", reason::SYNCED).await;
+    let refused = s.wait_condition("huge", conditions::READY, "False", reason::TOKEN_SECRET_INVALID).await;
+    let status = refused.status.unwrap();
+    let message = &status.conditions.iter().find(|c| c.type_ == conditions::READY).unwrap().message;
+    assert!(message.contains("longer than 1024 bytes"), "{message}");
     // A Secret without the opt-in label never serves as a token, whatever it holds.
     let refused = s.wait_condition("unlabelled", conditions::READY, "False", reason::TOKEN_SECRET_INVALID).await;
     let status = refused.status.unwrap();
