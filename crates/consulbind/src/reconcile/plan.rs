@@ -399,8 +399,14 @@ pub fn status(input: &Input<'_>, plan: &Plan, outcome: &Outcome, now: &Time) -> 
                     let stamp = stamp.filter(|s| *s != checksum);
                     (checksum, stamp, old.last_rolled_time.clone())
                 }
-                // Found now and not rolled: it started with the content of today.
-                None => (desired.or(previous.applied_checksum.as_deref())?.to_owned(), None, None),
+                // Found now and not rolled: it started with the content of today. At a baseline
+                // that holds for a stamp of this binding's from before (a binding made again):
+                // it stands for today's content, and is no cause to roll later.
+                None => {
+                    let checksum = desired.or(previous.applied_checksum.as_deref())?.to_owned();
+                    let stamp = live.filter(|_| plan.baseline).map(|l| l.checksum().to_owned());
+                    (checksum.clone(), stamp.filter(|s| *s != checksum), None)
+                }
             };
             Some(TargetStatus { kind: w.0, name: w.1.clone(), checksum, stamp, last_rolled_time })
         })
@@ -966,6 +972,31 @@ mod tests {
         assert_eq!(status.keys[0].modify_index, Some(7));
         assert_eq!(status.observed_generation, Some(3));
         assert_eq!(status.last_change_time, None);
+    }
+
+    /// A binding deleted and made again, the content changed in between: the workload still
+    /// carries the old binding's stamp. The baseline takes it for today's content.
+    #[tokio::test(start_paused = true)]
+    async fn a_baseline_over_an_old_stamp_of_its_own_rolls_nothing_later() {
+        let spec = spec(false);
+        let found = web();
+        let old = BTreeMap::from([(found[0].clone(), Live { value: checksum_of("v1"), owned: true })]);
+        let fresh = ConsulBindingStatus::default();
+        let entries = entry("v2");
+        let baseline = Input { live: &old, ..input(&spec, &fresh, &entries, &found) };
+        let (plan, status) = plan_and_status(&baseline);
+        assert!(plan.baseline && plan.roll.is_empty());
+        assert_eq!(status.targets[0].checksum, checksum_of("v2"));
+        assert_eq!(status.targets[0].stamp.as_deref(), Some(checksum_of("v1").as_str()));
+
+        let later = Input { live: &old, ..input(&spec, &status, &entries, &found) };
+        let (plan, again) = plan_and_status(&later);
+        assert!(plan.roll.is_empty(), "rolled at the next wake for a stamp the baseline took in");
+        assert_eq!(again.targets, status.targets);
+        // The next change rolls it as usual.
+        let entries = entry("v3");
+        let change = Input { live: &old, ..input(&spec, &status, &entries, &found) };
+        assert_eq!(plan_and_status(&change).0.roll, found);
     }
 
     #[tokio::test(start_paused = true)]

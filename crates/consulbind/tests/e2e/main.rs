@@ -622,6 +622,34 @@ async fn api_server_refuses_invalid_bindings() {
     s.finish().await;
 }
 
+/// A binding deleted and made again (a reinstall, `kubectl replace --force`) while the content
+/// changed baselines over the old binding's stamp, and rolls nothing at its next wake.
+#[tokio::test]
+async fn a_binding_made_again_after_a_change_baselines_and_rolls_only_at_the_next_change() {
+    let Some(s) = Scene::new("remade").await else { return };
+    let key = s.key("config");
+    bound_deployment(&s, &key, "0s").await;
+    s.put(&key, "v2").await;
+    s.wait_revisions(DEPLOY, "web", 2).await;
+    s.wait_condition("cfg", conditions::READY, "True", reason::UP_TO_DATE).await;
+
+    s.bindings().delete("cfg", &Default::default()).await.unwrap();
+    support::wait("cfg to go", || async { Ok(s.bindings().get_opt("cfg").await?.is_none()) }).await.unwrap();
+    s.put(&key, "v3").await;
+    s.binding("cfg", spec(json!([{"key": key}]), deploy("web"), "0s")).await;
+    s.wait_condition("cfg", conditions::READY, "True", reason::BASELINED).await;
+    // A label on the Deployment (not its template) wakes the binding again, as a resync would.
+    let label = json!({"metadata": {"labels": {"woken": "yes"}}});
+    let deployments = Api::<Deployment>::namespaced(s.client.clone(), &s.ns);
+    deployments.patch("web", &PatchParams::default(), &Patch::Merge(&label)).await.unwrap();
+    tokio::time::sleep(SETTLE).await;
+    assert_eq!(s.revisions(DEPLOY, "web").await, 2, "rolled after a baseline\n{}", s.log());
+
+    s.put(&key, "v4").await;
+    s.wait_revisions(DEPLOY, "web", 3).await;
+    s.finish().await;
+}
+
 #[tokio::test]
 async fn deleting_a_binding_stops_its_watch_and_leaves_the_workload() {
     let Some(s) = Scene::new("delete").await else { return };
