@@ -135,7 +135,9 @@ impl Path {
     }
 
     /// Records new entries. Content that turns missing or empty in the same answer as an index
-    /// reset is marked as lost data; it stays marked until the content is back.
+    /// reset is marked as lost data; it stays marked until the content is back. A reset that
+    /// changes nothing (Consul reaping the tombstones under a prefix lowers its index) is no
+    /// restore, and starts no grace.
     pub fn set_ready(&self, entries: &[KvEntry], reset: bool) -> Update {
         let current = &mut *self.state.locked();
         let (before, was_ready) = match &*current {
@@ -143,13 +145,13 @@ impl Path {
             KeyState::Failed { last, .. } => (last.as_ref(), false),
             KeyState::Pending => (None, false),
         };
-        let reset_at = if reset { Some(Instant::now()) } else { before.and_then(|b| b.reset_at) };
         let (update, content) = match before.filter(|b| same_entries(&b.entries, entries)) {
             Some(before) => {
                 let update = if was_ready { Update::Same } else { Update::Recovered };
-                (update, Content { entries: entries.into(), reset_at, ..before.clone() })
+                (update, Content { entries: entries.into(), ..before.clone() })
             }
             None => {
+                let reset_at = if reset { Some(Instant::now()) } else { before.and_then(|b| b.reset_at) };
                 let update = if before.is_some() { Update::Changed } else { Update::First };
                 let lost = reset && entries.is_empty() && before.is_some_and(|b| !b.entries.is_empty());
                 (update, Content { entries: entries.into(), changed_at: Instant::now(), reset_hold: lost, reset_at })
@@ -230,6 +232,15 @@ mod tests {
         let reset_at = ready(&path).reset_at.expect("the reset is remembered");
         assert_eq!(path.set_ready(&[entry("k", "c", 2)], false), Update::Changed);
         assert_eq!(ready(&path).reset_at, Some(reset_at));
+    }
+
+    #[test]
+    fn a_reset_that_changes_nothing_starts_no_grace() {
+        let path = Path::default();
+        path.set_ready(&[entry("k", "a", 7)], false);
+        assert_eq!(path.set_ready(&[entry("k", "a", 7)], true), Update::Same);
+        let content = ready(&path);
+        assert!(content.reset_at.is_none() && !content.reset_hold, "tombstones reaped taken for a restore");
     }
 
     #[test]
