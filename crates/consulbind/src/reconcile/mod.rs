@@ -175,9 +175,16 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
     };
 
     // Plan.
-    let reset_at = read::latest_reset(&contents);
+    let held = previous
+        .conditions
+        .iter()
+        .any(|c| c.type_ == conditions::READY && c.reason == conditions::reason::CONSUL_INDEX_RESET);
     let restore = ctx.states.update(&oref, |record| {
-        reset_at.filter(|reset| record.settled_at.is_none_or(|settled| settled < *reset)).map(|_| ctx.restore_grace)
+        if held && record.held_since.is_none() {
+            record.held_since = Some(std::time::Instant::now());
+        }
+        let reset = read::latest_reset(&contents).max(record.held_since);
+        reset.filter(|reset| record.settled_at.is_none_or(|settled| settled < *reset)).map(|_| ctx.restore_grace)
     });
     let input = Input {
         key: &ctx.checksum_key,

@@ -174,7 +174,18 @@ pub fn plan(input: &Input<'_>, pending: &mut Option<Pending>, now: Instant) -> P
         return plan;
     }
 
-    let lost: Vec<&str> = contents.iter().filter(|c| c.reset_hold).map(|c| c.source.key.as_str()).collect();
+    // The status keeps a hold across a restart, where the first read is no reset: what is
+    // still empty stays lost.
+    let held = input
+        .previous
+        .conditions
+        .iter()
+        .any(|c| c.type_ == conditions::READY && c.reason == reason::CONSUL_INDEX_RESET);
+    let lost: Vec<&str> = contents
+        .iter()
+        .filter(|c| c.reset_hold || (held && c.entries.is_empty()))
+        .map(|c| c.source.key.as_str())
+        .collect();
     let spec_unchanged = input.generation.is_some() && input.generation == input.previous.observed_generation;
     if !lost.is_empty() && spec_unchanged && input.previous.applied_checksum.as_ref() != Some(&desired) {
         *pending = None;
@@ -1028,6 +1039,13 @@ mod tests {
         // A spec change is a person's say-so: the empty content rolls once.
         let (plan, _) = step_at(&optional, 4, &held, &[], true, &web());
         assert_eq!(plan.roll, web());
+        // A restart while held: the first read is no reset, and the content is still lost.
+        let (plan, after_restart) = step_at(&optional, 3, &held, &[], false, &web());
+        assert!(plan.roll.is_empty(), "lost data was rolled out after a restart");
+        assert_eq!(condition(&after_restart, conditions::READY).reason, reason::CONSUL_INDEX_RESET);
+        let (plan, restored) = step(&optional, &after_restart, &entry("v1"), &web());
+        assert!(plan.roll.is_empty());
+        assert_eq!(condition(&restored, conditions::READY).status, "True");
         // A required key lost in a reset reads as missing.
         let (_, required) = step(&spec(false), &Default::default(), &entry("v1"), &web());
         let (_, missing) = step_at(&spec(false), 3, &required, &[], true, &web());
