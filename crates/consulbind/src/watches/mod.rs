@@ -79,6 +79,7 @@ impl Watches {
             replan: Notify::new(),
             planned_slots: Default::default(),
             agent: tokio::sync::watch::Sender::new(None),
+            parked_reads: tokio::sync::Semaphore::new(1),
         });
         let shared = Arc::new(Shared { runner, inner: Mutex::default() });
         tokio::spawn(plan_forever(shared.clone()));

@@ -158,6 +158,9 @@ pub struct Runner {
     pub planned_slots: AtomicUsize,
     /// Whether the agent answers, as [`watch_agent`] last found.
     pub agent: watch::Sender<Option<Error>>,
+    /// Reads of parked groups go one at a time: a namespace can make refused tokens by the
+    /// thousand, and their retries must not crowd the short reads every binding needs.
+    pub parked_reads: Semaphore,
 }
 
 /// The paths one group's query serves, and how it may block.
@@ -209,9 +212,9 @@ impl Runner {
             }
             let index = if last.is_some() { cursor.index() } else { 0 };
             let started = Instant::now();
-            let (limit, lane) = {
+            let (limit, lane, parked) = {
                 let current = roster.borrow();
-                (answer_limit(&self.limits, &current), current.lane.clone())
+                (answer_limit(&self.limits, &current), current.lane.clone(), current.parked)
             };
             let wait = self.group_wait(born, lane.as_ref().map(|l| l.wait));
             // Scoped, so that a request given up is dropped before any backoff.
@@ -220,6 +223,12 @@ impl Runner {
                     // A blocking query in a lane waits for its turn; a plain read needs none.
                     let _turn = match (&lane, index) {
                         (Some(lane), 1..) => Some(lane.slots.acquire().await.expect("never closed")),
+                        _ => None,
+                    };
+                    // A parked group whose token was just accepted blocks until the planner gives
+                    // it a slot; that wait holds up no one.
+                    let _parked = match (parked, index) {
+                        (true, 0) => Some(self.parked_reads.acquire().await.expect("never closed")),
                         _ => None,
                     };
                     self.consul.get_wait(&query, index, wait, limit).await

@@ -626,7 +626,7 @@ async fn api_server_refuses_invalid_bindings() {
 /// changed baselines over the old binding's stamp, and rolls nothing at its next wake.
 #[tokio::test]
 async fn a_binding_made_again_after_a_change_baselines_and_rolls_only_at_the_next_change() {
-    let Some(s) = Scene::new("remade").await else { return };
+    let Some(s) = Scene::new("binding-again").await else { return };
     let key = s.key("config");
     bound_deployment(&s, &key, "0s").await;
     s.put(&key, "v2").await;

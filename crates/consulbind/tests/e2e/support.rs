@@ -70,6 +70,13 @@ impl Scene {
     pub async fn without_controller(name: &str) -> Option<Self> {
         let (client, consul) = servers().await?;
         let ns = format!("{name}-{}", std::process::id() % 100_000);
+        // Tests run at once: two with one name would delete each other's namespace.
+        static TAKEN: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+        {
+            let mut taken = TAKEN.lock().unwrap_or_else(|e| e.into_inner());
+            assert!(!taken.contains(&ns), "two tests use the scene name {name:?}; give each its own");
+            taken.push(ns.clone());
+        }
         let api: Api<Namespace> = Api::all(client.clone());
         let _ = api.delete(&ns, &DeleteParams::default()).await;
         wait("old namespace to go", || async { Ok(api.get_opt(&ns).await?.is_none()) }).await.unwrap();

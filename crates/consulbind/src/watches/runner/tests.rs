@@ -122,6 +122,7 @@ fn runner(limits: Limits) -> (Arc<Runner>, mpsc::UnboundedReceiver<Request>, Arc
         replan: Notify::new(),
         planned_slots: 20.into(),
         agent: watch::Sender::new(None),
+        parked_reads: tokio::sync::Semaphore::new(1),
     });
     (runner, requests, woken)
 }
@@ -450,6 +451,29 @@ fn a_group_of_many_paths_may_read_no_more_than_one_path_may() {
     };
     assert_eq!(limit(&many), limits.answer_bytes(false));
     assert_eq!(limit(&[("app/", true, &[])]), limits.answer_bytes(true));
+}
+
+/// Refused tokens by the thousand must not crowd the reads of everyone else.
+#[tokio::test(start_paused = true)]
+async fn parked_groups_read_one_at_a_time() {
+    let (runner, mut requests, _) = runner(no_limits());
+    let mut tasks = Vec::new();
+    let mut senders = Vec::new();
+    for key in ["a/one", "a/two"] {
+        let (paths, cells) = cells(&[(key, false, &["b"])]);
+        let (roster, rx) = watch::channel(Arc::new(Roster::new(paths, cells, None, true)));
+        tasks.push(tokio::spawn(runner.clone().run_group(KvQuery::exact(key), rx)));
+        senders.push(roster);
+    }
+    let first = requests.recv().await.unwrap();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(requests.try_recv().is_err(), "a second parked read went out while the first was unanswered");
+    let key = first.query.key.clone();
+    first.fail(denied(&key));
+    let second = tokio::time::timeout(Duration::from_secs(1), requests.recv()).await.unwrap().unwrap();
+    assert_ne!(second.query.key, key);
+    drop(senders);
+    tasks.iter().for_each(|t| t.abort());
 }
 
 #[tokio::test(start_paused = true)]
