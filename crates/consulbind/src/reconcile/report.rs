@@ -54,14 +54,10 @@ pub async fn status(
         return Ok(());
     }
     let api: Api<ConsulBinding> = Api::namespaced(ctx.client.clone(), &binding.namespace().unwrap_or_default());
-    // A merge patch of what changed: a server-side apply that drops a field sends it to the
-    // 1.20 API server as null, which the schema refuses.
-    let (old, new) =
-        (serde_json::to_value(previous).unwrap_or_default(), serde_json::to_value(status).unwrap_or_default());
-    let patch = json!({ "status": merge_diff(&old, &new) });
-    let params = PatchParams { field_manager: Some(STATUS_MANAGER.into()), ..PatchParams::default() };
-    api.patch_status(&binding.name_any(), &params, &Patch::Merge(&patch)).await.map_err(Error::Status)?;
     let uid = binding.uid().unwrap_or_default();
+    let params = PatchParams { field_manager: Some(STATUS_MANAGER.into()), ..PatchParams::default() };
+    let patch = status_patch(&uid, status);
+    api.patch_status(&binding.name_any(), &params, &Patch::<()>::Json(patch)).await.map_err(Error::Status)?;
     ctx.states.update(&oref, |r| r.written = Some(Box::new((uid, status.clone()))));
     Ok(())
 }
@@ -216,27 +212,17 @@ fn clip(mut text: String, limit: usize) -> String {
     text
 }
 
-/// The JSON merge patch (RFC 7386) that turns `old` into `new`: changed fields, objects
-/// merged field by field, and null for each field `new` no longer has.
-fn merge_diff(old: &serde_json::Value, new: &serde_json::Value) -> serde_json::Value {
-    use serde_json::Value;
-    match (old, new) {
-        (Value::Object(old), Value::Object(new)) => {
-            let mut patch = serde_json::Map::new();
-            for (key, value) in new {
-                match old.get(key) {
-                    Some(before) if before == value => {}
-                    Some(before) => drop(patch.insert(key.clone(), merge_diff(before, value))),
-                    None => drop(patch.insert(key.clone(), value.clone())),
-                }
-            }
-            for key in old.keys().filter(|k| !new.contains_key(*k)) {
-                patch.insert(key.clone(), Value::Null);
-            }
-            Value::Object(patch)
-        }
-        _ => new.clone(),
-    }
+/// The whole status, for the binding of `uid` only: a reconcile still running for a binding
+/// that was deleted and made again under its name must not give the new one its status. A JSON
+/// patch, since the status subresource ignores the uid of a merge patch; and the whole status,
+/// since a server-side apply that drops a field sends it to the 1.20 API server as null, which
+/// the schema refuses.
+fn status_patch(uid: &str, status: &ConsulBindingStatus) -> json_patch::Patch {
+    let ops = json!([
+        {"op": "test", "path": "/metadata/uid", "value": uid},
+        {"op": "add", "path": "/status", "value": status},
+    ]);
+    serde_json::from_value(ops).expect("a JSON patch")
 }
 
 /// Whether the status says anything new. The sync time alone is not news: writing it on every
@@ -281,11 +267,22 @@ mod tests {
     }
 
     #[test]
-    fn merge_diff_sets_changes_and_removes_what_is_gone() {
-        let old = json!({"a": 1, "b": {"x": 1, "y": 2}, "c": [1, 2], "gone": {"z": 1}});
-        let new = json!({"a": 1, "b": {"x": 1, "y": 3}, "c": [1], "new": "n"});
-        assert_eq!(merge_diff(&old, &new), json!({"b": {"y": 3}, "c": [1], "new": "n", "gone": null}));
-        assert_eq!(merge_diff(&old, &old), json!({}));
+    fn the_status_is_written_whole_and_only_to_the_binding_it_was_made_for() {
+        let status = ConsulBindingStatus { applied_checksum: Some("c".into()), ..Default::default() };
+        let patch = serde_json::to_value(status_patch("uid-1", &status)).unwrap();
+        assert_eq!(
+            patch,
+            json!([
+                {"op": "test", "path": "/metadata/uid", "value": "uid-1"},
+                {"op": "add", "path": "/status", "value": {"appliedChecksum": "c"}},
+            ])
+        );
+        let mut binding =
+            json!({"metadata": {"uid": "uid-2"}, "status": {"appliedChecksum": "old", "keySummary": "1/1"}});
+        assert!(json_patch::patch(&mut binding, &status_patch("uid-1", &status)).is_err(), "a new binding");
+        assert_eq!(binding["status"]["appliedChecksum"], "old");
+        json_patch::patch(&mut binding, &status_patch("uid-2", &status)).unwrap();
+        assert_eq!(binding["status"], json!({"appliedChecksum": "c"}), "fields no longer set are gone");
     }
 
     #[test]
