@@ -303,15 +303,9 @@ impl Members {
         if let Some(&i) = self.exact.get(key) {
             f(i);
         }
-        for &end in &self.lengths {
-            match key.get(..end) {
-                Some(start) => {
-                    if let Some(&i) = self.prefixes.get(start) {
-                        f(i);
-                    }
-                }
-                None if end > key.len() => break,
-                None => {}
+        for &end in self.lengths.iter().take_while(|&&end| end <= key.len()) {
+            if let Some(&i) = key.get(..end).and_then(|start| self.prefixes.get(start)) {
+                f(i);
             }
         }
     }

@@ -175,10 +175,7 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
     };
 
     // Plan.
-    let held = previous
-        .conditions
-        .iter()
-        .any(|c| c.type_ == conditions::READY && c.reason == conditions::reason::CONSUL_INDEX_RESET);
+    let held = plan::held_for_lost_content(&previous);
     let restore = ctx.states.update(&oref, |record| {
         if held && record.held_since.is_none() {
             record.held_since = Some(std::time::Instant::now());

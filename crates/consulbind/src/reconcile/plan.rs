@@ -176,11 +176,7 @@ pub fn plan(input: &Input<'_>, pending: &mut Option<Pending>, now: Instant) -> P
 
     // The status keeps a hold across a restart, where the first read is no reset: what is
     // still empty stays lost.
-    let held = input
-        .previous
-        .conditions
-        .iter()
-        .any(|c| c.type_ == conditions::READY && c.reason == reason::CONSUL_INDEX_RESET);
+    let held = held_for_lost_content(input.previous);
     let lost: Vec<&str> = contents
         .iter()
         .filter(|c| c.reset_hold || (held && c.entries.is_empty()))
@@ -575,6 +571,11 @@ fn object_status(key: &checksum::Key, object: &ObjectContent<'_>, source: &Sourc
 
 fn carried_targets(status: &ConsulBindingStatus) -> BTreeMap<Workload, &TargetStatus> {
     status.targets.iter().map(|t| ((t.kind, t.name.clone()), t)).collect()
+}
+
+/// Whether `status` holds the binding for content lost in a Consul index reset.
+pub fn held_for_lost_content(status: &ConsulBindingStatus) -> bool {
+    status.conditions.iter().any(|c| c.type_ == conditions::READY && c.reason == reason::CONSUL_INDEX_RESET)
 }
 
 /// The content a workload's own stamp stands for: the stamp itself, or the newer content it was

@@ -53,26 +53,22 @@ pub fn validate(spec: &ConsulBindingSpec) -> Result<Window, String> {
         }
     }
     // One source read two ways would count once, by whichever entry came first.
-    for (i, source) in spec.keys.iter().enumerate() {
-        let same = |other: &&KeySource| other.key == source.key && other.recurse == source.recurse;
-        if spec.keys[..i].iter().find(same).is_some_and(|earlier| earlier != source) {
-            let what = if source.recurse { "prefix" } else { "key" };
-            return Err(format!(
-                "Consul {what} {:?} is listed twice in spec.keys with different settings; list it once",
-                source.key
-            ));
-        }
+    let same_key = |a: &&KeySource, b: &&KeySource| a.key == b.key && a.recurse == b.recurse;
+    if let Some(source) = listed_twice(&spec.keys.iter().collect::<Vec<_>>(), same_key) {
+        let what = if source.recurse { "prefix" } else { "key" };
+        return Err(format!(
+            "Consul {what} {:?} is listed twice in spec.keys with different settings; list it once",
+            source.key
+        ));
     }
-    let objects: Vec<_> = spec.objects().collect();
-    for (i, (kind, source)) in objects.iter().enumerate() {
-        let same = |(k, o): &&(ObjectKind, &ObjectSource)| k == kind && o.name == source.name;
-        if objects[..i].iter().find(same).is_some_and(|(_, earlier)| earlier != source) {
-            return Err(format!(
-                "{kind} {:?} is listed twice with different keys or optional; list it once, with every key it \
-                 should read",
-                source.name
-            ));
-        }
+    let same_object =
+        |(a, x): &(ObjectKind, &ObjectSource), (b, y): &(ObjectKind, &ObjectSource)| a == b && x.name == y.name;
+    if let Some((kind, source)) = listed_twice(&spec.objects().collect::<Vec<_>>(), same_object) {
+        return Err(format!(
+            "{kind} {:?} is listed twice with different keys or optional; list it once, with every key it should \
+             read",
+            source.name
+        ));
     }
     for target in &spec.targets {
         if target.name.is_some() == target.selector.is_some() {
@@ -94,6 +90,13 @@ pub fn validate(spec: &ConsulBindingSpec) -> Result<Window, String> {
     let quiet = duration("quietPeriod", rollout.quiet_period, DEFAULT_QUIET, MAX_QUIET_PERIOD)?;
     let max = duration("maxDelay", rollout.max_delay, DEFAULT_MAX.max(quiet), MAX_DELAY)?;
     Ok(Window { quiet, max })
+}
+
+/// The first entry that names the same source as an earlier one, with other settings.
+fn listed_twice<T: PartialEq>(entries: &[T], same: impl Fn(&T, &T) -> bool) -> Option<&T> {
+    entries.iter().enumerate().find_map(|(i, entry)| {
+        entries[..i].iter().any(|earlier| same(earlier, entry) && earlier != entry).then_some(entry)
+    })
 }
 
 /// A whole number of hours as `1h`, for messages.
