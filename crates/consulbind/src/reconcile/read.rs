@@ -12,7 +12,6 @@ use consulbind_api::{
     ConsulBinding, ConsulBindingSpec, ConsulBindingStatus, KeySource, MAX_DELAY, MAX_QUIET_PERIOD, ObjectKind,
     ObjectSource, parse_duration,
 };
-use kube::ResourceExt;
 
 use super::{
     context::Context,
@@ -322,13 +321,7 @@ fn trust(stamps: &mut BTreeMap<Workload, (Version, String)>, resolved: &mut Reso
 
 /// The binding's status: the one this replica last wrote for this very object, else the cached one.
 pub fn last_status(ctx: &Context, binding: &ConsulBinding, oref: &BindingRef) -> ConsulBindingStatus {
-    // The watch event of a write can come before the copy is kept; drop it here then.
-    ctx.states.apply(binding);
-    let uid = binding.uid().unwrap_or_default();
-    ctx.states.update(oref, |record| match record.written.as_deref() {
-        Some((written_uid, status)) if *written_uid == uid => status.clone(),
-        _ => binding.status.clone().unwrap_or_default(),
-    })
+    ctx.states.last_status(binding, || ctx.bindings.get(oref))
 }
 
 #[cfg(test)]

@@ -71,6 +71,28 @@ impl States {
         }
     }
 
+    /// The status last written for `binding`: this replica's copy of its last write, or else
+    /// the status in the cache. `cached` is read only after the copy was found gone: the copy
+    /// goes once the cache has the write, so a `binding` taken from the cache a moment before
+    /// may not have it yet.
+    pub fn last_status(
+        &self,
+        binding: &ConsulBinding,
+        cached: impl FnOnce() -> Option<Arc<ConsulBinding>>,
+    ) -> ConsulBindingStatus {
+        // The watch event of a write can come before the copy is kept; it goes here then.
+        self.apply(binding);
+        let uid = binding.uid().unwrap_or_default();
+        let written = self.records.locked().get(&binding_ref(binding)).and_then(|r| match r.written.as_deref() {
+            Some((written_uid, status)) if *written_uid == uid => Some(status.clone()),
+            _ => None,
+        });
+        written.unwrap_or_else(|| {
+            let cached = cached().filter(|c| c.uid() == binding.uid());
+            cached.as_deref().unwrap_or(binding).status.clone().unwrap_or_default()
+        })
+    }
+
     /// The binding is gone: its whole record goes, and its metric series.
     pub fn delete(&self, binding: &BindingRef) {
         let removed = self.records.locked().remove(binding);
@@ -202,5 +224,29 @@ mod tests {
         assert!(keep(&states), "another object of the same name");
         states.apply(&binding("a", "uid-1", Some(written)));
         assert!(!keep(&states));
+    }
+
+    #[test]
+    fn the_last_status_is_never_older_than_the_last_write() {
+        let states = states();
+        let status = |sum: &str| ConsulBindingStatus { applied_checksum: Some(sum.into()), ..Default::default() };
+        let a = BindingRef::new("a").within("ns");
+        let stale = binding("a", "uid-1", Some(status("old")));
+        let fresh = Arc::new(binding("a", "uid-1", Some(status("new"))));
+        let last = |held: &ConsulBinding, cached: Option<&Arc<ConsulBinding>>| {
+            states.last_status(held, || cached.cloned()).applied_checksum.unwrap()
+        };
+        assert_eq!(last(&stale, None), "old");
+
+        states.update(&a, |r| r.written = Some(Box::new(("uid-1".into(), status("new")))));
+        assert_eq!(last(&stale, Some(&fresh)), "new", "the copy of the write");
+        // The cache took the write just after the caller read its copy of the binding, and the
+        // copy went with it: the cache, read now, has the write.
+        states.apply(&fresh);
+        assert!(!states.update(&a, |r| r.written.is_some()));
+        assert_eq!(last(&stale, Some(&fresh)), "new", "a status older than the last write");
+        // Another object of the same name in the cache says nothing of this one.
+        let other = Arc::new(binding("a", "uid-2", Some(status("other"))));
+        assert_eq!(last(&stale, Some(&other)), "old");
     }
 }

@@ -348,6 +348,7 @@ impl Controller {
             .arg(format!("--debug-addr={debug}"))
             .args(args)
             .env("RUST_LOG", "info,consulbind=debug")
+            .env("NO_COLOR", "1")
             .envs(identity.iter().copied())
             .envs(envs.iter().copied())
             .stdout(Stdio::from(log.try_clone()?))
@@ -397,6 +398,23 @@ impl Controller {
         }
         let exited = tokio::time::timeout(Duration::from_secs(15), self.child.wait()).await;
         assert!(exited.is_ok(), "controller did not exit within 15 s of SIGTERM\n{}", self.log());
+    }
+}
+
+/// A failing test shows its controller's log, which CI keeps nowhere else.
+impl Drop for Controller {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let log = self.log();
+            let tail: Vec<&str> = log.lines().rev().take(300).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            eprintln!(
+                "---- controller log ({}), last {} lines ----\n{}",
+                self.log_path.display(),
+                tail.len(),
+                tail.join("\n")
+            );
+        }
     }
 }
 
@@ -455,7 +473,10 @@ pub fn kubeconfig_in(ns: &str, account: &str) -> PathBuf {
     // As in a pod: the account's own namespace is the default one.
     config["contexts"][0]["context"]["namespace"] = serde_yaml::Value::from(ns);
     let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{ns}-{account}.kubeconfig"));
-    std::fs::write(&path, serde_yaml::to_string(&config).unwrap()).unwrap();
+    // Renamed into place: a controller of another test process may be reading it.
+    let written = path.with_extension(format!("{}.tmp", std::process::id()));
+    std::fs::write(&written, serde_yaml::to_string(&config).unwrap()).unwrap();
+    std::fs::rename(&written, &path).unwrap();
     path
 }
 
