@@ -400,7 +400,7 @@ template!(Deployment, StatefulSet, DaemonSet);
 /// annotation after it; anything else (a rollout undo, a hand edit) set the live value.
 const OWNED: &str = "owned.";
 
-/// What the caches keep of a workload: name, namespace, generation and labels, and as annotations this
+/// What the caches keep of a workload: name, namespace, uid, generation and labels, and as annotations this
 /// controller's pod-template annotations, each with an [`OWNED`] mark when the binding's field
 /// manager holds it, and the ConfigMaps and Secrets its pod template references.
 fn live_meta<K: Resource<DynamicType = ()> + Template>(obj: K) -> PartialObjectMeta<K> {
@@ -428,6 +428,8 @@ fn live_meta<K: Resource<DynamicType = ()> + Template>(obj: K) -> PartialObjectM
     let metadata = ObjectMeta {
         name: meta.name.clone(),
         namespace: meta.namespace.clone(),
+        // With the generation, tells whether the cache has caught up with a stamp.
+        uid: meta.uid.clone(),
         generation: meta.generation,
         labels: meta.labels.clone(),
         annotations: Some(annotations).filter(|a| !a.is_empty()),
@@ -562,21 +564,21 @@ mod tests {
     #[test]
     fn a_rollout_with_a_workload_ref_is_marked_and_keeps_only_our_annotations() {
         let rollout: Rollout = serde_json::from_value(json!({
-            "metadata": {"name": "web", "namespace": "a", "generation": 4,
+            "metadata": {"name": "web", "namespace": "a", "uid": "u-1", "generation": 4,
                 "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{}"}},
             "spec": {"workloadRef": {"kind": "Deployment", "name": "web-template"},
                 "template": {"metadata": {"annotations": {"checksum.consulbind.dev/cfg": "abc", "other": "x"}}}}
         }))
         .unwrap();
         let meta = live_meta(rollout);
-        let annotations = meta.metadata.annotations.unwrap();
+        let annotations = meta.metadata.annotations.clone().unwrap();
         assert_eq!(annotations.get(WORKLOAD_REF).map(String::as_str), Some(r#"Deployment "web-template""#));
         assert_eq!(annotations.get("checksum.consulbind.dev/cfg").map(String::as_str), Some("abc"));
         assert!(
             !annotations.contains_key("other")
                 && !annotations.contains_key("kubectl.kubernetes.io/last-applied-configuration")
         );
-        assert_eq!(meta.metadata.generation, Some(4));
+        assert_eq!(Version::of(&meta), Version { uid: "u-1".into(), generation: 4 }, "a stamp is trusted by both");
     }
 
     #[test]
