@@ -223,7 +223,7 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
                 ctx.metrics.stage("consul_to_reconcile", started.saturating_duration_since(seen));
             }
             ctx.metrics.stage("reconcile_to_patch", started.elapsed());
-            stamp::stamp_all(ctx, &oref, &plan, desired).await
+            stamp::stamp_all(ctx, &oref, &plan, desired, &resolved.versions).await
         }
         _ => {
             ctx.desk.planned(&oref);

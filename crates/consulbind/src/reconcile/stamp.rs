@@ -1,6 +1,8 @@
 //! The rollout itself: the binding's annotation on each workload's pod template. One of the
 //! two places that write to the cluster.
 
+use std::collections::BTreeMap;
+
 use consulbind_api::WorkloadKind;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
@@ -28,7 +30,13 @@ const STAMP_CONCURRENCY: usize = 8;
 /// Stamps the planned value on every workload of `plan.roll`, a few at a time, and remembers
 /// each stamp until the workload cache shows it. A workload that other bindings in flight may
 /// stamp too gets their stamps in the same write (see [`desk`](super::desk)).
-pub async fn stamp_all(ctx: &Context, binding: &BindingRef, plan: &Plan, desired: &str) -> Outcome {
+pub async fn stamp_all(
+    ctx: &Context,
+    binding: &BindingRef,
+    plan: &Plan,
+    desired: &str,
+    versions: &BTreeMap<Workload, Version>,
+) -> Outcome {
     let namespace = binding.namespace.clone().unwrap_or_default();
     let annotation = names::annotation_key(&binding.name);
     let manager = names::field_manager(&binding.name);
@@ -50,7 +58,8 @@ pub async fn stamp_all(ctx: &Context, binding: &BindingRef, plan: &Plan, desired
     let results: Vec<_> = futures::stream::iter(turns)
         .map(|(workload, value, turn)| async move {
             let started = std::time::Instant::now();
-            let result = ctx.desk.run(turn, |stamps| write(&ctx.client, namespace, &workload, stamps)).await;
+            let uid = versions.get(&workload).map(|v| v.uid.as_str()).filter(|uid| !uid.is_empty());
+            let result = ctx.desk.run(turn, |stamps| write(&ctx.client, namespace, &workload, uid, stamps)).await;
             ctx.metrics.stage("patch", started.elapsed());
             if let Ok(version) = &result {
                 ctx.states.update(binding, |r| r.stamps.insert(workload.clone(), (version.clone(), value)));
@@ -76,33 +85,58 @@ pub async fn stamp_all(ctx: &Context, binding: &BindingRef, plan: &Plan, desired
 /// then rolls the workload. One stamp is server-side-applied as its binding's own field
 /// manager; several, due together, go in one merge patch as [`names::JOINT_MANAGER`], so that
 /// one change is one new generation. Either way the workload's managed fields say that this
-/// controller set each annotation. Returns the workload's uid and generation after the write.
-async fn write(client: &Client, namespace: &str, (kind, name): &Workload, stamps: Vec<Stamp>) -> Written {
-    let annotations: serde_json::Map<String, serde_json::Value> =
-        stamps.iter().map(|s| (s.annotation.clone(), s.value.clone().into())).collect();
-    let template = json!({ "template": { "metadata": { "annotations": annotations } } });
-    let (body, params) = match stamps.as_slice() {
-        [alone] => {
-            let body = json!({
-                "apiVersion": kind.api_version(),
-                "kind": kind.as_str(),
-                "metadata": { "name": name },
-                "spec": template,
-            });
-            (Patch::Apply(body), PatchParams::apply(&alone.manager).force())
-        }
-        _ => {
-            let params = PatchParams { field_manager: Some(names::JOINT_MANAGER.into()), ..PatchParams::default() };
-            (Patch::Merge(json!({ "spec": template })), params)
-        }
-    };
+/// controller set each annotation (an apply also loses the field to a rollout undo, which an
+/// update shares). With `uid`, the write is held to the object the cache last saw: a workload
+/// deleted since is not created by the apply, and one made again under its name is left for
+/// the next look. Returns the workload's uid and generation after the write.
+async fn write(
+    client: &Client,
+    namespace: &str,
+    workload: &Workload,
+    uid: Option<&str>,
+    stamps: Vec<Stamp>,
+) -> Written {
+    let (kind, name) = workload;
+    let (body, params) = body(workload, uid, &stamps);
     let patched = match kind {
         WorkloadKind::Deployment => patch::<Deployment>(client, namespace, name, &params, &body).await,
         WorkloadKind::StatefulSet => patch::<StatefulSet>(client, namespace, name, &params, &body).await,
         WorkloadKind::DaemonSet => patch::<DaemonSet>(client, namespace, name, &params, &body).await,
         WorkloadKind::Rollout => patch::<Rollout>(client, namespace, name, &params, &body).await,
     };
-    patched.map_err(|e| e.to_string())
+    patched.map_err(|error| match &error {
+        // An apply held to a uid finds no object: 409, "uid mismatch".
+        kube::Error::Api(status) if status.code == 404 || (status.code == 409 && status.message.contains("uid")) => {
+            "it is gone; nothing was stamped".to_owned()
+        }
+        // Another uid under the name is refused as a change of an immutable field.
+        kube::Error::Api(status) if status.code == 422 && status.message.contains("metadata.uid") => {
+            "it was deleted and made again since it was read; it is looked at again".to_owned()
+        }
+        _ => error.to_string(),
+    })
+}
+
+/// The write of `stamps`: an apply of one, a merge patch of several.
+fn body((kind, name): &Workload, uid: Option<&str>, stamps: &[Stamp]) -> (Patch<serde_json::Value>, PatchParams) {
+    let annotations: serde_json::Map<String, serde_json::Value> =
+        stamps.iter().map(|s| (s.annotation.clone(), s.value.clone().into())).collect();
+    let mut body = json!({ "spec": { "template": { "metadata": { "annotations": annotations } } } });
+    if let Some(uid) = uid {
+        body["metadata"] = json!({ "uid": uid });
+    }
+    match stamps {
+        [alone] => {
+            body["apiVersion"] = kind.api_version().into();
+            body["kind"] = kind.as_str().into();
+            body["metadata"]["name"] = name.as_str().into();
+            (Patch::Apply(body), PatchParams::apply(&alone.manager).force())
+        }
+        _ => {
+            let params = PatchParams { field_manager: Some(names::JOINT_MANAGER.into()), ..PatchParams::default() };
+            (Patch::Merge(body), params)
+        }
+    }
 }
 
 async fn patch<K>(
@@ -120,4 +154,36 @@ where
 {
     let patched = Api::<K>::namespaced(client.clone(), namespace).patch(name, params, body).await?;
     Ok(Version::of(&patched))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stamp_is_held_to_the_object_the_cache_saw() {
+        let web: Workload = (WorkloadKind::Deployment, "web".into());
+        let stamp = |binding: &str| Stamp {
+            annotation: format!("checksum.consulbind.dev/{binding}"),
+            value: format!("v2:{binding}"),
+            manager: format!("consulbind-{binding}"),
+        };
+        let (Patch::Apply(alone), params) = body(&web, Some("u-1"), &[stamp("a")]) else { panic!("not an apply") };
+        assert_eq!(
+            alone,
+            json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web", "uid": "u-1"},
+                "spec": {"template": {"metadata": {"annotations": {"checksum.consulbind.dev/a": "v2:a"}}}}})
+        );
+        assert_eq!(params.field_manager.as_deref(), Some("consulbind-a"));
+
+        let (Patch::Merge(joint), params) = body(&web, Some("u-1"), &[stamp("a"), stamp("b")]) else {
+            panic!("not a merge patch")
+        };
+        assert_eq!(joint["metadata"], json!({"uid": "u-1"}));
+        assert_eq!(joint["spec"]["template"]["metadata"]["annotations"].as_object().unwrap().len(), 2);
+        assert_eq!(params.field_manager.as_deref(), Some(names::JOINT_MANAGER));
+
+        let (Patch::Merge(unknown), _) = body(&web, None, &[stamp("a"), stamp("b")]) else { panic!() };
+        assert!(unknown.get("metadata").is_none(), "no uid to hold it to");
+    }
 }
