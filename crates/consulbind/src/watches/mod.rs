@@ -80,6 +80,7 @@ impl Watches {
             planned_slots: Default::default(),
             agent: tokio::sync::watch::Sender::new(None),
             parked_reads: tokio::sync::Semaphore::new(1),
+            answered_at: Default::default(),
         });
         let shared = Arc::new(Shared { runner, inner: Mutex::default() });
         tokio::spawn(plan_forever(shared.clone()));

@@ -26,7 +26,7 @@ use tokio::{
 use tracing::{info, warn};
 
 use super::path::{Path, Update, Wake};
-use crate::metrics::Metrics;
+use crate::{Lock, metrics::Metrics};
 
 /// The longest wait of a blocking query of a group in a lane, so that the lane's groups take turns.
 pub const ROTATION_WAIT: Duration = Duration::from_secs(10);
@@ -161,6 +161,8 @@ pub struct Runner {
     /// Reads of parked groups go one at a time: a namespace can make refused tokens by the
     /// thousand, and their retries must not crowd the short reads every binding needs.
     pub parked_reads: Semaphore,
+    /// When a group's request last had an answer of any kind from the agent.
+    pub answered_at: std::sync::Mutex<Option<Instant>>,
 }
 
 /// The paths one group's query serves, and how it may block.
@@ -267,6 +269,9 @@ impl Runner {
                 return;
             }
             self.metrics.consul_request(result.as_ref().err().map(|e| e.kind()), started.elapsed());
+            if result.as_ref().err().is_none_or(|e| e.kind() != ErrorKind::Unreachable) {
+                *self.answered_at.locked() = Some(Instant::now());
+            }
             let members = roster.borrow_and_update().clone();
             match result {
                 Ok(response) => {
@@ -550,12 +555,16 @@ pub const AGENT_TIMEOUT: Duration = Duration::from_millis(1_500);
 /// Keeps [`Runner::agent`] current: the agent counts as down after two checks in a row went
 /// unanswered (one slow answer under load is no reason to give up every blocking query; the
 /// second comes half a second after the first), and up again at its first answer, checked
-/// every second while it is down.
+/// every second while it is down. A check that times out while the watches have answers is
+/// a slow agent, not a hung one (its servers electing a leader, say): cutting every blocking
+/// query then would only add a read of every group to its load.
 pub async fn watch_agent(runner: Arc<Runner>) {
     let mut unanswered = 0;
     loop {
+        let asked = Instant::now();
         let checked = runner.consul.alive(AGENT_TIMEOUT).await;
-        unanswered = if checked.is_ok() { 0 } else { unanswered + 1 };
+        let answered = checked.is_ok() || runner.answered_at.locked().is_some_and(|at| at >= asked);
+        unanswered = if answered { 0 } else { unanswered + 1 };
         let down = checked.err().filter(|_| unanswered >= 2);
         let up = down.is_none();
         if runner.agent.send_if_modified(|was| {

@@ -105,8 +105,49 @@ struct Group {
     task: JoinHandle<()>,
 }
 
+/// Answers reads like [`Script`]; its status check never answers in time.
+struct SlowCheck(Script);
+
+impl KvSource for SlowCheck {
+    fn get_wait<'a>(
+        &'a self,
+        query: &'a KvQuery,
+        index: u64,
+        wait: Duration,
+        max_bytes: u64,
+    ) -> BoxFuture<'a, Result<KvResponse, Error>> {
+        self.0.get_wait(query, index, wait, max_bytes)
+    }
+
+    fn blocking_slots(&self) -> usize {
+        self.0.blocking_slots()
+    }
+
+    fn wait(&self) -> Duration {
+        self.0.wait()
+    }
+
+    fn alive(&self, timeout: Duration) -> BoxFuture<'_, Result<(), Error>> {
+        Box::pin(async move {
+            tokio::time::sleep(timeout).await;
+            Err(unreachable())
+        })
+    }
+
+    fn address(&self) -> &str {
+        self.0.address()
+    }
+}
+
 /// A runner that sends every request to the returned channel, and records what it wakes.
 fn runner(limits: Limits) -> (Arc<Runner>, mpsc::UnboundedReceiver<Request>, Arc<Mutex<Vec<BindingRef>>>) {
+    runner_over(limits, |tx| Arc::new(Script(tx)))
+}
+
+fn runner_over(
+    limits: Limits,
+    source: impl FnOnce(mpsc::UnboundedSender<Request>) -> Arc<dyn KvSource>,
+) -> (Arc<Runner>, mpsc::UnboundedReceiver<Request>, Arc<Mutex<Vec<BindingRef>>>) {
     let (tx, requests) = mpsc::unbounded_channel();
     let woken = Arc::new(Mutex::new(Vec::new()));
     let wake = {
@@ -114,7 +155,7 @@ fn runner(limits: Limits) -> (Arc<Runner>, mpsc::UnboundedReceiver<Request>, Arc
         Arc::new(move |b| woken.locked().push(b))
     };
     let runner = Arc::new(Runner {
-        consul: Arc::new(Script(tx)),
+        consul: source(tx),
         wake,
         metrics: Arc::new(Metrics::new(&mut Registry::default())),
         grace: GRACE,
@@ -123,6 +164,7 @@ fn runner(limits: Limits) -> (Arc<Runner>, mpsc::UnboundedReceiver<Request>, Arc
         planned_slots: 20.into(),
         agent: watch::Sender::new(None),
         parked_reads: tokio::sync::Semaphore::new(1),
+        answered_at: Default::default(),
     });
     (runner, requests, woken)
 }
@@ -659,6 +701,38 @@ async fn a_hung_agent_fails_the_groups_and_its_return_retries_them_at_once() {
     read.reply(11, &[("app/a", "1", 5)]);
     group.request().await;
     assert!(matches!(group.cells[0].state(), KeyState::Ready(_)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn status_checks_that_time_out_while_the_watches_answer_are_no_outage() {
+    let (runner, mut requests, _) = runner_over(no_limits(), |tx| Arc::new(SlowCheck(Script(tx))));
+    let (paths, cells) = cells(&[("app/a", false, &["one"])]);
+    let (_roster, rx) = watch::channel(Arc::new(Roster::new(paths, cells, None, false)));
+    tokio::spawn(runner.clone().run_group(KvQuery::exact("app/a"), rx));
+    tokio::spawn(super::watch_agent(runner.clone()));
+    let next = |requests: &mut mpsc::UnboundedReceiver<Request>| {
+        let request = requests.try_recv();
+        request.expect("the group sent no request")
+    };
+
+    // A busy key: its blocking query answers every 400 ms, through 20 s of checks timing out.
+    let until = Instant::now() + Duration::from_secs(20);
+    let mut index = 10;
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    while Instant::now() < until {
+        let request = next(&mut requests);
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert!(runner.agent.borrow().is_none(), "the agent counted as down while its watches answered");
+        index += 1;
+        request.reply(index, &[("app/a", "v", index)]);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+
+    // The watches go quiet too: that is an outage, and the blocking query is given up.
+    let hung = next(&mut requests);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(runner.agent.borrow().is_some(), "a hung agent was not noticed");
+    assert!(hung.answer.is_closed(), "the hung request is still awaited");
 }
 
 #[test]
