@@ -175,7 +175,8 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
     };
 
     // Plan.
-    let held = plan::held_for_lost_content(&previous);
+    let held = plan::held_for_lost_content(&previous)
+        || matches!(&consul, Consul::Ready(contents) if plan::restored_since(&previous, contents));
     let restore = ctx.states.update(&oref, |record| {
         if held && record.held_since.is_none() {
             record.held_since = Some(std::time::Instant::now());

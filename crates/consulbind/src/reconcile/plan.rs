@@ -26,6 +26,8 @@ pub struct KeyContent<'a> {
     pub entries: &'a [KvEntry],
     /// It became missing or empty as Consul's index went backwards: lost data, not an edit.
     pub reset_hold: bool,
+    /// Consul's index for the key as read by a query of its own.
+    pub index: Option<u64>,
 }
 
 /// One bound ConfigMap or Secret: its data as digests, `None` when it does not exist.
@@ -175,11 +177,15 @@ pub fn plan(input: &Input<'_>, pending: &mut Option<Pending>, now: Instant) -> P
     }
 
     // The status keeps a hold across a restart, where the first read is no reset: what is
-    // still empty stays lost.
+    // still empty stays lost. A restore while no replica watched shows against the status.
     let held = held_for_lost_content(input.previous);
+    let restored = restored_since(input.previous, contents);
+    let was_present = |c: &KeyContent<'_>| {
+        input.previous.keys.iter().any(|k| k.key == c.source.key && k.recurse == c.source.recurse && k.present)
+    };
     let lost: Vec<&str> = contents
         .iter()
-        .filter(|c| c.reset_hold || (held && c.entries.is_empty()))
+        .filter(|c| c.reset_hold || (c.entries.is_empty() && (held || (restored && was_present(c)))))
         .map(|c| c.source.key.as_str())
         .collect();
     let spec_unchanged = input.generation.is_some() && input.generation == input.previous.observed_generation;
@@ -578,6 +584,24 @@ pub fn held_for_lost_content(status: &ConsulBindingStatus) -> bool {
     status.conditions.iter().any(|c| c.type_ == conditions::READY && c.reason == reason::CONSUL_INDEX_RESET)
 }
 
+/// Whether Consul's index went backwards since `status` was written, as in a snapshot restore or
+/// a rebuilt cluster while no replica watched: a key read below the modify index the status
+/// recorded for it. Only what no write, delete or tombstone reaping can give counts: an exact
+/// key's own ModifyIndex, or the index of a query of its own, which for a missing key or an
+/// empty prefix is the whole store's. A prefix with keys left says nothing (reaping the
+/// tombstone of its newest key lowers its index).
+pub fn restored_since(status: &ConsulBindingStatus, contents: &[KeyContent<'_>]) -> bool {
+    contents.iter().any(|c| {
+        let recorded = status.keys.iter().find(|k| k.key == c.source.key && k.recurse == c.source.recurse);
+        let Some(recorded) = recorded.and_then(|k| k.modify_index) else { return false };
+        let now = match c.source.recurse {
+            false => c.entries.iter().find(|e| e.key == c.source.key).map(|e| e.modify_index).or(c.index),
+            true => c.index.filter(|_| c.entries.is_empty()),
+        };
+        now.is_some_and(|now| now < recorded)
+    })
+}
+
 /// The content a workload's own stamp stands for: the stamp itself, or the newer content it was
 /// rebased to when only its template's references changed.
 fn stands_for<'a>(carried: &BTreeMap<Workload, &'a TargetStatus>, w: &Workload, live: &'a Live) -> &'a str {
@@ -759,7 +783,7 @@ mod tests {
     ) -> (Plan, ConsulBindingStatus) {
         let input = Input {
             generation: Some(generation),
-            consul: Consul::Ready(vec![KeyContent { source: &spec.keys[0], entries, reset_hold }]),
+            consul: Consul::Ready(vec![KeyContent { source: &spec.keys[0], entries, reset_hold, index: None }]),
             ..input(spec, previous, entries, found)
         };
         plan_and_status(&input)
@@ -794,7 +818,7 @@ mod tests {
             window: WINDOW,
             generation: Some(3),
             previous,
-            consul: Consul::Ready(vec![KeyContent { source: &spec.keys[0], entries, reset_hold: false }]),
+            consul: Consul::Ready(vec![KeyContent { source: &spec.keys[0], entries, reset_hold: false, index: None }]),
             objects: Ok(Vec::new()),
             found,
             live: &NO_LIVE,
@@ -853,7 +877,12 @@ mod tests {
                 let failed = rng.u8(..8) == 0;
                 let consul = match failed {
                     true => Consul::Failed { reason: reason::CONSUL_UNREACHABLE, message: "down".into() },
-                    false => Consul::Ready(vec![KeyContent { source: &spec.keys[0], entries: &entries, reset_hold }]),
+                    false => Consul::Ready(vec![KeyContent {
+                        source: &spec.keys[0],
+                        entries: &entries,
+                        reset_hold,
+                        index: None,
+                    }]),
                 };
                 // As the reconcile sets it: the flag, or the binding's own mode.
                 let dry_run = rng.u8(..8) == 0 || spec.rollout.as_ref().is_some_and(|r| r.mode.is_some());
@@ -1023,6 +1052,66 @@ mod tests {
         spec.suspend = false;
         let (plan, _) = step(&spec, &suspended, &entry("v1"), &web());
         assert_eq!(plan.roll, web(), "the resume rolls once, as onBind asks");
+    }
+
+    #[test]
+    fn a_restore_while_nobody_watched_shows_only_where_no_write_or_reaping_could_lower_the_index() {
+        let exact = KeySource { key: "app/config".into(), recurse: false, optional: true };
+        let prefix = KeySource { key: "app/".into(), recurse: true, optional: true };
+        let status = |source: &KeySource, modify_index| ConsulBindingStatus {
+            keys: vec![KeyStatus {
+                key: source.key.clone(),
+                recurse: source.recurse,
+                present: true,
+                modify_index: Some(modify_index),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let restored = |source: &KeySource, recorded, entries: &[KvEntry], index| {
+            restored_since(&status(source, recorded), &[KeyContent { source, entries, reset_hold: false, index }])
+        };
+        let at = |modify_index| vec![KvEntry::new("app/config", "v", modify_index)];
+        assert!(restored(&exact, 50, &at(7), None), "a key's own ModifyIndex went down");
+        assert!(!restored(&exact, 50, &at(60), None), "a later write");
+        assert!(restored(&exact, 50, &[], Some(12)), "missing, and the store's index below the key's");
+        assert!(!restored(&exact, 50, &[], Some(70)), "deleted: the store's index moved past it");
+        assert!(!restored(&exact, 50, &[], None), "missing from a shared read says nothing");
+        assert!(restored(&prefix, 50, &[], Some(12)), "an empty prefix answers with the store's index");
+        assert!(!restored(&prefix, 50, &at(7), Some(12)), "a reaped tombstone lowers a prefix's index");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_key_lost_while_nobody_watched_is_held_and_one_deleted_meanwhile_rolls() {
+        let (optional, found) = (spec(true), web());
+        let (_, baseline) = step(&optional, &Default::default(), &entry("v1"), &found);
+        assert_eq!(baseline.keys[0].modify_index, Some(7));
+        // Missing at the first read after a restart, with the store's index below the key's.
+        let (plan, held) = {
+            let input = Input {
+                consul: Consul::Ready(vec![KeyContent {
+                    source: &optional.keys[0],
+                    entries: &[],
+                    reset_hold: false,
+                    index: Some(3),
+                }]),
+                ..input(&optional, &baseline, &[], &found)
+            };
+            plan_and_status(&input)
+        };
+        assert!(plan.roll.is_empty(), "lost data was rolled out");
+        assert_eq!(condition(&held, conditions::READY).reason, reason::CONSUL_INDEX_RESET);
+        // Deleted while nobody watched: the store's index moved on, and the empty value rolls.
+        let input = Input {
+            consul: Consul::Ready(vec![KeyContent {
+                source: &optional.keys[0],
+                entries: &[],
+                reset_hold: false,
+                index: Some(9),
+            }]),
+            ..input(&optional, &baseline, &[], &found)
+        };
+        assert_eq!(plan_and_status(&input).0.roll, web());
     }
 
     #[tokio::test(start_paused = true)]
@@ -1331,7 +1420,11 @@ mod tests {
         let input = Input {
             generation: None,
             consul: Consul::Ready(
-                two_keys.keys.iter().map(|source| KeyContent { source, entries: &[], reset_hold: false }).collect(),
+                two_keys
+                    .keys
+                    .iter()
+                    .map(|source| KeyContent { source, entries: &[], reset_hold: false, index: None })
+                    .collect(),
             ),
             ..input(&two_keys, &both, &[], &two)
         };

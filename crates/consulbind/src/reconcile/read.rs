@@ -191,7 +191,12 @@ pub fn consul_view<'a>(spec: &'a ConsulBindingSpec, states: &'a [KeyState], max_
             }
             KeyState::Ready(content) => {
                 bytes = content.entries.iter().fold(bytes, |sum, e| sum.saturating_add(e.key.len() as u64 + e.size));
-                contents.push(KeyContent { source, entries: &content.entries, reset_hold: content.reset_hold })
+                contents.push(KeyContent {
+                    source,
+                    entries: &content.entries,
+                    reset_hold: content.reset_hold,
+                    index: content.index,
+                })
             }
         }
     }

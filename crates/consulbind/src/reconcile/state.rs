@@ -36,8 +36,9 @@ pub struct Record {
     pub settled_at: Option<std::time::Instant>,
     /// The applied checksum then, and [`super::report::fingerprints`] of its sources.
     pub settled_sources: Option<(String, Vec<u64>)>,
-    /// When this replica first read a status held for content lost in an index reset, as after
-    /// a restart during the hold: like a reset, it puts the binding in its restore grace.
+    /// When this replica first read a status held for content lost in an index reset (as after
+    /// a restart during the hold), or one that Consul's index has gone below (a restore while no
+    /// replica watched): like a reset, it puts the binding in its restore grace.
     pub held_since: Option<std::time::Instant>,
 }
 

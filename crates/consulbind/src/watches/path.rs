@@ -43,6 +43,9 @@ pub struct Content {
     pub reset_hold: bool,
     /// When an answer for this path last came with Consul's index gone backwards.
     pub reset_at: Option<Instant>,
+    /// Consul's index for this path as last read by a query of its own; in a shared read the
+    /// index is the group's, which says nothing of the path.
+    pub index: Option<u64>,
 }
 
 /// What an answer did to a path.
@@ -139,6 +142,11 @@ impl Path {
     /// changes nothing (Consul reaping the tombstones under a prefix lowers its index) is no
     /// restore, and starts no grace.
     pub fn set_ready(&self, entries: &[KvEntry], reset: bool) -> Update {
+        self.set_answer(entries, reset, None)
+    }
+
+    /// [`Path::set_ready`], with Consul's index for the path when a query of its own read it.
+    pub fn set_answer(&self, entries: &[KvEntry], reset: bool, index: Option<u64>) -> Update {
         let current = &mut *self.state.locked();
         let (before, was_ready) = match &*current {
             KeyState::Ready(content) => (Some(content), true),
@@ -148,13 +156,14 @@ impl Path {
         let (update, content) = match before.filter(|b| same_entries(&b.entries, entries)) {
             Some(before) => {
                 let update = if was_ready { Update::Same } else { Update::Recovered };
-                (update, Content { entries: entries.into(), ..before.clone() })
+                (update, Content { entries: entries.into(), index: index.or(before.index), ..before.clone() })
             }
             None => {
                 let reset_at = if reset { Some(Instant::now()) } else { before.and_then(|b| b.reset_at) };
                 let update = if before.is_some() { Update::Changed } else { Update::First };
                 let lost = reset && entries.is_empty() && before.is_some_and(|b| !b.entries.is_empty());
-                (update, Content { entries: entries.into(), changed_at: Instant::now(), reset_hold: lost, reset_at })
+                let changed_at = Instant::now();
+                (update, Content { entries: entries.into(), changed_at, reset_hold: lost, reset_at, index })
             }
         };
         *current = KeyState::Ready(content);

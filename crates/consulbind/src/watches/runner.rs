@@ -297,8 +297,15 @@ impl Runner {
                         last.take().filter(|(seen, _)| Arc::ptr_eq(seen, &members) && !reset).map(|(_, old)| old);
                     match self.confirm_vanished(&query, &members, response.entries, seen.as_deref()).await {
                         Ok((entries, denied)) => {
-                            last =
-                                Some(self.deliver(&members, entries, seen.as_deref(), &denied, reset, response.index));
+                            last = Some(self.deliver(
+                                &query,
+                                &members,
+                                entries,
+                                seen.as_deref(),
+                                &denied,
+                                reset,
+                                response.index,
+                            ));
                             untold_reset = false;
                         }
                         // Read the whole group afresh; nothing was told.
@@ -395,7 +402,7 @@ impl Runner {
             let response = read.ok()?;
             let path = &members.paths[i];
             group::merge(&mut entries, path, response.entries);
-            self.hand_over(path, &members.cells[i], group::select(&entries, path), false);
+            self.hand_over(path, &members.cells[i], group::select(&entries, path), false, Some(response.index));
         }
         Some(entries)
     }
@@ -446,6 +453,7 @@ impl Runner {
     /// `reset` says the index went backwards with this answer.
     fn deliver(
         &self,
+        query: &KvQuery,
         members: &Arc<Roster>,
         entries: Vec<KvEntry>,
         old: Option<&[KvEntry]>,
@@ -466,7 +474,9 @@ impl Runner {
         }
         for i in changed.into_iter().filter(|i| !denied.iter().any(|(d, _)| d == i)) {
             let path = &members.paths[i];
-            if self.hand_over(path, &members.cells[i], group::select(&entries, path), reset) == Update::Changed {
+            let own = (path.key == query.key && path.recurse == query.recurse).then_some(index);
+            let selected = group::select(&entries, path);
+            if self.hand_over(path, &members.cells[i], selected, reset, own) == Update::Changed {
                 info!(key = %path.key, recurse = path.recurse, index, "Consul content changed");
             }
         }
@@ -475,7 +485,7 @@ impl Runner {
 
     /// Gives one path its entries, or the `PrefixTooLarge` failure when they are over the
     /// limits, and wakes its bindings when that is news.
-    fn hand_over(&self, path: &WatchPath, cell: &Path, entries: &[KvEntry], reset: bool) -> Update {
+    fn hand_over(&self, path: &WatchPath, cell: &Path, entries: &[KvEntry], reset: bool, index: Option<u64>) -> Update {
         let limits = &self.limits;
         let bytes: u64 = entries.iter().map(|e| e.key.len() as u64 + e.size).sum();
         let update = if path.recurse && (entries.len() > limits.entries || bytes > limits.bytes) {
@@ -493,7 +503,7 @@ impl Runner {
                 false => Update::Same,
             }
         } else {
-            cell.set_ready(entries, reset)
+            cell.set_answer(entries, reset, index)
         };
         if update != Update::Same {
             cell.wake(&self.wake);

@@ -154,6 +154,33 @@ async fn consul_blips_restarts_and_data_loss_roll_nothing_and_show_within_second
     s.wait_revisions(DEPLOY, "api", 3).await;
     s.wait_revisions(DEPLOY, "web", 3).await;
 
+    // Restored while no controller ran: the status's modify indexes show it. Writes elsewhere
+    // first lift the index well above where a rebuilt agent starts.
+    for i in 0..60 {
+        consul.put(&s.key("elsewhere"), i.to_string().as_bytes(), None).await.unwrap();
+    }
+    consul.put(&key, b"v4", None).await.unwrap();
+    consul.put(&format!("{prefix}b"), b"newer", None).await.unwrap();
+    s.wait_revisions(DEPLOY, "web", 4).await;
+    s.wait_revisions(DEPLOY, "api", 4).await;
+    s.wait_condition("required", conditions::READY, "True", reason::UP_TO_DATE).await;
+    s.wait_condition("optional", conditions::READY, "True", reason::UP_TO_DATE).await;
+    s.stop_controller().await;
+    tokio::task::spawn_blocking(|| restart(true, Duration::from_secs(1))).await.unwrap();
+    consul.put(&key, b"restored", None).await.unwrap();
+    let restored = tokio::time::Instant::now();
+    s.start_controller(&[&addr, GRACE, &restore]).await;
+    // The lost prefix is held, and the older value waits out the restore grace, then rolls once.
+    s.wait_condition("optional", conditions::READY, "False", reason::CONSUL_INDEX_RESET).await;
+    let rolled = || async { Ok(s.revisions(DEPLOY, "web").await >= 5) };
+    wait_for("the restored value to roll", RESTORE_GRACE * 4, rolled).await.unwrap();
+    assert!(restored.elapsed() >= RESTORE_GRACE, "rolled {:?} after the restore, within its grace", restored.elapsed());
+    consul.put(&format!("{prefix}a"), b"off", None).await.unwrap();
+    consul.put(&format!("{prefix}b"), b"newer", None).await.unwrap();
+    s.wait_condition("optional", conditions::READY, "True", reason::UP_TO_DATE).await;
+    s.wait_revisions(DEPLOY, "web", 5).await;
+    s.wait_revisions(DEPLOY, "api", 4).await;
+
     // Over HTTPS every query shares one HTTP/2 connection, and a frozen agent still
     // acknowledges its TCP keep-alives.
     let tls =
@@ -162,10 +189,10 @@ async fn consul_blips_restarts_and_data_loss_roll_nothing_and_show_within_second
     s.stop_controller().await;
     let envs = [("CONSUL_HTTP_ADDR", tls.as_str()), ("CONSUL_CACERT", ca.as_str())];
     s.start_controller_with_env(&[GRACE, &restore], &envs).await;
-    frozen_then_back(&s, 3).await;
-    consul.put(&key, b"v4", None).await.unwrap();
-    s.wait_revisions(DEPLOY, "web", 4).await;
-    s.wait_revisions(DEPLOY, "api", 3).await;
+    frozen_then_back(&s, 5).await;
+    consul.put(&key, b"v5", None).await.unwrap();
+    s.wait_revisions(DEPLOY, "web", 6).await;
+    s.wait_revisions(DEPLOY, "api", 4).await;
     s.finish().await;
 }
 
