@@ -296,16 +296,9 @@ impl Runner {
                     let seen =
                         last.take().filter(|(seen, _)| Arc::ptr_eq(seen, &members) && !reset).map(|(_, old)| old);
                     match self.confirm_vanished(&query, &members, response.entries, seen.as_deref()).await {
-                        Ok((entries, denied)) => {
-                            last = Some(self.deliver(
-                                &query,
-                                &members,
-                                entries,
-                                seen.as_deref(),
-                                &denied,
-                                reset,
-                                response.index,
-                            ));
+                        Ok(confirmed) => {
+                            last =
+                                Some(self.deliver(&query, &members, confirmed, seen.as_deref(), reset, response.index));
                             untold_reset = false;
                         }
                         // Read the whole group afresh; nothing was told.
@@ -450,14 +443,13 @@ impl Runner {
     /// cover, by [`Runner::confirm_vanished`]): only the paths whose entries differ
     /// from `old`, or all of them without `old`, and an `AccessDenied` failure to the `denied`
     /// ones. Wakes the bindings of paths whose content changed or came back after a failure.
-    /// `reset` says the index went backwards with this answer.
+    /// `reset` says the index went backwards with this answer, `index` is the answer's.
     fn deliver(
         &self,
         query: &KvQuery,
         members: &Arc<Roster>,
-        entries: Vec<KvEntry>,
+        (entries, denied): (Vec<KvEntry>, Vec<(usize, String)>),
         old: Option<&[KvEntry]>,
-        denied: &[(usize, String)],
         reset: bool,
         index: u64,
     ) -> (Arc<Roster>, Vec<KvEntry>) {
@@ -465,7 +457,7 @@ impl Runner {
             Some(old) => members.members.changed(old, &entries),
             None => (0..members.paths.len()).collect(),
         };
-        for (i, message) in denied {
+        for (i, message) in &denied {
             let cell = &members.cells[*i];
             if cell.set_failed(reason::ACCESS_DENIED, message) {
                 warn!(key = %members.paths[*i].key, "the token may no longer read a bound key");
