@@ -175,11 +175,12 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
     };
 
     // Plan.
-    let held = plan::held_for_lost_content(&previous)
-        || matches!(&consul, Consul::Ready(contents) if plan::restored_since(&previous, contents));
+    // Marked when the reconcile started, so that one which then finds the content settled
+    // ends the grace.
+    let held = plan::held_for_lost_content(&previous);
     let restore = ctx.states.update(&oref, |record| {
         if held && record.held_since.is_none() {
-            record.held_since = Some(std::time::Instant::now());
+            record.held_since = Some(started);
         }
         let reset = read::latest_reset(&contents).max(record.held_since);
         reset.filter(|reset| record.settled_at.is_none_or(|settled| settled < *reset)).map(|_| ctx.restore_grace)
@@ -199,6 +200,7 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
         dry_run: ctx.dry_run || spec.rollout.as_ref().and_then(|r| r.mode) == Some(RolloutMode::DryRun),
         in_turns,
         restore,
+        restored: false,
     };
     let upgraded = match plan::older_values(&input) {
         true => match ctx.watches.read_with_values(&queries).await.map(|values| plan::upgrade(&input, &values)) {
@@ -214,6 +216,24 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
     let input = match &upgraded {
         Some(upgraded) => Input { previous: &upgraded.previous, live: &upgraded.live, ..input },
         None => input,
+    };
+    // Only this replica's first read can show a restore made while no replica watched: later
+    // resets are the watches' to see, and content the binding shares with others may lag
+    // behind its status. A spec change (another datacenter, say) is no restore.
+    let spec_unchanged =
+        binding.metadata.generation.is_some() && binding.metadata.generation == previous.observed_generation;
+    let input = match &input.consul {
+        Consul::Ready(contents)
+            if spec_unchanged && ctx.states.update(&oref, |r| !std::mem::replace(&mut r.compared, true)) =>
+        {
+            let restored = plan::restored_since(input.previous, contents);
+            if restored {
+                ctx.states.update(&oref, |r| r.held_since = Some(started));
+            }
+            let restore = if restored { Some(ctx.restore_grace) } else { input.restore };
+            Input { restored, restore, ..input }
+        }
+        _ => input,
     };
     let plan = ctx.states.update(&oref, |record| plan::plan(&input, &mut record.pending, Instant::now()));
 

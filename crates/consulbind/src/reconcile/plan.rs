@@ -75,6 +75,9 @@ pub struct Input<'a> {
     /// Consul's index went backwards since the targets last carried the content: a change waits
     /// until the content has been stable this long.
     pub restore: Option<std::time::Duration>,
+    /// This replica's first read found Consul restored since the status was written
+    /// ([`restored_since`]).
+    pub restored: bool,
 }
 
 /// The annotation value that rolls a workload whose template already carries `checksum` (put
@@ -138,6 +141,25 @@ pub fn plan(input: &Input<'_>, pending: &mut Option<Pending>, now: Instant) -> P
     let desired = checksum::from_digests(input.key, &sources);
     let mut plan = Plan { desired: Some(desired.clone()), keys, objects: object_statuses, ..Plan::default() };
 
+    // A hold the status keeps (across a restart, where the first read is no reset), or a restore
+    // found at this replica's first read, comes before a missing key: the status must go on
+    // saying what is lost until it is back.
+    let was_present = |c: &KeyContent<'_>| {
+        input.previous.keys.iter().any(|k| k.key == c.source.key && k.recurse == c.source.recurse && k.present)
+    };
+    let held = held_for_lost_content(input.previous);
+    let remembered: Vec<&str> = contents
+        .iter()
+        .filter(|c| c.entries.is_empty() && (c.reset_hold || held || (input.restored && was_present(c))))
+        .map(|c| c.source.key.as_str())
+        .collect();
+    if (held || input.restored)
+        && let Some(hold) = lost_hold(input, &remembered, &desired)
+    {
+        *pending = None;
+        plan.hold = Some(hold);
+        return plan;
+    }
     let missing: Vec<&str> =
         contents.iter().filter(|c| !c.source.optional && c.entries.is_empty()).map(|c| c.source.key.as_str()).collect();
     if !missing.is_empty() {
@@ -176,30 +198,11 @@ pub fn plan(input: &Input<'_>, pending: &mut Option<Pending>, now: Instant) -> P
         return plan;
     }
 
-    // The status keeps a hold across a restart, where the first read is no reset: what is
-    // still empty stays lost. A restore while no replica watched shows against the status.
-    let held = held_for_lost_content(input.previous);
-    let restored = restored_since(input.previous, contents);
-    let was_present = |c: &KeyContent<'_>| {
-        input.previous.keys.iter().any(|k| k.key == c.source.key && k.recurse == c.source.recurse && k.present)
-    };
-    let lost: Vec<&str> = contents
-        .iter()
-        .filter(|c| c.reset_hold || (c.entries.is_empty() && (held || (restored && was_present(c)))))
-        .map(|c| c.source.key.as_str())
-        .collect();
-    let spec_unchanged = input.generation.is_some() && input.generation == input.previous.observed_generation;
-    if !lost.is_empty() && spec_unchanged && input.previous.applied_checksum.as_ref() != Some(&desired) {
+    // Lost in a reset this replica watched, unless a missing required key said so already.
+    let reset: Vec<&str> = contents.iter().filter(|c| c.reset_hold).map(|c| c.source.key.as_str()).collect();
+    if let Some(hold) = lost_hold(input, &reset, &desired) {
         *pending = None;
-        plan.hold = Some((
-            reason::CONSUL_INDEX_RESET,
-            format!(
-                "Consul's index went backwards (a snapshot restore or a rebuilt cluster?) just as {} became \
-                 empty; rollouts are held until the content is back. To roll out the empty content, change \
-                 this binding's spec",
-                quoted(&lost)
-            ),
-        ));
+        plan.hold = Some(hold);
         return plan;
     }
 
@@ -584,6 +587,23 @@ pub fn held_for_lost_content(status: &ConsulBindingStatus) -> bool {
     status.conditions.iter().any(|c| c.type_ == conditions::READY && c.reason == reason::CONSUL_INDEX_RESET)
 }
 
+/// The hold for content `lost` in a Consul index reset, unless the spec changed since (a
+/// person's say-so) or the targets carry the content already.
+fn lost_hold(input: &Input<'_>, lost: &[&str], desired: &str) -> Option<(&'static str, String)> {
+    let spec_unchanged = input.generation.is_some() && input.generation == input.previous.observed_generation;
+    if lost.is_empty() || !spec_unchanged || input.previous.applied_checksum.as_deref() == Some(desired) {
+        return None;
+    }
+    Some((
+        reason::CONSUL_INDEX_RESET,
+        format!(
+            "Consul's index went backwards (a snapshot restore or a rebuilt cluster?) just as {} became empty; \
+             rollouts are held until the content is back. To roll out the empty content, change this binding's spec",
+            quoted(lost)
+        ),
+    ))
+}
+
 /// Whether Consul's index went backwards since `status` was written, as in a snapshot restore or
 /// a rebuilt cluster while no replica watched: a key read below the modify index the status
 /// recorded for it. Only what no write, delete or tombstone reaping can give counts: an exact
@@ -827,6 +847,7 @@ mod tests {
             dry_run: false,
             in_turns: None,
             restore: None,
+            restored: false,
         }
     }
 
@@ -1097,7 +1118,9 @@ mod tests {
                 }]),
                 ..input(&optional, &baseline, &[], &found)
             };
-            plan_and_status(&input)
+            let Consul::Ready(contents) = &input.consul else { unreachable!() };
+            let restored = restored_since(&baseline, contents);
+            plan_and_status(&Input { restored, ..input })
         };
         assert!(plan.roll.is_empty(), "lost data was rolled out");
         assert_eq!(condition(&held, conditions::READY).reason, reason::CONSUL_INDEX_RESET);
@@ -1111,7 +1134,47 @@ mod tests {
             }]),
             ..input(&optional, &baseline, &[], &found)
         };
-        assert_eq!(plan_and_status(&input).0.roll, web());
+        let Consul::Ready(contents) = &input.consul else { unreachable!() };
+        let restored = restored_since(&baseline, contents);
+        assert!(!restored);
+        assert_eq!(plan_and_status(&Input { restored, ..input }).0.roll, web());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_restore_found_at_the_first_read_stays_held_while_a_lost_optional_key_is_empty() {
+        let mut both = spec(false);
+        both.keys.push(KeySource { key: "app/extra".into(), recurse: false, optional: true });
+        let found = web();
+        let read = |config: &'static [KvEntry], extra: &'static [KvEntry], index| {
+            vec![
+                KeyContent { source: &both.keys[0], entries: config, reset_hold: false, index },
+                KeyContent { source: &both.keys[1], entries: extra, reset_hold: false, index },
+            ]
+        };
+        static CONFIG: std::sync::LazyLock<Vec<KvEntry>> =
+            std::sync::LazyLock::new(|| vec![KvEntry::new("app/config", "v1", 7)]);
+        static EXTRA: std::sync::LazyLock<Vec<KvEntry>> =
+            std::sync::LazyLock::new(|| vec![KvEntry::new("app/extra", "on", 8)]);
+        fn at<'a>(
+            spec: &'a ConsulBindingSpec,
+            found: &'a [Workload],
+            consul: Vec<KeyContent<'a>>,
+            previous: &'a ConsulBindingStatus,
+            restored: bool,
+        ) -> Input<'a> {
+            Input { consul: Consul::Ready(consul), restored, ..input(spec, previous, &[], found) }
+        }
+        let empty = ConsulBindingStatus::default();
+        let (_, baseline) = plan_and_status(&at(&both, &found, read(&CONFIG, &EXTRA, None), &empty, false));
+        // Both gone at the first read after a restart, the store's index below theirs: the
+        // required key is lost too, and the status says so rather than KeyMissing.
+        let (plan, held) = plan_and_status(&at(&both, &found, read(&[], &[], Some(3)), &baseline, true));
+        assert!(plan.roll.is_empty());
+        assert_eq!(condition(&held, conditions::READY).reason, reason::CONSUL_INDEX_RESET);
+        // The required key is put back; the optional one stays lost, and nothing rolls.
+        let (plan, still) = plan_and_status(&at(&both, &found, read(&CONFIG, &[], Some(4)), &held, false));
+        assert!(plan.roll.is_empty(), "lost content was rolled out");
+        assert_eq!(condition(&still, conditions::READY).reason, reason::CONSUL_INDEX_RESET);
     }
 
     #[tokio::test(start_paused = true)]

@@ -105,9 +105,13 @@ async fn write(
         WorkloadKind::Rollout => patch::<Rollout>(client, namespace, name, &params, &body).await,
     };
     patched.map_err(|error| match &error {
-        // An apply held to a uid finds no object: 409, "uid mismatch".
-        kube::Error::Api(status) if status.code == 404 || (status.code == 409 && status.message.contains("uid")) => {
+        // An apply held to a uid that finds no object: 409, `... "web": uid mismatch: ...` (no
+        // name has a space).
+        kube::Error::Api(status) if status.code == 409 && status.message.contains(": uid mismatch") => {
             "it is gone; nothing was stamped".to_owned()
+        }
+        kube::Error::Api(status) if status.code == 404 => {
+            "it is gone, or its kind is no longer served; nothing was stamped".to_owned()
         }
         // Another uid under the name is refused as a change of an immutable field.
         kube::Error::Api(status) if status.code == 422 && status.message.contains("metadata.uid") => {

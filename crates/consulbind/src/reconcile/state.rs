@@ -40,6 +40,9 @@ pub struct Record {
     /// a restart during the hold), or one that Consul's index has gone below (a restore while no
     /// replica watched): like a reset, it puts the binding in its restore grace.
     pub held_since: Option<std::time::Instant>,
+    /// This replica has compared Consul's first answer with the status (see
+    /// [`super::plan::restored_since`]).
+    pub compared: bool,
 }
 
 /// Every binding's record, across the scopes this replica serves.

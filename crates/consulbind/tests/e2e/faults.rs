@@ -181,6 +181,31 @@ async fn consul_blips_restarts_and_data_loss_roll_nothing_and_show_within_second
     s.wait_revisions(DEPLOY, "web", 5).await;
     s.wait_revisions(DEPLOY, "api", 4).await;
 
+    // Restored with the same content while no controller ran: nothing rolls, and the next
+    // change is an ordinary one, with no restore grace left over.
+    for i in 0..60 {
+        consul.put(&s.key("elsewhere"), i.to_string().as_bytes(), None).await.unwrap();
+    }
+    consul.put(&key, b"v6", None).await.unwrap();
+    s.wait_revisions(DEPLOY, "web", 6).await;
+    s.wait_condition("required", conditions::READY, "True", reason::UP_TO_DATE).await;
+    s.stop_controller().await;
+    tokio::task::spawn_blocking(|| restart(true, Duration::from_secs(1))).await.unwrap();
+    consul.put(&key, b"v6", None).await.unwrap();
+    consul.put(&format!("{prefix}a"), b"off", None).await.unwrap();
+    consul.put(&format!("{prefix}b"), b"newer", None).await.unwrap();
+    s.start_controller(&[&addr, GRACE, &restore]).await;
+    s.wait_condition("required", conditions::READY, "True", reason::UP_TO_DATE).await;
+    s.wait_condition("optional", conditions::READY, "True", reason::UP_TO_DATE).await;
+    s.wait_revisions(DEPLOY, "web", 6).await;
+    let changed = tokio::time::Instant::now();
+    consul.put(&key, b"v7", None).await.unwrap();
+    let rolled = || async { Ok(s.revisions(DEPLOY, "web").await >= 7) };
+    wait_for("the next change to roll", RESTORE_GRACE * 4, rolled).await.unwrap();
+    assert!(changed.elapsed() < RESTORE_GRACE, "a change after a same-content restore waited {:?}", changed.elapsed());
+    s.wait_revisions(DEPLOY, "web", 7).await;
+    s.wait_revisions(DEPLOY, "api", 4).await;
+
     // Over HTTPS every query shares one HTTP/2 connection, and a frozen agent still
     // acknowledges its TCP keep-alives.
     let tls =
@@ -189,9 +214,9 @@ async fn consul_blips_restarts_and_data_loss_roll_nothing_and_show_within_second
     s.stop_controller().await;
     let envs = [("CONSUL_HTTP_ADDR", tls.as_str()), ("CONSUL_CACERT", ca.as_str())];
     s.start_controller_with_env(&[GRACE, &restore], &envs).await;
-    frozen_then_back(&s, 5).await;
-    consul.put(&key, b"v5", None).await.unwrap();
-    s.wait_revisions(DEPLOY, "web", 6).await;
+    frozen_then_back(&s, 7).await;
+    consul.put(&key, b"v8", None).await.unwrap();
+    s.wait_revisions(DEPLOY, "web", 8).await;
     s.wait_revisions(DEPLOY, "api", 4).await;
     s.finish().await;
 }
