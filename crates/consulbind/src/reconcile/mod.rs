@@ -219,22 +219,20 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
     };
     // Only this replica's first read can show a restore made while no replica watched: later
     // resets are the watches' to see, and content the binding shares with others may lag
-    // behind its status. A spec change (another datacenter, say) is no restore.
-    let spec_unchanged =
-        binding.metadata.generation.is_some() && binding.metadata.generation == previous.observed_generation;
-    let input = match &input.consul {
-        Consul::Ready(contents)
-            if spec_unchanged && ctx.states.update(&oref, |r| !std::mem::replace(&mut r.compared, true)) =>
-        {
-            let restored = plan::restored_since(input.previous, contents);
-            if restored {
-                ctx.states.update(&oref, |r| r.held_since = Some(started));
+    // behind its status. What it found counts until a status that the plan could judge by
+    // (Consul and the objects read) is written.
+    let restored = match &input.consul {
+        Consul::Ready(contents) => ctx.states.update(&oref, |r| {
+            if !std::mem::replace(&mut r.compared, true) && plan::restored_since(input.previous, contents) {
+                r.restored = true;
+                r.held_since = Some(started);
             }
-            let restore = if restored { Some(ctx.restore_grace) } else { input.restore };
-            Input { restored, restore, ..input }
-        }
-        _ => input,
+            r.restored
+        }),
+        Consul::Failed { .. } => false,
     };
+    let restore = if restored { Some(ctx.restore_grace) } else { input.restore };
+    let input = Input { restored, restore, ..input };
     let plan = ctx.states.update(&oref, |record| plan::plan(&input, &mut record.pending, Instant::now()));
 
     // Stamp.
@@ -280,6 +278,9 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
         report::publish(ctx, binding.object_ref(&()), EventType::Normal, conditions::reason::BASELINED, note);
     }
     report::status(ctx, binding, &previous, &status).await?;
+    if restored && input.objects.is_ok() {
+        ctx.states.update(&oref, |r| r.restored = false);
+    }
     if plan.desired.is_some() && status.applied_checksum == plan.desired {
         let sources = (status.applied_checksum.clone().unwrap_or_default(), report::fingerprints(&status));
         ctx.states.update(&oref, |record| {

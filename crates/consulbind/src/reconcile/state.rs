@@ -43,6 +43,8 @@ pub struct Record {
     /// This replica has compared Consul's first answer with the status (see
     /// [`super::plan::restored_since`]).
     pub compared: bool,
+    /// That comparison found a restore, and no status written since says so yet.
+    pub restored: bool,
 }
 
 /// Every binding's record, across the scopes this replica serves.
