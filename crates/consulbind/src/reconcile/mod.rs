@@ -175,15 +175,27 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
     };
 
     // Plan.
-    // Marked when the reconcile started, so that one which then finds the content settled
-    // ends the grace.
+    // Only this replica's first read can show a restore made while no replica watched: later
+    // resets are the watches' to see, and content the binding shares with others may lag
+    // behind its status. What it found counts until a status that the plan could judge by
+    // (Consul and the objects read) is written. Either hold is marked when the reconcile
+    // started, so that one which then finds the content settled ends the grace.
     let held = plan::held_for_lost_content(&previous);
-    let restore = ctx.states.update(&oref, |record| {
+    let (restore, restored) = ctx.states.update(&oref, |record| {
+        if let Consul::Ready(read) = &consul
+            && !std::mem::replace(&mut record.compared, true)
+            && plan::restored_since(&previous, read)
+        {
+            record.restored = true;
+            record.held_since = Some(started);
+        }
         if held && record.held_since.is_none() {
             record.held_since = Some(started);
         }
         let reset = read::latest_reset(&contents).max(record.held_since);
-        reset.filter(|reset| record.settled_at.is_none_or(|settled| settled < *reset)).map(|_| ctx.restore_grace)
+        let restore =
+            reset.filter(|reset| record.settled_at.is_none_or(|settled| settled < *reset)).map(|_| ctx.restore_grace);
+        (restore, record.restored && matches!(consul, Consul::Ready(_)))
     });
     let input = Input {
         key: &ctx.checksum_key,
@@ -200,7 +212,7 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
         dry_run: ctx.dry_run || spec.rollout.as_ref().and_then(|r| r.mode) == Some(RolloutMode::DryRun),
         in_turns,
         restore,
-        restored: false,
+        restored,
     };
     let upgraded = match plan::older_values(&input) {
         true => match ctx.watches.read_with_values(&queries).await.map(|values| plan::upgrade(&input, &values)) {
@@ -217,22 +229,6 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
         Some(upgraded) => Input { previous: &upgraded.previous, live: &upgraded.live, ..input },
         None => input,
     };
-    // Only this replica's first read can show a restore made while no replica watched: later
-    // resets are the watches' to see, and content the binding shares with others may lag
-    // behind its status. What it found counts until a status that the plan could judge by
-    // (Consul and the objects read) is written.
-    let restored = match &input.consul {
-        Consul::Ready(contents) => ctx.states.update(&oref, |r| {
-            if !std::mem::replace(&mut r.compared, true) && plan::restored_since(input.previous, contents) {
-                r.restored = true;
-                r.held_since = Some(started);
-            }
-            r.restored
-        }),
-        Consul::Failed { .. } => false,
-    };
-    let restore = if restored { Some(ctx.restore_grace) } else { input.restore };
-    let input = Input { restored, restore, ..input };
     let plan = ctx.states.update(&oref, |record| plan::plan(&input, &mut record.pending, Instant::now()));
 
     // Stamp.

@@ -144,9 +144,7 @@ pub fn plan(input: &Input<'_>, pending: &mut Option<Pending>, now: Instant) -> P
     // A hold the status keeps (across a restart, where the first read is no reset), or a restore
     // found at this replica's first read, comes before a missing key: the status must go on
     // saying what is lost until it is back.
-    let was_present = |c: &KeyContent<'_>| {
-        input.previous.keys.iter().any(|k| k.key == c.source.key && k.recurse == c.source.recurse && k.present)
-    };
+    let was_present = |c: &KeyContent<'_>| recorded(input.previous, c).is_some_and(|k| k.present);
     let held = held_for_lost_content(input.previous);
     let remembered: Vec<&str> = contents
         .iter()
@@ -604,6 +602,11 @@ fn lost_hold(input: &Input<'_>, lost: &[&str], desired: &str) -> Option<(&'stati
     ))
 }
 
+/// What `status` says of the key `content` is read for.
+fn recorded<'s>(status: &'s ConsulBindingStatus, content: &KeyContent<'_>) -> Option<&'s KeyStatus> {
+    status.keys.iter().find(|k| k.key == content.source.key && k.recurse == content.source.recurse)
+}
+
 /// Whether Consul's index went backwards since `status` was written, as in a snapshot restore or
 /// a rebuilt cluster while no replica watched: a key read below the modify index the status
 /// recorded for it. Only what no write, delete or tombstone reaping can give counts: an exact
@@ -612,8 +615,7 @@ fn lost_hold(input: &Input<'_>, lost: &[&str], desired: &str) -> Option<(&'stati
 /// tombstone of its newest key lowers its index).
 pub fn restored_since(status: &ConsulBindingStatus, contents: &[KeyContent<'_>]) -> bool {
     contents.iter().any(|c| {
-        let recorded = status.keys.iter().find(|k| k.key == c.source.key && k.recurse == c.source.recurse);
-        let Some(recorded) = recorded.and_then(|k| k.modify_index) else { return false };
+        let Some(recorded) = recorded(status, c).and_then(|k| k.modify_index) else { return false };
         let now = match c.source.recurse {
             false => c.entries.iter().find(|e| e.key == c.source.key).map(|e| e.modify_index).or(c.index),
             true => c.index.filter(|_| c.entries.is_empty()),
@@ -1107,37 +1109,24 @@ mod tests {
         let (optional, found) = (spec(true), web());
         let (_, baseline) = step(&optional, &Default::default(), &entry("v1"), &found);
         assert_eq!(baseline.keys[0].modify_index, Some(7));
-        // Missing at the first read after a restart, with the store's index below the key's.
-        let (plan, held) = {
-            let input = Input {
-                consul: Consul::Ready(vec![KeyContent {
-                    source: &optional.keys[0],
-                    entries: &[],
-                    reset_hold: false,
-                    index: Some(3),
-                }]),
-                ..input(&optional, &baseline, &[], &found)
-            };
-            let Consul::Ready(contents) = &input.consul else { unreachable!() };
-            let restored = restored_since(&baseline, contents);
-            plan_and_status(&Input { restored, ..input })
+        // The first read after a restart finds the key missing, with the store at `index`.
+        let first_read = |index| {
+            let missing =
+                [KeyContent { source: &optional.keys[0], entries: &[], reset_hold: false, index: Some(index) }];
+            let restored = restored_since(&baseline, &missing);
+            let input =
+                Input { consul: Consul::Ready(missing.to_vec()), restored, ..input(&optional, &baseline, &[], &found) };
+            (restored, plan_and_status(&input))
         };
+        // The store's index below the key's: lost.
+        let (restored, (plan, held)) = first_read(3);
+        assert!(restored);
         assert!(plan.roll.is_empty(), "lost data was rolled out");
         assert_eq!(condition(&held, conditions::READY).reason, reason::CONSUL_INDEX_RESET);
         // Deleted while nobody watched: the store's index moved on, and the empty value rolls.
-        let input = Input {
-            consul: Consul::Ready(vec![KeyContent {
-                source: &optional.keys[0],
-                entries: &[],
-                reset_hold: false,
-                index: Some(9),
-            }]),
-            ..input(&optional, &baseline, &[], &found)
-        };
-        let Consul::Ready(contents) = &input.consul else { unreachable!() };
-        let restored = restored_since(&baseline, contents);
+        let (restored, (plan, _)) = first_read(9);
         assert!(!restored);
-        assert_eq!(plan_and_status(&Input { restored, ..input }).0.roll, web());
+        assert_eq!(plan.roll, web());
     }
 
     #[tokio::test(start_paused = true)]

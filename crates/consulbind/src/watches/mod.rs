@@ -19,7 +19,6 @@ use std::{
 
 use consul_kv::{KvEntry, KvQuery};
 use serde::Serialize;
-use tokio::sync::Notify;
 use tracing::debug;
 
 use self::{path::Path, planner::Groups, runner::Runner};
@@ -70,18 +69,7 @@ impl Watches {
     /// Starts the planner, which needs a Tokio runtime. A failing query reports its failure
     /// only once it has lasted `grace`.
     pub fn new(consul: impl KvSource, wake: Wake, metrics: Arc<Metrics>, grace: Duration, limits: Limits) -> Self {
-        let runner = Arc::new(Runner {
-            consul: Arc::new(consul),
-            wake,
-            metrics,
-            grace,
-            limits,
-            replan: Notify::new(),
-            planned_slots: Default::default(),
-            agent: tokio::sync::watch::Sender::new(None),
-            parked_reads: tokio::sync::Semaphore::new(1),
-            answered_at: Default::default(),
-        });
+        let runner = Arc::new(Runner::new(Arc::new(consul), wake, metrics, grace, limits));
         let shared = Arc::new(Shared { runner, inner: Mutex::default() });
         tokio::spawn(plan_forever(shared.clone()));
         tokio::spawn(runner::watch_agent(shared.runner.clone()));

@@ -193,6 +193,21 @@ impl Roster {
 }
 
 impl Runner {
+    pub fn new(consul: Arc<dyn KvSource>, wake: Wake, metrics: Arc<Metrics>, grace: Duration, limits: Limits) -> Self {
+        Self {
+            consul,
+            wake,
+            metrics,
+            grace,
+            limits,
+            replan: Notify::new(),
+            planned_slots: AtomicUsize::default(),
+            agent: watch::Sender::new(None),
+            parked_reads: Semaphore::new(1),
+            answered_at: Default::default(),
+        }
+    }
+
     /// Follows one group's query with blocking requests until aborted or retired (the roster's
     /// sender dropped), and hands each path its part of every answer. The group's key never
     /// changes, so any answer covers whatever paths the roster holds when it arrives.

@@ -154,11 +154,8 @@ async fn consul_blips_restarts_and_data_loss_roll_nothing_and_show_within_second
     s.wait_revisions(DEPLOY, "api", 3).await;
     s.wait_revisions(DEPLOY, "web", 3).await;
 
-    // Restored while no controller ran: the status's modify indexes show it. Writes elsewhere
-    // first lift the index well above where a rebuilt agent starts.
-    for i in 0..60 {
-        consul.put(&s.key("elsewhere"), i.to_string().as_bytes(), None).await.unwrap();
-    }
+    // Restored while no controller ran: the status's modify indexes show it.
+    lift_index(&consul, &s).await;
     consul.put(&key, b"v4", None).await.unwrap();
     consul.put(&format!("{prefix}b"), b"newer", None).await.unwrap();
     s.wait_revisions(DEPLOY, "web", 4).await;
@@ -183,9 +180,7 @@ async fn consul_blips_restarts_and_data_loss_roll_nothing_and_show_within_second
 
     // Restored with the same content while no controller ran: nothing rolls, and the next
     // change is an ordinary one, with no restore grace left over.
-    for i in 0..60 {
-        consul.put(&s.key("elsewhere"), i.to_string().as_bytes(), None).await.unwrap();
-    }
+    lift_index(&consul, &s).await;
     consul.put(&key, b"v6", None).await.unwrap();
     s.wait_revisions(DEPLOY, "web", 6).await;
     s.wait_condition("required", conditions::READY, "True", reason::UP_TO_DATE).await;
@@ -219,6 +214,13 @@ async fn consul_blips_restarts_and_data_loss_roll_nothing_and_show_within_second
     s.wait_revisions(DEPLOY, "web", 8).await;
     s.wait_revisions(DEPLOY, "api", 4).await;
     s.finish().await;
+}
+
+/// Writes elsewhere, to lift the agent's index well above where a rebuilt agent starts.
+async fn lift_index(consul: &Consul, s: &Scene) {
+    for i in 0..60 {
+        consul.put(&s.key("elsewhere"), i.to_string().as_bytes(), None).await.unwrap();
+    }
 }
 
 /// Freezes the agent: connections stay open and nothing answers. Seen within 15 s, Ready

@@ -12,7 +12,7 @@ use consulbind_api::conditions::reason;
 use futures::future::BoxFuture;
 use prometheus_client::registry::Registry;
 use tokio::{
-    sync::{Notify, mpsc, oneshot, watch},
+    sync::{mpsc, oneshot, watch},
     task::JoinHandle,
     time::Instant,
 };
@@ -154,18 +154,9 @@ fn runner_over(
         let woken = woken.clone();
         Arc::new(move |b| woken.locked().push(b))
     };
-    let runner = Arc::new(Runner {
-        consul: source(tx),
-        wake,
-        metrics: Arc::new(Metrics::new(&mut Registry::default())),
-        grace: GRACE,
-        limits,
-        replan: Notify::new(),
-        planned_slots: 20.into(),
-        agent: watch::Sender::new(None),
-        parked_reads: tokio::sync::Semaphore::new(1),
-        answered_at: Default::default(),
-    });
+    let runner = Runner::new(source(tx), wake, Arc::new(Metrics::new(&mut Registry::default())), GRACE, limits);
+    runner.planned_slots.store(20, std::sync::atomic::Ordering::Relaxed);
+    let runner = Arc::new(runner);
     (runner, requests, woken)
 }
 
