@@ -375,6 +375,11 @@ pub struct KeyStatus {
     /// Consul's ModifyIndex of the key (for a prefix: the highest below it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub modify_index: Option<u64>,
+
+    /// Emptied as Consul's index went backwards (a snapshot restore or a rebuilt cluster):
+    /// rollouts are held until it is back, or the spec changes.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub lost: bool,
 }
 
 /// One bound ConfigMap or Secret as last read.

@@ -141,21 +141,20 @@ pub fn plan(input: &Input<'_>, pending: &mut Option<Pending>, now: Instant) -> P
     let desired = checksum::from_digests(input.key, &sources);
     let mut plan = Plan { desired: Some(desired.clone()), keys, objects: object_statuses, ..Plan::default() };
 
-    // A hold the status keeps (across a restart, where the first read is no reset), or a restore
-    // found at this replica's first read, comes before a missing key: the status must go on
-    // saying what is lost until it is back.
-    let was_present = |c: &KeyContent<'_>| recorded(input.previous, c).is_some_and(|k| k.present);
-    let held = held_for_lost_content(input.previous);
-    let remembered: Vec<&str> = contents
-        .iter()
-        .filter(|c| c.entries.is_empty() && (c.reset_hold || held || (input.restored && was_present(c))))
-        .map(|c| c.source.key.as_str())
-        .collect();
-    if (held || input.restored)
-        && let Some(hold) = lost_hold(input, &remembered, &desired)
-    {
+    // Content the status holds as lost (across a restart, where the first read is no reset), or
+    // a restore found at this replica's first read, comes before a missing key: the status must
+    // go on saying what is lost until it is back.
+    let unmarked = unmarked_hold(input.previous);
+    let remembered = |c: &KeyContent<'_>| {
+        let recorded = recorded(input.previous, c);
+        c.entries.is_empty()
+            && (c.reset_hold
+                || unmarked
+                || recorded.is_some_and(|k| k.lost)
+                || (input.restored && recorded.is_some_and(|k| k.present)))
+    };
+    if (held_for_lost_content(input.previous) || input.restored) && hold_lost(input, &mut plan, contents, remembered) {
         *pending = None;
-        plan.hold = Some(hold);
         return plan;
     }
     let missing: Vec<&str> =
@@ -197,10 +196,8 @@ pub fn plan(input: &Input<'_>, pending: &mut Option<Pending>, now: Instant) -> P
     }
 
     // Lost in a reset this replica watched, unless a missing required key said so already.
-    let reset: Vec<&str> = contents.iter().filter(|c| c.reset_hold).map(|c| c.source.key.as_str()).collect();
-    if let Some(hold) = lost_hold(input, &reset, &desired) {
+    if hold_lost(input, &mut plan, contents, |c| c.reset_hold) {
         *pending = None;
-        plan.hold = Some(hold);
         return plan;
     }
 
@@ -580,26 +577,44 @@ fn carried_targets(status: &ConsulBindingStatus) -> BTreeMap<Workload, &TargetSt
     status.targets.iter().map(|t| ((t.kind, t.name.clone()), t)).collect()
 }
 
-/// Whether `status` holds the binding for content lost in a Consul index reset.
+/// Whether `status` holds the binding for content lost in a Consul index reset. The keys say
+/// which ([`KeyStatus::lost`]), and keep saying so while a Consul failure takes the Ready
+/// condition; a status written before keys were marked says so by its Ready reason alone.
 pub fn held_for_lost_content(status: &ConsulBindingStatus) -> bool {
-    status.conditions.iter().any(|c| c.type_ == conditions::READY && c.reason == reason::CONSUL_INDEX_RESET)
+    status.keys.iter().any(|k| k.lost) || unmarked_hold(status)
 }
 
-/// The hold for content `lost` in a Consul index reset, unless the spec changed since (a
-/// person's say-so) or the targets carry the content already.
-fn lost_hold(input: &Input<'_>, lost: &[&str], desired: &str) -> Option<(&'static str, String)> {
+fn unmarked_hold(status: &ConsulBindingStatus) -> bool {
+    !status.keys.iter().any(|k| k.lost)
+        && status.conditions.iter().any(|c| c.type_ == conditions::READY && c.reason == reason::CONSUL_INDEX_RESET)
+}
+
+/// Holds `plan` for the keys that `lost` picks out as lost in a Consul index reset, and marks
+/// them in the status; unless the spec changed since (a person's say-so) or the targets carry
+/// the content already.
+fn hold_lost(
+    input: &Input<'_>,
+    plan: &mut Plan,
+    contents: &[KeyContent<'_>],
+    lost: impl Fn(&KeyContent<'_>) -> bool,
+) -> bool {
     let spec_unchanged = input.generation.is_some() && input.generation == input.previous.observed_generation;
-    if lost.is_empty() || !spec_unchanged || input.previous.applied_checksum.as_deref() == Some(desired) {
-        return None;
+    let names: Vec<&str> = contents.iter().filter(|c| lost(c)).map(|c| c.source.key.as_str()).collect();
+    if names.is_empty() || !spec_unchanged || input.previous.applied_checksum == plan.desired {
+        return false;
     }
-    Some((
+    for (status, content) in plan.keys.iter_mut().zip(contents) {
+        status.lost = lost(content);
+    }
+    plan.hold = Some((
         reason::CONSUL_INDEX_RESET,
         format!(
             "Consul's index went backwards (a snapshot restore or a rebuilt cluster?) just as {} became empty; \
              rollouts are held until the content is back. To roll out the empty content, change this binding's spec",
-            quoted(lost)
+            quoted(&names)
         ),
-    ))
+    ));
+    true
 }
 
 /// What `status` says of the key `content` is read for.
@@ -697,6 +712,7 @@ fn key_status(key: &checksum::Key, content: &KeyContent<'_>) -> KeyStatus {
         entries: content.source.recurse.then(|| u32::try_from(entries.len()).unwrap_or(u32::MAX)),
         checksum: checksum::from_digests(key, &[source(content)]),
         modify_index: entries.iter().map(|e| e.modify_index).max(),
+        lost: false,
     }
 }
 
@@ -1192,6 +1208,61 @@ mod tests {
         let (_, required) = step(&spec(false), &Default::default(), &entry("v1"), &web());
         let (_, missing) = step_at(&spec(false), 3, &required, &[], true, &web());
         assert_eq!(condition(&missing, conditions::READY).reason, reason::KEY_MISSING);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hold_for_lost_content_outlasts_a_consul_failure_and_an_unreadable_object() {
+        let optional = spec(true);
+        let found = web();
+        let (_, baseline) = step(&optional, &Default::default(), &entry("v1"), &found);
+        let (_, held) = step_at(&optional, 3, &baseline, &[], true, &found);
+        assert!(held.keys[0].lost);
+        let failures = [
+            Input {
+                consul: Consul::Failed { reason: reason::CONSUL_UNREACHABLE, message: "down".into() },
+                ..input(&optional, &held, &[], &found)
+            },
+            Input {
+                objects: Err((reason::OBJECT_UNREADABLE, "forbidden".into())),
+                ..input(&optional, &held, &[], &found)
+            },
+        ];
+        for failure in &failures {
+            let (plan, failed) = plan_and_status(failure);
+            assert_ne!(condition(&failed, conditions::READY).reason, reason::CONSUL_INDEX_RESET);
+            // Read again once the failure is over, the key is still empty: still held.
+            let (plan_after, after) = step(&optional, &failed, &[], &found);
+            assert!(plan.roll.is_empty() && plan_after.roll.is_empty(), "lost content was rolled out");
+            assert_eq!(condition(&after, conditions::READY).reason, reason::CONSUL_INDEX_RESET);
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn only_the_keys_that_were_lost_hold_a_binding() {
+        let mut two = spec(true);
+        two.keys.push(KeySource { key: "app/never".into(), recurse: false, optional: true });
+        let found = web();
+        let read = |config: &'static [KvEntry], reset_hold| {
+            vec![
+                KeyContent { source: &two.keys[0], entries: config, reset_hold, index: None },
+                KeyContent { source: &two.keys[1], entries: &[], reset_hold: false, index: None },
+            ]
+        };
+        static CONFIG: std::sync::LazyLock<Vec<KvEntry>> = std::sync::LazyLock::new(|| entry("v1"));
+        let at = |consul, previous| Input { consul: Consul::Ready(consul), ..input(&two, previous, &[], &found) };
+        let empty = ConsulBindingStatus::default();
+        let (_, baseline) = plan_and_status(&at(read(&CONFIG, false), &empty));
+        // A reset empties app/config; app/never was empty all along, so the watches mark no loss.
+        let (_, held) = plan_and_status(&at(read(&[], true), &baseline));
+        let lost: Vec<bool> = held.keys.iter().map(|k| k.lost).collect();
+        assert_eq!(lost, [true, false]);
+        let (_, message) = plan_and_status(&at(read(&[], false), &held)).0.hold.unwrap();
+        assert!(message.contains("app/config") && !message.contains("app/never"), "{message}");
+        // app/config is back: the binding is served, though app/never is still empty.
+        let (plan, back) = plan_and_status(&at(read(&CONFIG, false), &held));
+        assert!(plan.hold.is_none() && plan.roll.is_empty());
+        assert_eq!(condition(&back, conditions::READY).status, "True");
+        assert!(back.keys.iter().all(|k| !k.lost));
     }
 
     #[tokio::test(start_paused = true)]

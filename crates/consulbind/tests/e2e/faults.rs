@@ -121,6 +121,14 @@ async fn consul_blips_restarts_and_data_loss_roll_nothing_and_show_within_second
     tokio::time::sleep(SETTLE).await;
     s.wait_condition("optional", conditions::READY, "False", reason::CONSUL_INDEX_RESET).await;
     assert_eq!(s.revisions(DEPLOY, "api").await, 1, "the lost prefix rolled after a restart\n{}", s.log());
+    // A hung agent takes the Ready condition for a while; the status's keys keep the hold.
+    let frozen = tokio::task::spawn_blocking(|| xtask(&["consul-hang", "--seconds=20"]));
+    s.wait_condition("optional", conditions::READY, "False", reason::CONSUL_UNREACHABLE).await;
+    frozen.await.unwrap();
+    s.wait_condition("optional", conditions::READY, "False", reason::CONSUL_INDEX_RESET).await;
+    tokio::time::sleep(RESTORE_GRACE + SETTLE).await;
+    s.wait_condition("optional", conditions::READY, "False", reason::CONSUL_INDEX_RESET).await;
+    assert_eq!(s.revisions(DEPLOY, "api").await, 1, "the lost prefix rolled after an outage\n{}", s.log());
     consul.put(&key, b"v2", None).await.unwrap();
     consul.put(&format!("{prefix}a"), b"on", None).await.unwrap();
     s.wait_condition("optional", conditions::READY, "False", reason::PENDING).await;
