@@ -379,6 +379,9 @@ impl Client {
         if let Some(token) = token.filter(|t| !t.expose().is_empty()) {
             body = body.replace(token.expose(), "<redacted>");
         }
+        if status == 400 && body.is_empty() {
+            body = "a malformed request (Consul refuses a key with a character that does not print)".into();
+        }
         match status {
             401 | 403 => Error::AccessDenied { key: key.to_owned(), status, message: body, policy },
             _ => Error::Server { address: self.inner.address.clone(), key: key.to_owned(), status, body },

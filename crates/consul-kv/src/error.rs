@@ -58,6 +58,12 @@ pub enum ErrorKind {
 }
 
 impl Error {
+    /// Consul refused the request as malformed (HTTP 400), as it does a key with a character
+    /// that does not print: asking again will not help, and other keys are not concerned.
+    pub fn is_bad_request(&self) -> bool {
+        matches!(self, Error::Server { status: 400, .. })
+    }
+
     pub fn kind(&self) -> ErrorKind {
         match self {
             Error::AccessDenied { .. } => ErrorKind::AccessDenied,

@@ -261,10 +261,15 @@ fn span(entries: &[KvEntry], path: &WatchPath) -> Range<usize> {
 }
 
 /// Replaces what sorted `entries` hold for `path` with `fresh`, a read of that path alone, so
-/// that a path new to a group needs no read of the whole group.
+/// that a path new to a group needs no read of the whole group. Only what the path covers is
+/// taken, so `entries` stay sorted whatever the answer holds.
 pub fn merge(entries: &mut Vec<KvEntry>, path: &WatchPath, fresh: Vec<KvEntry>) {
     let span = span(entries, path);
-    entries.splice(span, fresh);
+    let covered = |e: &KvEntry| match path.recurse {
+        true => e.key.starts_with(&path.key),
+        false => e.key == path.key,
+    };
+    entries.splice(span, fresh.into_iter().filter(covered));
 }
 
 /// Distinct lengths, ascending: a key is looked up once per prefix length, not once per
@@ -482,6 +487,10 @@ mod tests {
         assert!(entries.is_sorted_by(|a, b| a.key < b.key));
         merge(&mut entries, &path("a", false), vec![]);
         assert_eq!(entries[0].key, "b/y");
+        // An answer beyond the path (a key Consul read as another) brings nothing else in.
+        merge(&mut entries, &path("c", false), vec![entry("a", "x", 9), entry("c", "7", 9), entry("z", "x", 9)]);
+        let keys: Vec<&str> = entries.iter().map(|e| e.key.as_str()).collect();
+        assert_eq!(keys, ["b/y", "b/z", "bb", "c"]);
     }
 
     #[test]

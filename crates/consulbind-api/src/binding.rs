@@ -75,23 +75,55 @@ pub struct ConsulBindingSpec {
 /// with `/`. Written for the API server's regular expressions, which have no look-ahead.
 pub const KEY_PATTERN: &str = r"^((?:[^/.][^/]*|\.[^/.][^/]*|\.\.[^/]+)/)*(?:[^/.][^/]*|\.[^/.][^/]*|\.\.[^/]+)?$";
 
-/// What is wrong with a key, by the rule of [`KEY_PATTERN`], for objects the schema did not check.
-pub fn key_problem(key: &str) -> Option<&'static str> {
+/// What is wrong with a key, by the rule of [`KEY_PATTERN`], for objects the schema did not check,
+/// and by Consul's own: it refuses a key with a character that does not print.
+pub fn key_problem(key: &str) -> Option<String> {
     if key.len() > MAX_KEY_LENGTH {
-        return Some("is longer than 512 bytes");
+        return Some("is longer than 512 bytes".into());
+    }
+    if let Some(c) = key.chars().find(|c| !prints(*c)) {
+        return Some(format!(
+            "contains U+{:04X}, which Consul refuses in a key (a control character, a space other than U+0020, or an \
+             invisible formatting character); copied text often brings one",
+            u32::from(c)
+        ));
     }
     if key.starts_with('/') {
-        return Some("starts with /");
+        return Some("starts with /, so Consul would read another key".into());
     }
     // A trailing `/` marks a folder prefix; every other segment must be a real name.
     let body = key.strip_suffix('/').unwrap_or(key);
     body.split('/').find_map(|segment| match segment {
-        "" => Some("has an empty segment (//)"),
-        "." | ".." => Some("has a . or .. segment"),
+        "" => Some("has an empty segment (//), so Consul would read another key, or none".into()),
+        "." | ".." => Some("has a . or .. segment, so Consul would read another key, or none".into()),
         _ => None,
     })
 }
 
+/// Whether Consul takes `c` in a key: it refuses what Go's `unicode.IsPrint` does not print.
+/// Unassigned code points are left to Consul, which refuses them with an answer of its own.
+fn prints(c: char) -> bool {
+    let format = matches!(
+        c,
+        '\u{ad}'
+            | '\u{600}'..='\u{605}'
+            | '\u{61c}'
+            | '\u{6dd}'
+            | '\u{70f}'
+            | '\u{8e2}'
+            | '\u{180e}'
+            | '\u{200b}'..='\u{200f}'
+            | '\u{202a}'..='\u{202e}'
+            | '\u{2060}'..='\u{206f}'
+            | '\u{fdd0}'..='\u{fdef}'
+            | '\u{feff}'
+            | '\u{fff9}'..='\u{fffb}'
+            | '\u{e000}'..='\u{f8ff}'
+            | '\u{e0000}'..='\u{e007f}'
+            | '\u{f0000}'..='\u{10ffff}'
+    );
+    c == ' ' || !(c.is_control() || c.is_whitespace() || format || (u32::from(c) & 0xfffe) == 0xfffe)
+}
 /// The longest Consul key a binding may name, in bytes.
 pub const MAX_KEY_LENGTH: usize = 512;
 
@@ -447,4 +479,31 @@ pub struct TargetStatus {
     /// When the controller last rolled this workload.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_rolled_time: Option<Time>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_consul_would_refuse_or_read_as_another_are_refused() {
+        for (key, why) in [
+            ("app/config\n", "U+000A"),
+            ("app/\t/x", "U+0009"),
+            ("app/\u{a0}config", "U+00A0"),
+            ("app/con\u{200b}fig", "U+200B"),
+            ("app/\u{feff}", "U+FEFF"),
+            ("app/\u{e000}", "U+E000"),
+            ("/app", "starts with /"),
+            ("app//x", "empty segment"),
+            ("app/../x", ". or .. segment"),
+        ] {
+            let problem = key_problem(key).unwrap_or_else(|| panic!("{key:?} was accepted"));
+            assert!(problem.contains(why), "{key:?}: {problem}");
+        }
+        for key in ["app/config", "app/with space", "app/é/日本/🦀", "app/a?b#c%d&e+f", "app/features/", ".x/..y"]
+        {
+            assert_eq!(key_problem(key), None, "{key:?}");
+        }
+    }
 }

@@ -25,14 +25,15 @@ pub fn field_manager(binding: &str) -> String {
 pub const JOINT_MANAGER: &str = "consulbind";
 
 /// Binding names may be 253 characters; an annotation name part may be 63. Long names keep a
-/// readable head and a hash of the whole name.
+/// readable head and a hash of the whole name, joined by `_`, which no binding name has: no
+/// binding can be given the name part of another.
 fn name_part(binding: &str) -> String {
     if binding.len() <= NAME_MAX {
         return binding.to_owned();
     }
     let hash = Sha256::digest(binding.as_bytes());
     let suffix: String = hash[..4].iter().map(|b| format!("{b:02x}")).collect();
-    format!("{}-{suffix}", &binding[..NAME_MAX - 1 - suffix.len()])
+    format!("{}_{suffix}", &binding[..NAME_MAX - 1 - suffix.len()])
 }
 
 #[cfg(test)]
@@ -65,5 +66,10 @@ mod tests {
             assert!(valid_name_part(part), "{part}");
         }
         assert!(field_manager(&a).len() <= 128);
+        // A binding named as the long one's name part is a valid name, and gets a key of its own.
+        let short = annotation_key(&a).split_once('/').unwrap().1.replace('_', "-");
+        assert_eq!(short.len(), NAME_MAX);
+        assert_ne!(annotation_key(&short), ka);
+        assert_ne!(field_manager(&short), field_manager(&a));
     }
 }

@@ -1,13 +1,15 @@
 //! Read-only caches of what the cluster holds, each fed by a watch: the target workloads
 //! ([`workloads`], with Argo Rollouts in [`argo`]), the Secrets that hold Consul tokens
 //! ([`tokens`]), the ConfigMaps and Secrets that bindings read ([`objects`]), the namespaces'
-//! default-token policy ([`policy`]), and which bindings an event concerns ([`interest`]). Nothing here writes to the cluster.
+//! default-token policy ([`policy`]), which bindings an event concerns ([`interest`]), and the
+//! selectors the API server would take ([`selector`]). Nothing here writes to the cluster.
 
 pub mod argo;
 pub mod interest;
 pub mod objects;
 pub mod policy;
 pub mod references;
+pub mod selector;
 pub mod tokens;
 pub mod workloads;
 

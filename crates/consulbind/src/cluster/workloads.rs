@@ -515,12 +515,6 @@ where
     found
 }
 
-/// Whether `selector` is usable, for spec validation.
-pub fn selector_error(target: &TargetRef) -> Option<String> {
-    let selector = target.selector.clone()?;
-    Selector::try_from(selector).err().map(|e| format!("invalid selector on {} target: {e}", target.kind))
-}
-
 #[cfg(test)]
 mod tests {
     use kube::core::response::Status;

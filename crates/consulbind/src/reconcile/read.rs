@@ -24,8 +24,9 @@ use crate::{
         Live, Version, Workload,
         objects::{Digested, Unknown},
         references::References,
+        selector,
         tokens::{Lookup, TOKEN_LABEL},
-        workloads::{self, Resolved},
+        workloads::Resolved,
     },
     watches::KeyState,
 };
@@ -48,7 +49,7 @@ pub fn validate(spec: &ConsulBindingSpec) -> Result<Window, String> {
     }
     for source in &spec.keys {
         if let Some(problem) = consulbind_api::key_problem(&source.key) {
-            return Err(format!("Consul key {:?} {problem}; Consul would read another key, or none", source.key));
+            return Err(format!("Consul key {:?} {problem}", source.key));
         }
     }
     // One source read two ways would count once, by whichever entry came first.
@@ -73,7 +74,7 @@ pub fn validate(spec: &ConsulBindingSpec) -> Result<Window, String> {
         if target.name.is_some() == target.selector.is_some() {
             return Err(format!("each {} target needs exactly one of name and selector", target.kind));
         }
-        if let Some(error) = workloads::selector_error(target) {
+        if let Some(error) = selector::selector_error(target) {
             return Err(error);
         }
     }

@@ -38,6 +38,9 @@ const MIN_WAIT: Duration = Duration::from_secs(1);
 /// How soon a prefix found too large is read again: it rarely shrinks by itself.
 const TOO_LARGE_RETRY: Duration = Duration::from_secs(60);
 
+/// A path of a group that Consul would not read alone: its position, the reason and the message.
+type Refused = (usize, &'static str, String);
+
 /// Where the answers come from: the Consul client, or a script in tests.
 pub trait KvSource: Send + Sync + 'static {
     fn get_wait<'a>(
@@ -418,15 +421,16 @@ impl Runner {
     /// Consul filters a recursive read by the token's ACL without a word, so a key the token may
     /// no longer read looks deleted. Each exact key that goes missing from a shared recursive
     /// read (or is missing from a fresh one) is read alone under the same token: a 404 confirms
-    /// it is gone, a 403 is returned as denied with its message, and its content is merged in
-    /// if it is there after all. Any other failure fails the whole answer.
+    /// it is gone, and its content is merged in if it is there after all. A 403, or a 400 for a
+    /// key Consul refuses, is that key's failure alone, returned with its reason and message;
+    /// any other failure fails the whole answer.
     async fn confirm_vanished(
         &self,
         query: &KvQuery,
         members: &Roster,
         entries: Vec<KvEntry>,
         old: Option<&[KvEntry]>,
-    ) -> Result<(Vec<KvEntry>, Vec<(usize, String)>), Error> {
+    ) -> Result<(Vec<KvEntry>, Vec<Refused>), Error> {
         let mut entries = members.members.retain(entries);
         if !query.recurse {
             return Ok((entries, Vec::new()));
@@ -443,27 +447,29 @@ impl Runner {
             let query = KvQuery { key: members.paths[i].key.clone(), recurse: false, ..query.clone() };
             async move { self.consul.get_wait(&query, 0, MIN_WAIT, self.limits.answer_bytes(false)).await }
         });
-        let mut denied = Vec::new();
+        let mut refused = Vec::new();
         for (&i, read) in vanished.iter().zip(futures::future::join_all(reads).await) {
             match read {
                 Ok(response) => group::merge(&mut entries, &members.paths[i], response.entries),
-                Err(error) if error.kind() == ErrorKind::AccessDenied => denied.push((i, error.to_string())),
+                Err(error) if error.kind() == ErrorKind::AccessDenied => {
+                    refused.push((i, reason::ACCESS_DENIED, error.to_string()))
+                }
+                Err(error) if error.is_bad_request() => refused.push((i, reason::CONSUL_ERROR, error.to_string())),
                 Err(error) => return Err(error),
             }
         }
-        Ok((entries, denied))
+        Ok((entries, refused))
     }
 
     /// Hands each path of `members` its part of `entries` (already cut down to what the paths
     /// cover, by [`Runner::confirm_vanished`]): only the paths whose entries differ
-    /// from `old`, or all of them without `old`, and an `AccessDenied` failure to the `denied`
-    /// ones. Wakes the bindings of paths whose content changed or came back after a failure.
+    /// from `old`, or all of them without `old`, and its failure to each `refused` one. Wakes the bindings of paths whose content changed or came back after a failure.
     /// `reset` says the index went backwards with this answer, `index` is the answer's.
     fn deliver(
         &self,
         query: &KvQuery,
         members: &Arc<Roster>,
-        (entries, denied): (Vec<KvEntry>, Vec<(usize, String)>),
+        (entries, refused): (Vec<KvEntry>, Vec<Refused>),
         old: Option<&[KvEntry]>,
         reset: bool,
         index: u64,
@@ -472,14 +478,14 @@ impl Runner {
             Some(old) => members.members.changed(old, &entries),
             None => (0..members.paths.len()).collect(),
         };
-        for (i, message) in &denied {
+        for (i, reason, message) in &refused {
             let cell = &members.cells[*i];
-            if cell.set_failed(reason::ACCESS_DENIED, message) {
-                warn!(key = %members.paths[*i].key, "the token may no longer read a bound key");
+            if cell.set_failed(reason, message) {
+                warn!(key = %members.paths[*i].key, %message, "Consul refused to read a bound key");
                 cell.wake(&self.wake);
             }
         }
-        for i in changed.into_iter().filter(|i| !denied.iter().any(|(d, _)| d == i)) {
+        for i in changed.into_iter().filter(|i| !refused.iter().any(|(r, ..)| r == i)) {
             let path = &members.paths[i];
             let own = (path.key == query.key && path.recurse == query.recurse).then_some(index);
             let selected = group::select(&entries, path);

@@ -609,6 +609,24 @@ async fn api_server_refuses_invalid_bindings() {
         ready.message
     );
 
+    // A key with a character Consul refuses, as copied text brings: refused before Consul is asked.
+    let copied = json!({"keys": [{"key": "app/con\u{a0}fig"}], "targets": deploy("web")});
+    let manifest = json!({"apiVersion": "consulbind.dev/v1alpha1", "kind": "ConsulBinding", "metadata": {"name": "copied"}, "spec": copied});
+    s.apply(manifest).await.expect("the schema takes any character but /");
+    let refused = s.wait_condition("copied", conditions::READY, "False", reason::INVALID_SPEC).await;
+    let ready = refused.status.unwrap().conditions.into_iter().find(|c| c.type_ == conditions::READY).unwrap();
+    assert!(ready.message.contains("U+00A0"), "{}", ready.message);
+
+    // A selector kube's parser takes and the API server would not: `NotIn` with no values
+    // would select every Deployment of the namespace.
+    let every = json!({"matchExpressions": [{"key": "app", "operator": "NotIn", "values": []}]});
+    let loose = json!({"keys": ok_keys, "targets": [{"kind": "Deployment", "selector": every}]});
+    let manifest = json!({"apiVersion": "consulbind.dev/v1alpha1", "kind": "ConsulBinding", "metadata": {"name": "loose"}, "spec": loose});
+    s.apply(manifest).await.expect("the schema does not check selectors");
+    let refused = s.wait_condition("loose", conditions::READY, "False", reason::INVALID_SPEC).await;
+    let ready = refused.status.unwrap().conditions.into_iter().find(|c| c.type_ == conditions::READY).unwrap();
+    assert!(ready.message.contains("needs at least one value"), "{}", ready.message);
+
     // What the schema cannot say: one ConfigMap listed twice, each time with other keys.
     let twice = json!({"configMaps": [{"name": "app", "keys": ["a"]}, {"name": "app", "keys": ["b"]}],
                        "targets": deploy("web")});
@@ -902,6 +920,31 @@ async fn a_key_the_token_may_no_longer_read_in_a_shared_read_is_denied_not_delet
     tokio::time::sleep(support::SETTLE).await;
     assert_eq!(s.revisions(DEPLOY, "web").await, 1, "a key the token may not read was taken for deleted");
     assert!(!s.log().contains(&token), "token in the controller log");
+    s.finish().await;
+}
+
+/// A key Consul refuses (U+0378 is unassigned, which the controller's own check leaves to
+/// Consul) fails its own binding only; the binding that shares its read goes on.
+#[tokio::test]
+async fn a_key_consul_refuses_fails_alone_and_the_read_it_shares_goes_on() {
+    // One blocking slot: the namespace's keys share one recursive read.
+    let Some(s) = Scene::with_args("refused-key", &["--consul-max-connections=4"]).await else { return };
+    let key = s.key("config");
+    bound_deployment(&s, &key, "0s").await;
+    s.workload(DEPLOY, "other", json!({})).await;
+    let odd = s.key("odd\u{378}");
+    s.binding("odd", spec(json!([{"key": odd, "optional": true}]), deploy("other"), "0s")).await;
+    let refused = s.wait_condition("odd", conditions::CONSUL_SYNCED, "False", reason::CONSUL_ERROR).await;
+    let synced = refused.status.unwrap().conditions.into_iter().find(|c| c.type_ == conditions::CONSUL_SYNCED).unwrap();
+    assert!(synced.message.contains("HTTP 400"), "{}", synced.message);
+    let watches: serde_json::Value = serde_json::from_str(&s.controller().get("/debug/watches").await).unwrap();
+    let read_by: Vec<&str> = watches.as_array().unwrap().iter().map(|w| w["read_by"].as_str().unwrap()).collect();
+    assert!(read_by.len() == 2 && read_by[0] == read_by[1], "the keys do not share a read: {watches}");
+
+    s.put(&key, "v2").await;
+    s.wait_revisions(DEPLOY, "web", 2).await;
+    s.wait_condition("cfg", conditions::READY, "True", reason::UP_TO_DATE).await;
+    assert_eq!(s.revisions(DEPLOY, "other").await, 1);
     s.finish().await;
 }
 

@@ -580,6 +580,23 @@ async fn a_key_filtered_out_of_a_shared_read_is_confirmed_alone() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_key_consul_refuses_fails_alone_and_its_group_goes_on() {
+    let odd = "app/b\u{378}";
+    let mut group = start(KvQuery::prefix("app/"), &[("app/a", false, &["one"]), (odd, false, &["odd"])], no_limits());
+    group.request().await.reply(10, &[("app/a", "1", 5)]);
+    let alone = group.request().await;
+    assert_eq!((alone.query.key.as_str(), alone.query.recurse), (odd, false));
+    let address = "http://consul".to_owned();
+    alone.fail(Error::Server { address, key: odd.into(), status: 400, body: String::new() });
+    let next = group.request().await;
+    assert_eq!((next.query.key.as_str(), next.index), ("app/", 10), "the group did not go on");
+    assert_eq!(group.woken(), names(&["one", "odd"]));
+    let KeyState::Failed { reason, .. } = group.cells[1].state() else { panic!("the refused key is not failed") };
+    assert_eq!(reason, reason::CONSUL_ERROR);
+    assert_eq!(group.content(0), [("app/a".to_owned(), "1".to_owned())]);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_missing_key_that_cannot_be_confirmed_tells_no_one() {
     let mut group =
         start(KvQuery::prefix("app/"), &[("app/a", false, &["one"]), ("app/b", false, &["two"])], no_limits());
