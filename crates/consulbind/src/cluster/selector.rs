@@ -45,7 +45,6 @@ fn key_problem(key: &str) -> Option<String> {
             && p.split('.').all(|label| {
                 let b = label.as_bytes();
                 !b.is_empty()
-                    && b.len() <= 63
                     && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
                     && b[0] != b'-'
                     && b[b.len() - 1] != b'-'

@@ -141,11 +141,11 @@ pub fn plan(input: &Input<'_>, pending: &mut Option<Pending>, now: Instant) -> P
     let desired = checksum::from_digests(input.key, &sources);
     let mut plan = Plan { desired: Some(desired.clone()), keys, objects: object_statuses, ..Plan::default() };
 
-    // Content the status holds as lost (across a restart, where the first read is no reset), or
-    // a restore found at this replica's first read, comes before a missing key: the status must
-    // go on saying what is lost until it is back.
+    // Content lost as Consul's index went backwards (seen by the watches, marked in the status
+    // across a restart, or found by this replica's first read) comes before a missing key or
+    // object, required keys included: the status must go on saying what is lost until it is back.
     let unmarked = unmarked_hold(input.previous);
-    let remembered = |c: &KeyContent<'_>| {
+    let lost = |c: &KeyContent<'_>| {
         let recorded = recorded(input.previous, c);
         c.entries.is_empty()
             && (c.reset_hold
@@ -153,7 +153,7 @@ pub fn plan(input: &Input<'_>, pending: &mut Option<Pending>, now: Instant) -> P
                 || recorded.is_some_and(|k| k.lost)
                 || (input.restored && recorded.is_some_and(|k| k.present)))
     };
-    if (held_for_lost_content(input.previous) || input.restored) && hold_lost(input, &mut plan, contents, remembered) {
+    if hold_lost(input, &mut plan, contents, lost) {
         *pending = None;
         return plan;
     }
@@ -192,12 +192,6 @@ pub fn plan(input: &Input<'_>, pending: &mut Option<Pending>, now: Instant) -> P
                 if one { "it" } else { "them" },
             ),
         ));
-        return plan;
-    }
-
-    // Lost in a reset this replica watched, unless a missing required key said so already.
-    if hold_lost(input, &mut plan, contents, |c| c.reset_hold) {
-        *pending = None;
         return plan;
     }
 
@@ -527,10 +521,12 @@ pub fn status(input: &Input<'_>, plan: &Plan, outcome: &Outcome, now: &Time) -> 
     }
 }
 
-/// A plan that keeps what was last read, because some source cannot be read now.
+/// A plan that keeps what was last read, because some source cannot be read now. A spec
+/// change meanwhile is the go-ahead for what was lost, as it would be were Consul read.
 fn unread(input: &Input<'_>, reason: &'static str, message: &str) -> Plan {
+    let go_ahead = input.generation != input.previous.observed_generation;
     Plan {
-        keys: input.previous.keys.clone(),
+        keys: input.previous.keys.iter().map(|k| KeyStatus { lost: k.lost && !go_ahead, ..k.clone() }).collect(),
         objects: input.previous.objects.clone(),
         hold: Some((reason, message.to_owned())),
         ..Plan::default()
@@ -1204,10 +1200,57 @@ mod tests {
         let (plan, restored) = step(&optional, &after_restart, &entry("v1"), &web());
         assert!(plan.roll.is_empty());
         assert_eq!(condition(&restored, conditions::READY).status, "True");
-        // A required key lost in a reset reads as missing.
+        // A required key lost in a reset is lost too, not merely missing; one deleted is missing.
         let (_, required) = step(&spec(false), &Default::default(), &entry("v1"), &web());
-        let (_, missing) = step_at(&spec(false), 3, &required, &[], true, &web());
+        let (_, lost) = step_at(&spec(false), 3, &required, &[], true, &web());
+        assert_eq!(condition(&lost, conditions::READY).reason, reason::CONSUL_INDEX_RESET);
+        let (_, missing) = step_at(&spec(false), 3, &required, &[], false, &web());
         assert_eq!(condition(&missing, conditions::READY).reason, reason::KEY_MISSING);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_loss_beside_a_missing_required_key_is_marked_and_outlasts_its_return() {
+        let mut both = spec(false);
+        both.keys.push(KeySource { key: "app/extra".into(), recurse: false, optional: true });
+        let found = web();
+        static CONFIG: std::sync::LazyLock<Vec<KvEntry>> = std::sync::LazyLock::new(|| entry("v1"));
+        static EXTRA: std::sync::LazyLock<Vec<KvEntry>> =
+            std::sync::LazyLock::new(|| vec![KvEntry::new("app/extra", "on", 8)]);
+        let read = |config: &'static [KvEntry], extra: &'static [KvEntry], reset_hold| {
+            vec![
+                KeyContent { source: &both.keys[0], entries: config, reset_hold, index: None },
+                KeyContent { source: &both.keys[1], entries: extra, reset_hold, index: None },
+            ]
+        };
+        let at = |consul, previous| Input { consul: Consul::Ready(consul), ..input(&both, previous, &[], &found) };
+        let empty = ConsulBindingStatus::default();
+        let (_, baseline) = plan_and_status(&at(read(&CONFIG, &EXTRA, false), &empty));
+        // One reset empties both, the required key among them.
+        let (plan, held) = plan_and_status(&at(read(&[], &[], true), &baseline));
+        assert!(plan.roll.is_empty());
+        assert_eq!(held.keys.iter().map(|k| k.lost).collect::<Vec<_>>(), [true, true]);
+        // The required key is back; after a restart the optional one is still held as lost.
+        let (plan, still) = plan_and_status(&at(read(&CONFIG, &[], false), &held));
+        assert!(plan.roll.is_empty(), "lost content was rolled out");
+        assert_eq!(condition(&still, conditions::READY).reason, reason::CONSUL_INDEX_RESET);
+        assert_eq!(still.keys.iter().map(|k| k.lost).collect::<Vec<_>>(), [false, true]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_spec_change_while_consul_is_down_is_the_go_ahead_for_what_was_lost() {
+        let optional = spec(true);
+        let found = web();
+        let (_, baseline) = step(&optional, &Default::default(), &entry("v1"), &found);
+        let (_, held) = step_at(&optional, 3, &baseline, &[], true, &found);
+        let down = Input {
+            generation: Some(4),
+            consul: Consul::Failed { reason: reason::CONSUL_UNREACHABLE, message: "down".into() },
+            ..input(&optional, &held, &[], &found)
+        };
+        let (_, failed) = plan_and_status(&down);
+        assert!(failed.keys.iter().all(|k| !k.lost));
+        let (plan, _) = step_at(&optional, 4, &failed, &[], false, &found);
+        assert_eq!(plan.roll, web(), "the spec change was not taken as the go-ahead");
     }
 
     #[tokio::test(start_paused = true)]
