@@ -105,6 +105,16 @@ pub struct WatchPath {
     pub recurse: bool,
 }
 
+impl WatchPath {
+    /// Whether `key` is this path's, or below it for a prefix.
+    pub fn covers(&self, key: &str) -> bool {
+        match self.recurse {
+            true => key.starts_with(&self.key),
+            false => key == self.key,
+        }
+    }
+}
+
 /// One query that reads a run of watched paths.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Group {
@@ -254,8 +264,8 @@ pub fn select<'a>(entries: &'a [KvEntry], path: &WatchPath) -> &'a [KvEntry] {
 fn span(entries: &[KvEntry], path: &WatchPath) -> Range<usize> {
     let start = entries.partition_point(|e| e.key.as_str() < path.key.as_str());
     let end = match path.recurse {
-        true => start + entries[start..].partition_point(|e| e.key.starts_with(&path.key)),
-        false => start + usize::from(entries.get(start).is_some_and(|e| e.key == path.key)),
+        true => start + entries[start..].partition_point(|e| path.covers(&e.key)),
+        false => start + usize::from(entries.get(start).is_some_and(|e| path.covers(&e.key))),
     };
     start..end
 }
@@ -265,11 +275,7 @@ fn span(entries: &[KvEntry], path: &WatchPath) -> Range<usize> {
 /// taken, so `entries` stay sorted whatever the answer holds.
 pub fn merge(entries: &mut Vec<KvEntry>, path: &WatchPath, fresh: Vec<KvEntry>) {
     let span = span(entries, path);
-    let covered = |e: &KvEntry| match path.recurse {
-        true => e.key.starts_with(&path.key),
-        false => e.key == path.key,
-    };
-    entries.splice(span, fresh.into_iter().filter(covered));
+    entries.splice(span, fresh.into_iter().filter(|e| path.covers(&e.key)));
 }
 
 /// Distinct lengths, ascending: a key is looked up once per prefix length, not once per

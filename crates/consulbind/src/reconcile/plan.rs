@@ -577,12 +577,16 @@ fn carried_targets(status: &ConsulBindingStatus) -> BTreeMap<Workload, &TargetSt
 /// which ([`KeyStatus::lost`]), and keep saying so while a Consul failure takes the Ready
 /// condition; a status written before keys were marked says so by its Ready reason alone.
 pub fn held_for_lost_content(status: &ConsulBindingStatus) -> bool {
-    status.keys.iter().any(|k| k.lost) || unmarked_hold(status)
+    status.keys.iter().any(|k| k.lost) || ready_says_lost(status)
 }
 
+/// A status written before keys were marked: held, but not saying which keys.
 fn unmarked_hold(status: &ConsulBindingStatus) -> bool {
-    !status.keys.iter().any(|k| k.lost)
-        && status.conditions.iter().any(|c| c.type_ == conditions::READY && c.reason == reason::CONSUL_INDEX_RESET)
+    !status.keys.iter().any(|k| k.lost) && ready_says_lost(status)
+}
+
+fn ready_says_lost(status: &ConsulBindingStatus) -> bool {
+    status.conditions.iter().any(|c| c.type_ == conditions::READY && c.reason == reason::CONSUL_INDEX_RESET)
 }
 
 /// Holds `plan` for the keys that `lost` picks out as lost in a Consul index reset, and marks
@@ -595,12 +599,14 @@ fn hold_lost(
     lost: impl Fn(&KeyContent<'_>) -> bool,
 ) -> bool {
     let spec_unchanged = input.generation.is_some() && input.generation == input.previous.observed_generation;
-    let names: Vec<&str> = contents.iter().filter(|c| lost(c)).map(|c| c.source.key.as_str()).collect();
+    let marks: Vec<bool> = contents.iter().map(lost).collect();
+    let names: Vec<&str> =
+        contents.iter().zip(&marks).filter(|(_, lost)| **lost).map(|(c, _)| c.source.key.as_str()).collect();
     if names.is_empty() || !spec_unchanged || input.previous.applied_checksum == plan.desired {
         return false;
     }
-    for (status, content) in plan.keys.iter_mut().zip(contents) {
-        status.lost = lost(content);
+    for (status, lost) in plan.keys.iter_mut().zip(marks) {
+        status.lost = lost;
     }
     plan.hold = Some((
         reason::CONSUL_INDEX_RESET,
