@@ -601,21 +601,15 @@ async fn api_server_refuses_invalid_bindings() {
     let largest = json!({"configMaps": objects("c"), "secrets": objects("s"), "targets": deploy("web")});
     let manifest = json!({"apiVersion": "consulbind.dev/v1alpha1", "kind": "ConsulBinding", "metadata": {"name": "largest"}, "spec": largest});
     s.apply(manifest).await.expect("32 ConfigMaps and 32 Secrets of 64 keys each are valid");
-    let held = s.wait_condition("largest", conditions::READY, "False", reason::OBJECT_MISSING).await;
-    let ready = held.status.unwrap().conditions.into_iter().find(|c| c.type_ == conditions::READY).unwrap();
-    assert!(
-        ready.message.contains(r#"ConfigMap "c1""#) && ready.message.contains(r#"Secret "s31""#),
-        "{}",
-        ready.message
-    );
+    let ready = s.wait_message("largest", conditions::READY, "False", reason::OBJECT_MISSING).await;
+    assert!(ready.contains(r#"ConfigMap "c1""#) && ready.contains(r#"Secret "s31""#), "{}", ready);
 
     // A key with a character Consul refuses, as copied text brings: refused before Consul is asked.
     let copied = json!({"keys": [{"key": "app/con\u{a0}fig"}], "targets": deploy("web")});
     let manifest = json!({"apiVersion": "consulbind.dev/v1alpha1", "kind": "ConsulBinding", "metadata": {"name": "copied"}, "spec": copied});
     s.apply(manifest).await.expect("the schema takes any character but /");
-    let refused = s.wait_condition("copied", conditions::READY, "False", reason::INVALID_SPEC).await;
-    let ready = refused.status.unwrap().conditions.into_iter().find(|c| c.type_ == conditions::READY).unwrap();
-    assert!(ready.message.contains("U+00A0"), "{}", ready.message);
+    let ready = s.wait_message("copied", conditions::READY, "False", reason::INVALID_SPEC).await;
+    assert!(ready.contains("U+00A0"), "{}", ready);
 
     // A selector kube's parser takes and the API server would not: `NotIn` with no values
     // would select every Deployment of the namespace.
@@ -623,18 +617,16 @@ async fn api_server_refuses_invalid_bindings() {
     let loose = json!({"keys": ok_keys, "targets": [{"kind": "Deployment", "selector": every}]});
     let manifest = json!({"apiVersion": "consulbind.dev/v1alpha1", "kind": "ConsulBinding", "metadata": {"name": "loose"}, "spec": loose});
     s.apply(manifest).await.expect("the schema does not check selectors");
-    let refused = s.wait_condition("loose", conditions::READY, "False", reason::INVALID_SPEC).await;
-    let ready = refused.status.unwrap().conditions.into_iter().find(|c| c.type_ == conditions::READY).unwrap();
-    assert!(ready.message.contains("needs at least one value"), "{}", ready.message);
+    let ready = s.wait_message("loose", conditions::READY, "False", reason::INVALID_SPEC).await;
+    assert!(ready.contains("needs at least one value"), "{}", ready);
 
     // What the schema cannot say: one ConfigMap listed twice, each time with other keys.
     let twice = json!({"configMaps": [{"name": "app", "keys": ["a"]}, {"name": "app", "keys": ["b"]}],
                        "targets": deploy("web")});
     let manifest = json!({"apiVersion": "consulbind.dev/v1alpha1", "kind": "ConsulBinding", "metadata": {"name": "twice"}, "spec": twice});
     s.apply(manifest).await.expect("the schema lets a list repeat a name");
-    let refused = s.wait_condition("twice", conditions::READY, "False", reason::INVALID_SPEC).await;
-    let ready = refused.status.unwrap().conditions.into_iter().find(|c| c.type_ == conditions::READY).unwrap();
-    assert!(ready.message.contains(r#"ConfigMap "app" is listed twice"#), "{}", ready.message);
+    let ready = s.wait_message("twice", conditions::READY, "False", reason::INVALID_SPEC).await;
+    assert!(ready.contains(r#"ConfigMap "app" is listed twice"#), "{}", ready);
     let warned = s.events_for("twice").await.into_iter().any(|(r, _)| r == reason::INVALID_SPEC);
     assert!(warned, "no InvalidSpec event");
     s.finish().await;
@@ -764,9 +756,8 @@ async fn unreachable_consul_is_a_condition_not_a_rollout() {
     };
     s.workload(DEPLOY, "web", json!({})).await;
     s.binding("cfg", spec(json!([{"key": s.key("config")}]), deploy("web"), "0s")).await;
-    let binding = s.wait_condition("cfg", conditions::CONSUL_SYNCED, "False", reason::CONSUL_UNREACHABLE).await;
-    let synced = binding.status.unwrap().conditions.into_iter().find(|c| c.type_ == conditions::CONSUL_SYNCED).unwrap();
-    assert!(synced.message.contains("cannot reach Consul") || synced.message.contains("connect"), "{}", synced.message);
+    let synced = s.wait_message("cfg", conditions::CONSUL_SYNCED, "False", reason::CONSUL_UNREACHABLE).await;
+    assert!(synced.contains("cannot reach Consul") || synced.contains("connect"), "{}", synced);
     // Events are recorded beside the status write, not before it.
     support::wait("the ConsulUnreachable event", || async {
         Ok(s.events_for("cfg").await.iter().any(|(r, _)| r == reason::CONSUL_UNREACHABLE))
@@ -797,9 +788,8 @@ async fn a_rotated_consul_ca_file_is_picked_up() {
     s.start_controller_with_env(&[], &envs).await;
     s.binding("cfg", spec(json!([{"key": key}]), deploy("web"), "0s")).await;
 
-    let binding = s.wait_condition("cfg", conditions::CONSUL_SYNCED, "False", reason::CONSUL_UNREACHABLE).await;
-    let synced = binding.status.unwrap().conditions.into_iter().find(|c| c.type_ == conditions::CONSUL_SYNCED).unwrap();
-    assert!(synced.message.contains("certificate"), "{}", synced.message);
+    let synced = s.wait_message("cfg", conditions::CONSUL_SYNCED, "False", reason::CONSUL_UNREACHABLE).await;
+    assert!(synced.contains("certificate"), "{}", synced);
 
     std::fs::copy(&ca, &file).unwrap();
     s.wait_condition("cfg", conditions::READY, "True", reason::BASELINED).await;
@@ -914,9 +904,8 @@ async fn a_key_the_token_may_no_longer_read_in_a_shared_read_is_denied_not_delet
     // The token loses the key; a write elsewhere under the prefix wakes the shared read.
     acl.deny(&prefix, &secret).await;
     acl.put(&other, "x").await;
-    let denied = s.wait_condition("cfg", conditions::CONSUL_SYNCED, "False", reason::ACCESS_DENIED).await;
-    let synced = denied.status.unwrap().conditions.into_iter().find(|c| c.type_ == conditions::CONSUL_SYNCED).unwrap();
-    assert!(synced.message.contains(&secret), "{}", synced.message);
+    let synced = s.wait_message("cfg", conditions::CONSUL_SYNCED, "False", reason::ACCESS_DENIED).await;
+    assert!(synced.contains(&secret), "{}", synced);
     tokio::time::sleep(support::SETTLE).await;
     assert_eq!(s.revisions(DEPLOY, "web").await, 1, "a key the token may not read was taken for deleted");
     assert!(!s.log().contains(&token), "token in the controller log");
@@ -934,9 +923,8 @@ async fn a_key_consul_refuses_fails_alone_and_the_read_it_shares_goes_on() {
     s.workload(DEPLOY, "other", json!({})).await;
     let odd = s.key("odd\u{378}");
     s.binding("odd", spec(json!([{"key": odd, "optional": true}]), deploy("other"), "0s")).await;
-    let refused = s.wait_condition("odd", conditions::CONSUL_SYNCED, "False", reason::CONSUL_ERROR).await;
-    let synced = refused.status.unwrap().conditions.into_iter().find(|c| c.type_ == conditions::CONSUL_SYNCED).unwrap();
-    assert!(synced.message.contains("HTTP 400"), "{}", synced.message);
+    let synced = s.wait_message("odd", conditions::CONSUL_SYNCED, "False", reason::CONSUL_ERROR).await;
+    assert!(synced.contains("HTTP 400"), "{}", synced);
     let watches: serde_json::Value = serde_json::from_str(&s.controller().get("/debug/watches").await).unwrap();
     let read_by: Vec<&str> = watches.as_array().unwrap().iter().map(|w| w["read_by"].as_str().unwrap()).collect();
     assert!(read_by.len() == 2 && read_by[0] == read_by[1], "the keys do not share a read: {watches}");

@@ -133,9 +133,8 @@ async fn a_missing_required_config_map_holds_until_it_is_created_and_a_binding_n
     let spec = json!({"configMaps": [{"name": "later"}], "secrets": [{"name": "maybe", "optional": true}],
                       "targets": deploy("web"), "rollout": {"quietPeriod": "0s"}});
     s.binding("cfg", spec).await;
-    let held = s.wait_condition("cfg", conditions::READY, "False", reason::OBJECT_MISSING).await;
-    let ready = held.status.unwrap().conditions.into_iter().find(|c| c.type_ == conditions::READY).unwrap();
-    assert!(ready.message.contains(r#"ConfigMap "later""#) && !ready.message.contains("maybe"), "{}", ready.message);
+    let ready = s.wait_message("cfg", conditions::READY, "False", reason::OBJECT_MISSING).await;
+    assert!(ready.contains(r#"ConfigMap "later""#) && !ready.contains("maybe"), "{}", ready);
     assert_eq!(settled_revisions(&s).await, 1);
 
     s.apply(config_map("later", json!({}), json!({"a": "1"}))).await.unwrap();
@@ -148,9 +147,8 @@ async fn a_missing_required_config_map_holds_until_it_is_created_and_a_binding_n
     s.wait_revisions(DEPLOY, "web", 2).await;
 
     s.binding("empty", json!({"targets": deploy("web")})).await;
-    let invalid = s.wait_condition("empty", conditions::READY, "False", reason::INVALID_SPEC).await;
-    let ready = invalid.status.unwrap().conditions.into_iter().find(|c| c.type_ == conditions::READY).unwrap();
-    assert!(ready.message.contains("no source"), "{}", ready.message);
+    let ready = s.wait_message("empty", conditions::READY, "False", reason::INVALID_SPEC).await;
+    assert!(ready.contains("no source"), "{}", ready);
     s.finish().await;
 }
 
@@ -331,9 +329,8 @@ async fn a_template_over_the_reference_limit_is_refused_without_a_rollout_and_ot
     let spec_over =
         json!({"includeTargetReferences": true, "targets": deploy("web"), "rollout": {"quietPeriod": "0s"}});
     s.binding("over", spec_over).await;
-    let refused = s.wait_condition("over", conditions::READY, "False", reason::BINDING_TOO_LARGE).await;
-    let ready = refused.status.unwrap().conditions.into_iter().find(|c| c.type_ == conditions::READY).unwrap();
-    assert!(ready.message.contains(&MAX_REFERENCES.to_string()), "{}", ready.message);
+    let ready = s.wait_message("over", conditions::READY, "False", reason::BINDING_TOO_LARGE).await;
+    assert!(ready.contains(&MAX_REFERENCES.to_string()), "{}", ready);
     let events = s.events_for("over").await;
     assert!(events.iter().any(|(r, _)| r == reason::BINDING_TOO_LARGE), "{events:?}");
     s.apply(config_map("ref-00", json!({}), json!({"a": "2"}))).await.unwrap();

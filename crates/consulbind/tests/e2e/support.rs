@@ -180,6 +180,13 @@ impl Scene {
         self.get_binding(name).await
     }
 
+    /// Waits like [`Scene::wait_condition`], and returns the condition's message.
+    pub async fn wait_message(&self, name: &str, type_: &str, status: &str, reason: &str) -> String {
+        let binding = self.wait_condition(name, type_, status, reason).await;
+        let conditions = binding.status.expect("a status with the condition").conditions;
+        conditions.into_iter().find(|c| c.type_ == type_).expect("the condition waited for").message
+    }
+
     /// Number of rollouts a workload has had: ReplicaSets of a Deployment, ControllerRevisions
     /// of a StatefulSet or DaemonSet. The first template counts as one.
     pub async fn revisions(&self, kind: &str, name: &str) -> usize {

@@ -98,10 +98,9 @@ async fn a_tenant_reads_only_the_prefixes_its_namespace_allows() {
 
     s.wait_condition("inside", conditions::READY, "True", reason::BASELINED).await;
     for name in ["outside", "above"] {
-        let refused = s.wait_condition(name, conditions::READY, "False", reason::DEFAULT_TOKEN_FORBIDDEN).await;
-        let ready = refused.status.unwrap().conditions.into_iter().find(|c| c.type_ == conditions::READY).unwrap();
-        assert!(ready.message.contains(PREFIXES_ANNOTATION), "{}", ready.message);
-        assert!(ready.message.contains("tokenSecretRef"), "{}", ready.message);
+        let ready = s.wait_message(name, conditions::READY, "False", reason::DEFAULT_TOKEN_FORBIDDEN).await;
+        assert!(ready.contains(PREFIXES_ANNOTATION), "{}", ready);
+        assert!(ready.contains("tokenSecretRef"), "{}", ready);
     }
     // Refused before Consul was asked: the controller never watched those keys.
     assert!(watched(&s, &allowed).await);
@@ -125,9 +124,7 @@ async fn a_tenant_reads_only_the_prefixes_its_namespace_allows() {
     let mut with_secret = spec(json!([{"key": other}]), deploy("web"), "0s");
     with_secret["consul"] = json!({"tokenSecretRef": {"name": "stolen"}});
     kubectl_apply(Some(&as_tenant), &binding(&ns, "unlabelled", with_secret)).unwrap();
-    let refused = s.wait_condition("unlabelled", conditions::READY, "False", reason::TOKEN_SECRET_INVALID).await;
-    let message =
-        &refused.status.unwrap().conditions.into_iter().find(|c| c.type_ == conditions::READY).unwrap().message;
+    let message = &s.wait_message("unlabelled", conditions::READY, "False", reason::TOKEN_SECRET_INVALID).await;
     assert!(message.contains("consulbind.dev/token=true"), "{message}");
     assert!(!message.contains("anything"));
 
@@ -148,9 +145,7 @@ async fn without_a_rule_the_default_token_serves_no_binding_until_the_flag_allow
     s.start_controller(&[]).await;
     s.workload(DEPLOY, "web", json!({})).await;
     s.binding("cfg", spec(json!([{"key": key}]), deploy("web"), "0s")).await;
-    let refused = s.wait_condition("cfg", conditions::READY, "False", reason::DEFAULT_TOKEN_FORBIDDEN).await;
-    let message =
-        &refused.status.unwrap().conditions.into_iter().find(|c| c.type_ == conditions::READY).unwrap().message;
+    let message = &s.wait_message("cfg", conditions::READY, "False", reason::DEFAULT_TOKEN_FORBIDDEN).await;
     assert!(message.contains("--default-token-prefixes"), "{message}");
     assert!(!watched(&s, &key).await);
 
@@ -293,9 +288,8 @@ async fn a_prefix_over_the_limits_is_refused_without_loading_it() {
     s.binding("many", spec(recurse(&many), deploy("web"), "0s")).await;
     s.binding("small", spec(recurse(&small), deploy("web"), "0s")).await;
     for (name, says) in [("big", "--max-prefix-bytes"), ("many", "150 keys")] {
-        let refused = s.wait_condition(name, conditions::READY, "False", reason::PREFIX_TOO_LARGE).await;
-        let ready = refused.status.unwrap().conditions.into_iter().find(|c| c.type_ == conditions::READY).unwrap();
-        assert!(ready.message.contains(says), "{}", ready.message);
+        let ready = s.wait_message(name, conditions::READY, "False", reason::PREFIX_TOO_LARGE).await;
+        assert!(ready.contains(says), "{}", ready);
     }
     s.wait_condition("small", conditions::READY, "True", reason::BASELINED).await;
     let after = rss_kib(s.controller().pid());
@@ -343,9 +337,8 @@ async fn a_big_binding_within_the_limits_rolls_and_one_over_the_total_is_refused
     let mut over = keys.clone();
     over.push(json!({"key": extra, "recurse": true}));
     s.binding("over", spec(json!(over), deploy("api"), "0s")).await;
-    let refused = s.wait_condition("over", conditions::READY, "False", reason::BINDING_TOO_LARGE).await;
-    let ready = refused.status.unwrap().conditions.into_iter().find(|c| c.type_ == conditions::READY).unwrap();
-    assert!(ready.message.contains("--max-binding-bytes"), "{}", ready.message);
+    let ready = s.wait_message("over", conditions::READY, "False", reason::BINDING_TOO_LARGE).await;
+    assert!(ready.contains("--max-binding-bytes"), "{}", ready);
     s.wait_revisions(DEPLOY, "api", 1).await;
     s.wait_condition("big", conditions::READY, "True", reason::UP_TO_DATE).await;
     // The refused binding reads its 41 MB once to learn its size; the allocator may keep those
@@ -403,13 +396,8 @@ async fn a_tenant_cannot_stop_the_controller_with_the_largest_durations() {
     let refused = kubectl_apply(Some(&kubeconfig), &binding(&s.ns, "refused", rollout(&too_long, "1s")));
     assert!(refused.unwrap_err().contains("quietPeriod"), "the schema bounds a duration's length");
 
-    let huge = s.wait_condition("huge", conditions::READY, "False", reason::INVALID_SPEC).await;
-    let ready = huge.status.unwrap().conditions.into_iter().find(|c| c.type_ == conditions::READY).unwrap();
-    assert!(
-        ready.message.contains("spec.rollout.quietPeriod") && ready.message.contains("at most 1h"),
-        "{}",
-        ready.message
-    );
+    let ready = s.wait_message("huge", conditions::READY, "False", reason::INVALID_SPEC).await;
+    assert!(ready.contains("spec.rollout.quietPeriod") && ready.contains("at most 1h"), "{}", ready);
     s.wait_condition("longest", conditions::READY, "True", reason::BASELINED).await;
 
     // A change waits out the longest window; the controller serves everyone meanwhile.
