@@ -70,6 +70,17 @@ enum Command {
     },
     /// Bring the environment up, run the controller on examples/, and show a rollout caused by a Consul write.
     Demo,
+    /// Run the decision core's deterministic simulator on seeds 0..N, or replay one seed with its steps.
+    Sim {
+        #[arg(long, default_value_t = 500)]
+        seeds: u64,
+        /// Replay this seed alone; a failure prints its steps.
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Also relabel the selector target and change its references (has open findings).
+        #[arg(long)]
+        targets: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -233,6 +244,7 @@ fn run(command: Command) -> Result<()> {
         Command::Monitoring => monitoring::check(),
         Command::Image => image::build(),
         Command::Demo => demo::run(&env),
+        Command::Sim { seeds, seed, targets } => test::sim(seeds, seed, targets),
         Command::Bench { bench: Bench::Big { prefixes, values, value_bytes, changes } } => {
             big::run(&env, big::Sizes { prefixes, values, value_bytes, changes })
         }

@@ -40,6 +40,20 @@ pub fn all(env: &Env, e2e_args: &[String]) -> Result<()> {
     report.finish()
 }
 
+/// The decision core's simulator (`crates/consulbind/src/sim.rs`), on its own.
+pub fn sim(seeds: u64, seed: Option<u64>, targets: bool) -> Result<()> {
+    let mut cmd = cargo();
+    cmd.args(["test", "--package", "consulbind", "--lib", "sim::", "--"]);
+    if targets {
+        cmd.arg("--include-ignored");
+    }
+    cmd.env("CONSULBIND_SIM_SEEDS", seeds.to_string());
+    if let Some(seed) = seed {
+        cmd.env("CONSULBIND_SIM_SEED", seed.to_string());
+    }
+    run(&mut cmd)
+}
+
 /// The end-to-end tests against an environment that is already up.
 pub fn e2e_on_running(env: &Env, args: &[String]) -> Result<()> {
     env.status()?;

@@ -372,6 +372,12 @@ pub struct ConsulBindingStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub targets: Vec<TargetStatus>,
 
+    /// Earlier checksums of this binding's that stand for `appliedChecksum` on a pod template:
+    /// only the set of ConfigMaps and Secrets the targets reference changed since they were
+    /// stamped. A workload that leaves the targets and comes back with one is not rolled for it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rebased_stamps: Vec<String>,
+
     /// When the controller last read every bound key from Consul successfully.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_sync_time: Option<Time>,
@@ -379,6 +385,11 @@ pub struct ConsulBindingStatus {
     /// When a content change was last rolled out to the targets.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_change_time: Option<Time>,
+
+    /// A digest of the spec this status describes, `suspend` aside. A change of it made while
+    /// rollouts are not suspended is the go-ahead for content held as lost (`keys[].lost`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_spec: Option<String>,
 
     /// What the binding would do now if it were not in `DryRun` mode; only set in that mode.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -22,6 +22,8 @@ pub mod lease;
 pub mod metrics;
 pub mod names;
 pub mod reconcile;
+#[cfg(test)]
+mod sim;
 pub mod watches;
 
 use std::sync::{Mutex, MutexGuard, PoisonError};

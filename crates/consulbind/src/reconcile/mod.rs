@@ -4,10 +4,12 @@
 //! [`state`] keeps each binding's record between reconciles, and [`express`] lets a Consul
 //! wake run at once.
 
+pub mod carried;
 pub mod context;
 pub mod debounce;
 pub mod desk;
 pub mod express;
+pub mod loss;
 pub mod plan;
 pub mod read;
 pub mod report;
@@ -109,7 +111,7 @@ async fn panicked(ctx: &Context, binding: &ConsulBinding, panic: Box<dyn Any + S
 
 /// Read, plan, stamp, report.
 async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Action, Error> {
-    let started = std::time::Instant::now();
+    let started = Instant::now();
     let namespace = binding.namespace().unwrap_or_default();
     let oref = binding_ref(binding);
     let previous = read::last_status(ctx, binding, &oref);
@@ -180,22 +182,27 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
     // behind its status. What it found counts until a status that the plan could judge by
     // (Consul and the objects read) is written. Either hold is marked when the reconcile
     // started, so that one which then finds the content settled ends the grace.
-    let held = plan::held_for_lost_content(&previous);
-    let (restore, restored) = ctx.states.update(&oref, |record| {
-        if let Consul::Ready(read) = &consul
-            && !std::mem::replace(&mut record.compared, true)
-            && plan::restored_since(&previous, read)
+    let held = loss::held_for_lost_content(&previous);
+    let compare = matches!(consul, Consul::Ready(_)) && ctx.states.update(&oref, |record| !record.compared);
+    let found_restored = match &consul {
+        Consul::Ready(read) if compare => match read::restored_at_first_read(&previous, read, &queries, async |alone| {
+            ctx.watches.index_if_empty(alone).await
+        })
+        .await
         {
-            record.restored = true;
-            record.held_since = Some(started);
-        }
-        if held && record.held_since.is_none() {
-            record.held_since = Some(started);
-        }
-        let reset = read::latest_reset(&contents).max(record.held_since);
-        let restore =
-            reset.filter(|reset| record.settled_at.is_none_or(|settled| settled < *reset)).map(|_| ctx.restore_grace);
-        (restore, record.restored && matches!(consul, Consul::Ready(_)))
+            Ok(found) => Some(found),
+            // The binding's watches answer; a failed read alone is soon tried again.
+            Err(error) => {
+                debug!(binding = %oref, %error, "could not read a path alone to compare its index; retrying");
+                return Ok(Action::requeue(Duration::from_secs(1)));
+            }
+        },
+        _ => None,
+    };
+    let reset = read::latest_reset(&contents);
+    let (restore, restored) = ctx.states.update(&oref, |record| {
+        let (restore, restored) = record.restore(held, found_restored, reset, started, ctx.restore_grace);
+        (restore, restored && matches!(consul, Consul::Ready(_)))
     });
     let input = Input {
         key: &ctx.checksum_key,
@@ -274,16 +281,9 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
         report::publish(ctx, binding.object_ref(&()), EventType::Normal, conditions::reason::BASELINED, note);
     }
     report::status(ctx, binding, &previous, &status).await?;
-    if restored && input.objects.is_ok() {
-        ctx.states.update(&oref, |r| r.restored = false);
-    }
-    if plan.desired.is_some() && status.applied_checksum == plan.desired {
-        let sources = (status.applied_checksum.clone().unwrap_or_default(), report::fingerprints(&status));
-        ctx.states.update(&oref, |record| {
-            record.settled_at = Some(started);
-            record.settled_sources = Some(sources);
-        });
-    }
+    let settled = (plan.desired.is_some() && status.applied_checksum == plan.desired)
+        .then(|| (status.applied_checksum.clone().unwrap_or_default(), report::fingerprints(&status)));
+    ctx.states.update(&oref, |record| record.written(restored && input.objects.is_ok(), settled, started));
 
     // A Consul failure retries on its own, but a binding that is not healthy is looked at soon.
     let healthy = outcome.failed.is_empty() && matches!(input.consul, Consul::Ready(_));

@@ -6,13 +6,16 @@ use std::collections::BTreeMap;
 use consul_kv::KvEntry;
 use consulbind_api::{
     ConsulBindingSpec, ConsulBindingStatus, DryRunStatus, KeySource, KeyStatus, ObjectKind, ObjectSource, ObjectStatus,
-    TargetStatus,
     conditions::{self, reason},
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use tokio::time::Instant;
 
-use super::debounce::{Decision, Pending, Window};
+use super::{
+    carried::{self, Carried},
+    debounce::{Decision, Pending, Window},
+    loss,
+};
 use crate::{
     checksum::{self, Source},
     cluster::{Live, Workload, objects::Digested},
@@ -76,7 +79,7 @@ pub struct Input<'a> {
     /// until the content has been stable this long.
     pub restore: Option<std::time::Duration>,
     /// This replica's first read found Consul restored since the status was written
-    /// ([`restored_since`]).
+    /// ([`loss::restored_since`]).
     pub restored: bool,
 }
 
@@ -144,16 +147,7 @@ pub fn plan(input: &Input<'_>, pending: &mut Option<Pending>, now: Instant) -> P
     // Content lost as Consul's index went backwards (seen by the watches, marked in the status
     // across a restart, or found by this replica's first read) comes before a missing key or
     // object, required keys included: the status must go on saying what is lost until it is back.
-    let unmarked = unmarked_hold(input.previous);
-    let lost = |c: &KeyContent<'_>| {
-        let recorded = recorded(input.previous, c);
-        c.entries.is_empty()
-            && (c.reset_hold
-                || unmarked
-                || recorded.is_some_and(|k| k.lost)
-                || (input.restored && recorded.is_some_and(|k| k.present)))
-    };
-    if hold_lost(input, &mut plan, contents, lost) {
+    if loss::hold(input, &mut plan, contents) {
         *pending = None;
         return plan;
     }
@@ -216,12 +210,12 @@ pub fn plan(input: &Input<'_>, pending: &mut Option<Pending>, now: Instant) -> P
     // Decide from what each workload carries. The binding's own stamp says what its pods run;
     // a value someone else set (a rollout undo, a hand edit) or none at all says nothing, so such
     // a workload is rolled at the next change of content, never for the drift alone.
-    let carried = carried_targets(input.previous);
+    let carried = Carried::new(input.previous);
     let content_changed = applied != desired;
     // A template change that adds or drops a reference rolls the workload by itself.
     if content_changed && pending.is_none() && only_references_moved(input.key, input.previous, &plan, objects) {
         let carries_applied = |w: &Workload| match input.live.get(w) {
-            Some(live) if live.owned => stands_for(&carried, w, live) == applied,
+            Some(live) if live.owned => carried.stands_for(w, live) == applied,
             _ => true,
         };
         if input.found.iter().all(carries_applied) {
@@ -234,9 +228,11 @@ pub fn plan(input: &Input<'_>, pending: &mut Option<Pending>, now: Instant) -> P
         .found
         .iter()
         .filter(|w| match input.live.get(*w) {
-            Some(live) if live.owned => stands_for(&carried, w, live) != desired,
-            // New workloads start with the current content, so they are only rolled when asked to.
-            None if !carried.contains_key(*w) => on_bind,
+            // A stamp of the current content is never behind, whatever it was rebased to since.
+            Some(live) if live.owned => live.checksum() != desired && carried.stands_for(w, live) != desired,
+            // New workloads start with the current content, so they are only rolled when asked to;
+            // one found before without a stamp runs what the status recorded when it was found.
+            None => carried.checksum(w).map_or(on_bind, |c| c != desired),
             _ => content_changed,
         })
         .cloned()
@@ -380,42 +376,7 @@ pub fn status(input: &Input<'_>, plan: &Plan, outcome: &Outcome, now: &Time) -> 
     let previous = input.previous;
     let desired = plan.desired.as_deref();
 
-    let targets: Vec<TargetStatus> = input
-        .found
-        .iter()
-        .filter_map(|w| {
-            let old = previous.targets.iter().find(|t| t.kind == w.0 && t.name == w.1);
-            let live = input.live.get(w).filter(|l| l.owned);
-            let (checksum, stamp, last_rolled_time) = match old {
-                _ if outcome.rolled.contains(w) => (desired?.to_owned(), None, Some(now.clone())),
-                Some(old) => {
-                    let (checksum, stamp) = match live {
-                        Some(live) if old.stamp.as_deref() != Some(live.checksum()) => {
-                            (live.checksum().to_owned(), None)
-                        }
-                        _ => (old.checksum.clone(), old.stamp.clone()),
-                    };
-                    let (checksum, stamp) = match desired {
-                        Some(d) if plan.rebased && previous.applied_checksum.as_ref() == Some(&checksum) => {
-                            (d.to_owned(), stamp.or(Some(checksum)))
-                        }
-                        _ => (checksum, stamp),
-                    };
-                    let stamp = stamp.filter(|s| *s != checksum);
-                    (checksum, stamp, old.last_rolled_time.clone())
-                }
-                // Found now and not rolled: it started with the content of today. At a baseline
-                // that holds for a stamp of this binding's from before (a binding made again):
-                // it stands for today's content, and is no cause to roll later.
-                None => {
-                    let checksum = desired.or(previous.applied_checksum.as_deref())?.to_owned();
-                    let stamp = live.filter(|_| plan.baseline).map(|l| l.checksum().to_owned());
-                    (checksum.clone(), stamp.filter(|s| *s != checksum), None)
-                }
-            };
-            Some(TargetStatus { kind: w.0, name: w.1.clone(), checksum, stamp, last_rolled_time })
-        })
-        .collect();
+    let targets = carried::rows(input, plan, outcome, now);
 
     // Applied moves only once every planned stamp landed; a failed one is retried next time.
     let applied = match desired {
@@ -496,6 +457,7 @@ pub fn status(input: &Input<'_>, plan: &Plan, outcome: &Outcome, now: &Time) -> 
     };
     set(conditions::READY, Some(ready), ready_reason, ready_message);
 
+    let rebased_stamps = carried::rebased_stamps(previous, plan, applied.as_ref());
     let present = plan.keys.iter().filter(|k| k.present).count() + plan.objects.iter().filter(|o| o.present).count();
     ConsulBindingStatus {
         observed_generation: input.generation,
@@ -508,6 +470,8 @@ pub fn status(input: &Input<'_>, plan: &Plan, outcome: &Outcome, now: &Time) -> 
         targets,
         last_sync_time: if desired.is_some() { Some(now.clone()) } else { previous.last_sync_time.clone() },
         last_change_time: if changed { Some(now.clone()) } else { previous.last_change_time.clone() },
+        observed_spec: Some(loss::spec_digest(input.spec)),
+        rebased_stamps,
         dry_run: match desired {
             Some(desired) if input.dry_run => Some(DryRunStatus {
                 checksum: desired.to_owned(),
@@ -524,9 +488,8 @@ pub fn status(input: &Input<'_>, plan: &Plan, outcome: &Outcome, now: &Time) -> 
 /// A plan that keeps what was last read, because some source cannot be read now. A spec
 /// change meanwhile is the go-ahead for what was lost, as it would be were Consul read.
 fn unread(input: &Input<'_>, reason: &'static str, message: &str) -> Plan {
-    let go_ahead = input.generation != input.previous.observed_generation;
     Plan {
-        keys: input.previous.keys.iter().map(|k| KeyStatus { lost: k.lost && !go_ahead, ..k.clone() }).collect(),
+        keys: loss::unread_keys(input),
         objects: input.previous.objects.clone(),
         hold: Some((reason, message.to_owned())),
         ..Plan::default()
@@ -566,87 +529,6 @@ fn object_status(key: &checksum::Key, object: &ObjectContent<'_>, source: &Sourc
         checksum: checksum::from_digests(key, std::slice::from_ref(source)),
         referenced: object.referenced,
         keys: object.source.keys.clone().filter(|_| object.referenced),
-    }
-}
-
-fn carried_targets(status: &ConsulBindingStatus) -> BTreeMap<Workload, &TargetStatus> {
-    status.targets.iter().map(|t| ((t.kind, t.name.clone()), t)).collect()
-}
-
-/// Whether `status` holds the binding for content lost in a Consul index reset. The keys say
-/// which ([`KeyStatus::lost`]), and keep saying so while a Consul failure takes the Ready
-/// condition; a status written before keys were marked says so by its Ready reason alone.
-pub fn held_for_lost_content(status: &ConsulBindingStatus) -> bool {
-    status.keys.iter().any(|k| k.lost) || ready_says_lost(status)
-}
-
-/// A status written before keys were marked: held, but not saying which keys.
-fn unmarked_hold(status: &ConsulBindingStatus) -> bool {
-    !status.keys.iter().any(|k| k.lost) && ready_says_lost(status)
-}
-
-fn ready_says_lost(status: &ConsulBindingStatus) -> bool {
-    status.conditions.iter().any(|c| c.type_ == conditions::READY && c.reason == reason::CONSUL_INDEX_RESET)
-}
-
-/// Holds `plan` for the keys that `lost` picks out as lost in a Consul index reset, and marks
-/// them in the status; unless the spec changed since (a person's say-so) or the targets carry
-/// the content already.
-fn hold_lost(
-    input: &Input<'_>,
-    plan: &mut Plan,
-    contents: &[KeyContent<'_>],
-    lost: impl Fn(&KeyContent<'_>) -> bool,
-) -> bool {
-    let spec_unchanged = input.generation.is_some() && input.generation == input.previous.observed_generation;
-    let marks: Vec<bool> = contents.iter().map(lost).collect();
-    let names: Vec<&str> =
-        contents.iter().zip(&marks).filter(|(_, lost)| **lost).map(|(c, _)| c.source.key.as_str()).collect();
-    if names.is_empty() || !spec_unchanged || input.previous.applied_checksum == plan.desired {
-        return false;
-    }
-    for (status, lost) in plan.keys.iter_mut().zip(marks) {
-        status.lost = lost;
-    }
-    plan.hold = Some((
-        reason::CONSUL_INDEX_RESET,
-        format!(
-            "Consul's index went backwards (a snapshot restore or a rebuilt cluster?) just as {} became empty; \
-             rollouts are held until the content is back. To roll out the empty content, change this binding's spec",
-            quoted(&names)
-        ),
-    ));
-    true
-}
-
-/// What `status` says of the key `content` is read for.
-fn recorded<'s>(status: &'s ConsulBindingStatus, content: &KeyContent<'_>) -> Option<&'s KeyStatus> {
-    status.keys.iter().find(|k| k.key == content.source.key && k.recurse == content.source.recurse)
-}
-
-/// Whether Consul's index went backwards since `status` was written, as in a snapshot restore or
-/// a rebuilt cluster while no replica watched: a key read below the modify index the status
-/// recorded for it. Only what no write, delete or tombstone reaping can give counts: an exact
-/// key's own ModifyIndex, or the index of a query of its own, which for a missing key or an
-/// empty prefix is the whole store's. A prefix with keys left says nothing (reaping the
-/// tombstone of its newest key lowers its index).
-pub fn restored_since(status: &ConsulBindingStatus, contents: &[KeyContent<'_>]) -> bool {
-    contents.iter().any(|c| {
-        let Some(recorded) = recorded(status, c).and_then(|k| k.modify_index) else { return false };
-        let now = match c.source.recurse {
-            false => c.entries.iter().find(|e| e.key == c.source.key).map(|e| e.modify_index).or(c.index),
-            true => c.index.filter(|_| c.entries.is_empty()),
-        };
-        now.is_some_and(|now| now < recorded)
-    })
-}
-
-/// The content a workload's own stamp stands for: the stamp itself, or the newer content it was
-/// rebased to when only its template's references changed.
-fn stands_for<'a>(carried: &BTreeMap<Workload, &'a TargetStatus>, w: &Workload, live: &'a Live) -> &'a str {
-    match carried.get(w) {
-        Some(t) if t.stamp.as_deref() == Some(live.checksum()) => &t.checksum,
-        _ => live.checksum(),
     }
 }
 
@@ -756,7 +638,7 @@ fn carry(targets: usize) -> String {
     format!("{} {}", count(targets, "target"), if targets == 1 { "carries" } else { "carry" })
 }
 
-fn quoted(keys: &[&str]) -> String {
+pub(super) fn quoted(keys: &[&str]) -> String {
     keys.iter().map(|k| format!("{k:?}")).collect::<Vec<_>>().join(", ")
 }
 
@@ -793,6 +675,12 @@ mod tests {
 
     fn now() -> Time {
         Time("2026-01-02T03:04:05Z".parse().unwrap())
+    }
+
+    /// `spec` with another quiet period: a change of the spec.
+    fn edited(spec: &ConsulBindingSpec) -> ConsulBindingSpec {
+        let rollout = RolloutPolicy { quiet_period: Some("0s".into()), ..Default::default() };
+        ConsulBindingSpec { rollout: Some(rollout), ..spec.clone() }
     }
 
     /// Plans `input` and builds the status as if every stamp succeeded.
@@ -1110,7 +998,7 @@ mod tests {
             ..Default::default()
         };
         let restored = |source: &KeySource, recorded, entries: &[KvEntry], index| {
-            restored_since(&status(source, recorded), &[KeyContent { source, entries, reset_hold: false, index }])
+            loss::restored_since(&status(source, recorded), &[KeyContent { source, entries, reset_hold: false, index }])
         };
         let at = |modify_index| vec![KvEntry::new("app/config", "v", modify_index)];
         assert!(restored(&exact, 50, &at(7), None), "a key's own ModifyIndex went down");
@@ -1131,7 +1019,7 @@ mod tests {
         let first_read = |index| {
             let missing =
                 [KeyContent { source: &optional.keys[0], entries: &[], reset_hold: false, index: Some(index) }];
-            let restored = restored_since(&baseline, &missing);
+            let restored = loss::restored_since(&baseline, &missing);
             let input =
                 Input { consul: Consul::Ready(missing.to_vec()), restored, ..input(&optional, &baseline, &[], &found) };
             (restored, plan_and_status(&input))
@@ -1197,7 +1085,7 @@ mod tests {
         assert!(plan.roll.is_empty());
         assert_eq!(condition(&restored, conditions::READY).status, "True");
         // A spec change is a person's say-so: the empty content rolls once.
-        let (plan, _) = step_at(&optional, 4, &held, &[], true, &web());
+        let (plan, _) = step_at(&edited(&optional), 4, &held, &[], true, &web());
         assert_eq!(plan.roll, web());
         // A restart while held: the first read is no reset, and the content is still lost.
         let (plan, after_restart) = step_at(&optional, 3, &held, &[], false, &web());
@@ -1248,15 +1136,54 @@ mod tests {
         let found = web();
         let (_, baseline) = step(&optional, &Default::default(), &entry("v1"), &found);
         let (_, held) = step_at(&optional, 3, &baseline, &[], true, &found);
+        let changed = edited(&optional);
         let down = Input {
             generation: Some(4),
             consul: Consul::Failed { reason: reason::CONSUL_UNREACHABLE, message: "down".into() },
-            ..input(&optional, &held, &[], &found)
+            ..input(&changed, &held, &[], &found)
         };
         let (_, failed) = plan_and_status(&down);
         assert!(failed.keys.iter().all(|k| !k.lost));
-        let (plan, _) = step_at(&optional, 4, &failed, &[], false, &found);
+        let (plan, _) = step_at(&changed, 4, &failed, &[], false, &found);
         assert_eq!(plan.roll, web(), "the spec change was not taken as the go-ahead");
+    }
+
+    /// Issue 30, item 1: the watches keep remembering the reset on the path, and a quiet period
+    /// makes the go-ahead take more than one reconcile.
+    #[tokio::test(start_paused = true)]
+    async fn the_go_ahead_rolls_once_though_the_watches_still_remember_the_reset() {
+        let optional = spec(true);
+        let (_, baseline) = step(&optional, &Default::default(), &entry("v1"), &web());
+        let (_, held) = step_at(&optional, 3, &baseline, &[], true, &web());
+        assert_eq!(condition(&held, conditions::READY).reason, reason::CONSUL_INDEX_RESET);
+        let changed = edited(&optional);
+        let (plan, after) = step_at(&changed, 4, &held, &[], true, &web());
+        assert_eq!(plan.roll, web(), "the go-ahead did not roll");
+        let (plan, again) = step_at(&changed, 4, &after, &[], true, &web());
+        assert!(plan.roll.is_empty() && plan.hold.is_none(), "{:?}", plan.hold);
+        assert_eq!(condition(&again, conditions::READY).reason, reason::UP_TO_DATE);
+        // A binding made later on the same path inherits no hold: it baselines.
+        let (plan, fresh) = step_at(&changed, 1, &Default::default(), &[], true, &web());
+        assert!(plan.baseline && plan.hold.is_none());
+        assert_eq!(condition(&fresh, conditions::READY).reason, reason::BASELINED);
+    }
+
+    /// Issue 30, item 4: suspending during a hold and resuming are no go-ahead.
+    #[tokio::test(start_paused = true)]
+    async fn suspending_and_resuming_during_a_hold_roll_nothing() {
+        let optional = spec(true);
+        let (_, baseline) = step(&optional, &Default::default(), &entry("v1"), &web());
+        let (_, held) = step_at(&optional, 3, &baseline, &[], true, &web());
+        let suspended = ConsulBindingSpec { suspend: true, ..optional.clone() };
+        let (plan, during) = step_at(&suspended, 4, &held, &[], false, &web());
+        assert!(plan.roll.is_empty());
+        assert_eq!(condition(&during, conditions::READY).reason, reason::SUSPENDED);
+        assert!(during.keys[0].lost, "suspending cleared the mark");
+        let (plan, resumed) = step_at(&optional, 5, &during, &[], false, &web());
+        assert!(plan.roll.is_empty(), "resuming rolled the lost content");
+        assert_eq!(condition(&resumed, conditions::READY).reason, reason::CONSUL_INDEX_RESET);
+        let (plan, _) = step_at(&edited(&optional), 6, &resumed, &[], false, &web());
+        assert_eq!(plan.roll, web(), "a spec change after the resume is the go-ahead");
     }
 
     #[tokio::test(start_paused = true)]
@@ -1471,6 +1398,24 @@ mod tests {
             stamp.map(|s| (found[0].clone(), Live { value: s.to_owned(), owned: true })).into_iter().collect();
         let input = Input { objects: Ok(objects), live: &live, ..input(&spec, previous, &entries, &found) };
         plan_and_status(&input)
+    }
+
+    /// Issue 30, item 3: the status forgets the rows of workloads no longer found.
+    #[tokio::test(start_paused = true)]
+    async fn a_rebased_workload_that_leaves_the_targets_and_comes_back_rolls_nothing() {
+        let (_, first) = step_references(&Default::default(), "v1", None, &[]);
+        let a0 = first.applied_checksum.clone().unwrap();
+        let app: &[(&str, &str)] = &[("a", "1")];
+        let (_, added) = step_references(&first, "v1", Some(&a0), &[("app", app, None)]);
+        assert_eq!(added.rebased_stamps, std::slice::from_ref(&a0));
+        let away = ConsulBindingStatus { targets: Vec::new(), ..added.clone() };
+        let (plan, back) = step_references(&away, "v1", Some(&a0), &[("app", app, None)]);
+        assert!(plan.roll.is_empty(), "a workload found again rolled for nothing");
+        assert_eq!(back.targets[0].checksum, added.applied_checksum.clone().unwrap());
+        // The next change of content rolls it, and the older stamps are forgotten.
+        let (plan, rolled) = step_references(&back, "v2", Some(&a0), &[("app", app, None)]);
+        assert_eq!(plan.roll, web());
+        assert!(rolled.rebased_stamps.is_empty());
     }
 
     #[tokio::test(start_paused = true)]

@@ -5,10 +5,12 @@
 use std::{
     collections::{BTreeMap, HashMap},
     sync::{Arc, Mutex},
+    time::Duration,
 };
 
 use consulbind_api::{ConsulBinding, ConsulBindingStatus, WorkloadKind};
 use kube::ResourceExt;
+use tokio::time::Instant;
 
 use super::debounce::Pending;
 use crate::{
@@ -33,18 +35,60 @@ pub struct Record {
     pub stamps: BTreeMap<Workload, (Version, String)>,
     /// When the targets last carried the content (or were rolled to it): a Consul index reset
     /// after this puts the binding in its restore grace.
-    pub settled_at: Option<std::time::Instant>,
+    pub settled_at: Option<Instant>,
     /// The applied checksum then, and [`super::report::fingerprints`] of its sources.
     pub settled_sources: Option<(String, Vec<u64>)>,
     /// When this replica first read a status held for content lost in an index reset (as after
     /// a restart during the hold), or one that Consul's index has gone below (a restore while no
     /// replica watched): like a reset, it puts the binding in its restore grace.
-    pub held_since: Option<std::time::Instant>,
+    pub held_since: Option<Instant>,
     /// This replica has compared Consul's first answer with the status (see
-    /// [`super::plan::restored_since`]).
+    /// [`super::loss::restored_since`]).
     pub compared: bool,
     /// That comparison found a restore, and no status written since says so yet.
     pub restored: bool,
+}
+
+impl Record {
+    /// The restore grace that applies to a reconcile that started at `started`, and whether a
+    /// restore found at this replica's first read is still to be shown. `held`: the last status
+    /// holds content lost in an index reset; `found`: what the first read found, when this
+    /// reconcile made it; `reset`: the latest index reset the watches saw on its paths.
+    pub fn restore(
+        &mut self,
+        held: bool,
+        found: Option<bool>,
+        reset: Option<Instant>,
+        started: Instant,
+        grace: Duration,
+    ) -> (Option<Duration>, bool) {
+        if let Some(found) = found {
+            self.compared = true;
+            if found {
+                self.restored = true;
+                self.held_since = Some(started);
+            }
+        }
+        if held && self.held_since.is_none() {
+            self.held_since = Some(started);
+        }
+        let reset = reset.max(self.held_since);
+        let restore = reset.filter(|reset| self.settled_at.is_none_or(|settled| settled < *reset)).map(|_| grace);
+        (restore, self.restored)
+    }
+
+    /// A status was written. `shown`: it showed what the first read found (Consul and the
+    /// objects were read); `settled`: the targets carry its content, with the applied checksum
+    /// and [`super::report::fingerprints`] of its sources.
+    pub fn written(&mut self, shown: bool, settled: Option<(String, Vec<u64>)>, started: Instant) {
+        if shown {
+            self.restored = false;
+        }
+        if let Some(sources) = settled {
+            self.settled_at = Some(started);
+            self.settled_sources = Some(sources);
+        }
+    }
 }
 
 /// Every binding's record, across the scopes this replica serves.

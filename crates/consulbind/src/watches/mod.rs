@@ -104,6 +104,15 @@ impl Watches {
 
     /// How long a round of turns may take for the slowest of `queries` read by a group that
     /// takes turns for a slot; `None` when none does.
+    /// Each query read alone, without waiting: Consul's index for it where it matched nothing,
+    /// which for a shared read's path only a read of its own gives.
+    pub async fn index_if_empty(&self, queries: &[&KvQuery]) -> Result<Vec<Option<u64>>, consul_kv::Error> {
+        let runner = &self.shared.runner;
+        let reads = queries.iter().map(|q| runner.consul.get_values(q, runner.limits.answer_bytes(q.recurse)));
+        let answers = futures::future::try_join_all(reads).await?;
+        Ok(answers.into_iter().map(|a| a.entries.is_empty().then_some(a.index)).collect())
+    }
+
     pub fn in_turns(&self, queries: &[KvQuery]) -> Option<Duration> {
         let inner = self.shared.inner.locked();
         queries.iter().filter_map(|q| inner.paths.get(q)?.in_turns()).max()

@@ -5,11 +5,12 @@ use std::{
         Arc, Mutex,
         atomic::{AtomicBool, AtomicU64, Ordering},
     },
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use consul_kv::{KvEntry, same_entries};
 use consulbind_api::conditions::reason;
+use tokio::time::Instant;
 
 use crate::BindingRef;
 use crate::Lock;

@@ -1,0 +1,144 @@
+//! Content lost as Consul's index went backwards, as a state of each bound key. The state is
+//! kept in the status (`keys[].lost`, and `observedSpec` for the go-ahead) and read back here
+//! alone.
+//!
+//! A key is live (its content counts as it is) or lost (emptied by an index reset while the
+//! targets carry content from before: the binding is held).
+//! - live → lost: the key is empty, the status recorded content for it, and a reset shows:
+//!   the watches saw it emptied in a reset, or this replica's first read found Consul below the
+//!   indexes the status recorded ([`restored_since`]).
+//! - lost → live: its content is back, whatever it is; or the go-ahead ([`go_ahead`]).
+//!
+//! A key the status records as empty and unmarked is live whatever the watches remember of a
+//! reset, so the go-ahead holds for good and a binding made later inherits no hold.
+
+use consulbind_api::{
+    ConsulBindingSpec, ConsulBindingStatus, KeyStatus,
+    conditions::{self, reason},
+};
+
+use super::plan::{Input, KeyContent, Plan, quoted};
+
+/// Whether `status` holds the binding for content lost in a Consul index reset. The keys say
+/// which ([`KeyStatus::lost`]), and keep saying so while a Consul failure takes the Ready
+/// condition; a status written before keys were marked says so by its Ready reason alone.
+pub fn held_for_lost_content(status: &ConsulBindingStatus) -> bool {
+    status.keys.iter().any(|k| k.lost) || ready_says_lost(status)
+}
+
+/// A person's say-so to roll out what was lost: a change of the spec other than `suspend`,
+/// made while rollouts are not suspended. Suspending and resuming during a hold are caution,
+/// not consent. A status from before `observedSpec` compares generations.
+pub fn go_ahead(input: &Input<'_>) -> bool {
+    let changed = match &input.previous.observed_spec {
+        Some(observed) => *observed != spec_digest(input.spec),
+        None => input.generation.is_none() || input.generation != input.previous.observed_generation,
+    };
+    changed && !input.spec.suspend
+}
+
+/// What [`go_ahead`] compares: a digest of `spec` with `suspend` unset, in hex.
+pub fn spec_digest(spec: &ConsulBindingSpec) -> String {
+    use sha2::{Digest, Sha256};
+    let spec = ConsulBindingSpec { suspend: false, ..spec.clone() };
+    let json = serde_json::to_vec(&spec).unwrap_or_default();
+    Sha256::digest(&json)[..8].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Holds `plan` for the keys that are lost, and marks them in the status; unless the
+/// go-ahead was given or the targets carry the content already. Returns whether it held.
+pub fn hold(input: &Input<'_>, plan: &mut Plan, contents: &[KeyContent<'_>]) -> bool {
+    // A status written before keys were marked: every empty key may be the lost one.
+    let unmarked = !input.previous.keys.iter().any(|k| k.lost) && ready_says_lost(input.previous);
+    let marks: Vec<bool> = contents.iter().map(|c| lost(input, c, unmarked)).collect();
+    let names: Vec<&str> =
+        contents.iter().zip(&marks).filter(|(_, lost)| **lost).map(|(c, _)| c.source.key.as_str()).collect();
+    if names.is_empty() || go_ahead(input) || input.previous.applied_checksum == plan.desired {
+        return false;
+    }
+    for (status, lost) in plan.keys.iter_mut().zip(marks) {
+        status.lost = lost;
+    }
+    let what = format!(
+        "Consul's index went backwards (a snapshot restore or a rebuilt cluster?) just as {} became empty",
+        quoted(&names)
+    );
+    plan.hold = Some(match input.spec.suspend {
+        true => (
+            reason::SUSPENDED,
+            format!(
+                "rollouts are suspended; {what}, and that stays held after the resume until the content is back \
+                 or the spec changes"
+            ),
+        ),
+        false => (
+            reason::CONSUL_INDEX_RESET,
+            format!(
+                "{what}; rollouts are held until the content is back. To roll out the empty content, change this \
+                 binding's spec"
+            ),
+        ),
+    });
+    true
+}
+
+/// The keys' marks while Consul cannot be read: kept, unless the go-ahead was given.
+pub fn unread_keys(input: &Input<'_>) -> Vec<KeyStatus> {
+    let go_ahead = input.previous.keys.iter().any(|k| k.lost) && go_ahead(input);
+    input.previous.keys.iter().map(|k| KeyStatus { lost: k.lost && !go_ahead, ..k.clone() }).collect()
+}
+
+/// Whether the key `content` is read for is lost (see the module's transitions).
+fn lost(input: &Input<'_>, content: &KeyContent<'_>, unmarked: bool) -> bool {
+    let recorded = recorded(input.previous, content);
+    let had_content = recorded.is_some_and(|k| k.present);
+    content.entries.is_empty()
+        && (recorded.is_some_and(|k| k.lost) || unmarked || (had_content && (content.reset_hold || input.restored)))
+}
+
+fn ready_reason(status: &ConsulBindingStatus) -> Option<&str> {
+    status.conditions.iter().find(|c| c.type_ == conditions::READY).map(|c| c.reason.as_str())
+}
+
+fn ready_says_lost(status: &ConsulBindingStatus) -> bool {
+    ready_reason(status) == Some(reason::CONSUL_INDEX_RESET)
+}
+
+/// What `status` says of the key `content` is read for.
+fn recorded<'s>(status: &'s ConsulBindingStatus, content: &KeyContent<'_>) -> Option<&'s KeyStatus> {
+    status.keys.iter().find(|k| k.key == content.source.key && k.recurse == content.source.recurse)
+}
+
+/// Whether Consul's index went backwards since `status` was written, as in a snapshot restore or
+/// a rebuilt cluster while no replica watched: a key read below the modify index the status
+/// recorded for it. Only what no write, delete or tombstone reaping can give counts: an exact
+/// key's own ModifyIndex, or the index of a query of its own, which for a missing key or an
+/// empty prefix is the whole store's. A prefix with keys left says nothing (reaping the
+/// tombstone of its newest key lowers its index).
+pub fn restored_since(status: &ConsulBindingStatus, contents: &[KeyContent<'_>]) -> bool {
+    contents.iter().any(|c| {
+        let Some(recorded) = recorded(status, c).and_then(|k| k.modify_index) else { return false };
+        own_index(c).is_some_and(|now| now < recorded)
+    })
+}
+
+/// The index [`restored_since`] compares for `content`: `None` where it says nothing.
+fn own_index(content: &KeyContent<'_>) -> Option<u64> {
+    match content.source.recurse {
+        false => content.entries.iter().find(|e| e.key == content.source.key).map(|e| e.modify_index).or(content.index),
+        true => content.index.filter(|_| content.entries.is_empty()),
+    }
+}
+
+/// Which of `contents` a first read must read alone for [`restored_since`] to judge it: empty
+/// (or missing) where the status recorded an index, and read in a shared query, whose index
+/// says nothing of the path.
+pub fn needs_own_index(status: &ConsulBindingStatus, contents: &[KeyContent<'_>]) -> Vec<bool> {
+    contents
+        .iter()
+        .map(|c| {
+            let empty = !c.entries.iter().any(|e| c.source.recurse || e.key == c.source.key);
+            empty && c.index.is_none() && recorded(status, c).is_some_and(|k| k.modify_index.is_some())
+        })
+        .collect()
+}

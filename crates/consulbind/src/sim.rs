@@ -1,0 +1,680 @@
+//! A deterministic simulator of the decision core. It runs the real watch-path state
+//! ([`Path`]), the real first-read comparison, plan, status and per-binding record against an
+//! in-memory Consul (indexes that go backwards in a wipe or a snapshot restore, tombstone
+//! reaping, outages, shared and solo reads), in-memory workloads and a ConfigMap (relabelled out
+//! of the targets and back, references added and dropped), and controller restarts that keep
+//! only the status. Time is Tokio's paused clock.
+//!
+//! Each seed makes one schedule; after every step the invariants are checked against a model
+//! that knows what happened, not what the controller concluded:
+//! - a workload is rolled only if the content changed since it last started;
+//! - content lost in a wipe or a restore is never rolled out before the go-ahead;
+//! - once content is stable and nothing holds, every target runs the current content;
+//! - content held as lost shows as such, naming the key.
+//!
+//! `CONSULBIND_SIM_SEEDS=N` runs seeds 0..N (default 500); `CONSULBIND_SIM_SEED=S` replays one
+//! with its steps printed. `cargo xtask sim --seeds N` runs it on its own.
+
+use std::{collections::BTreeMap, fmt::Write as _, sync::Arc, time::Duration};
+
+use consul_kv::{KvEntry, KvQuery};
+use consulbind_api::{
+    ConsulBindingSpec, ConsulBindingStatus, KeySource, ObjectKind, RolloutPolicy, TargetRef, WorkloadKind,
+    conditions::{self, reason},
+};
+use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
+use tokio::time::Instant;
+
+use crate::{
+    checksum::{self, Field},
+    cluster::{
+        Live, Workload,
+        objects::Digested,
+        references::{References, Use},
+    },
+    reconcile::{
+        loss,
+        plan::{self, Consul, Input, Outcome},
+        read, report,
+        state::Record,
+    },
+    watches::{KeyState, path::Path},
+};
+
+const KEY: checksum::Key = checksum::Key::new([7; checksum::KEY_LEN]);
+const KEYS: [&str; 4] = ["app/x", "app/flags/a", "app/flags/b", "app/opt"];
+const VALUES: [&str; 3] = ["v1", "v2", "v3"];
+const GRACE: Duration = Duration::from_secs(30);
+/// Past every quiet period, maximum delay and restore grace of the schedules.
+const SETTLED: Duration = Duration::from_secs(100);
+const STEPS: usize = 200;
+
+/// One Consul datacenter's KV store.
+#[derive(Clone, Debug)]
+struct Store {
+    data: BTreeMap<&'static str, (&'static str, u64)>,
+    index: u64,
+}
+
+impl Store {
+    fn put(&mut self, key: &'static str, value: &'static str) {
+        self.index += 1;
+        self.data.insert(key, (value, self.index));
+    }
+
+    fn delete(&mut self, key: &str) {
+        if self.data.remove(key).is_some() {
+            self.index += 1;
+        }
+    }
+
+    fn matching<'a>(&'a self, source: &'a KeySource) -> impl Iterator<Item = (&'static str, &'static str, u64)> + 'a {
+        let covers = move |k: &str| if source.recurse { k.starts_with(&source.key) } else { k == source.key };
+        self.data.iter().filter(move |(k, _)| covers(k)).map(|(k, (v, m))| (*k, *v, *m))
+    }
+
+    fn entries(&self, source: &KeySource) -> Vec<KvEntry> {
+        self.matching(source)
+            .map(|(k, v, m)| KvEntry::new(k, v, m).digested(|v| checksum::digest(&KEY, v).to_vec()))
+            .collect()
+    }
+
+    /// Consul's index for a query of the path's own: its newest entry, or the store's when it
+    /// matches nothing.
+    fn own_index(&self, source: &KeySource) -> u64 {
+        self.matching(source).map(|(_, _, m)| m).max().unwrap_or(self.index)
+    }
+
+    fn content(&self) -> BTreeMap<&'static str, &'static str> {
+        self.data.iter().map(|(k, (v, _))| (*k, *v)).collect()
+    }
+}
+
+/// What a workload's pods read when they last started: the Consul data and the ConfigMap's
+/// data where the binding bound it.
+type Content = (BTreeMap<&'static str, &'static str>, Option<BTreeMap<&'static str, &'static str>>);
+
+struct Work {
+    live: Option<Live>,
+    generation: i64,
+    runs: Content,
+    /// Found by the binding's targets (a selector target: relabelled in and out).
+    found: bool,
+    /// Its template references the ConfigMap.
+    refs: bool,
+}
+
+/// The controller's memory, which a restart drops.
+struct Controller {
+    paths: Vec<Path>,
+    /// The index each path's watch last read at.
+    seen: Vec<Option<u64>>,
+    /// Read in a shared query, whose index says nothing of the path.
+    grouped: Vec<bool>,
+    record: Record,
+    wake_at: Option<Instant>,
+}
+
+struct Sim {
+    rng: fastrand::Rng,
+    /// Schedules relabel the selector target and change its references too.
+    targets: bool,
+    log: String,
+    spec: ConsulBindingSpec,
+    generation: i64,
+    status: ConsulBindingStatus,
+    store: Store,
+    snapshots: Vec<Store>,
+    consul_up: bool,
+    controller: Option<Controller>,
+    works: BTreeMap<&'static str, Work>,
+    cm: BTreeMap<&'static str, &'static str>,
+    /// Paths whose content the controller saw and that a wipe or restore emptied, with no
+    /// go-ahead since.
+    lost: Vec<bool>,
+    /// Each path was non-empty when the controller last read Consul.
+    seen_content: Vec<bool>,
+    /// A go-ahead was given since the watches last saw an index reset or the controller
+    /// started: a ConsulIndexReset hold from before is released.
+    go_ahead: bool,
+    /// The spec changed since the controller last reconciled: the go-ahead, for every loss
+    /// until then, once it reconciles with rollouts not suspended.
+    spec_edited: bool,
+    /// When anything but time last happened.
+    quiet_since: Instant,
+    started: Instant,
+}
+
+impl Sim {
+    fn new(seed: u64, targets: bool) -> Self {
+        let mut rng = fastrand::Rng::with_seed(seed);
+        let quiet = ["0s", "1s", "2s", "5s"][rng.usize(..4)];
+        let spec = ConsulBindingSpec {
+            keys: vec![
+                KeySource { key: "app/x".into(), recurse: false, optional: false },
+                KeySource { key: "app/flags/".into(), recurse: true, optional: true },
+                KeySource { key: "app/opt".into(), recurse: false, optional: true },
+            ],
+            targets: vec![
+                TargetRef { kind: WorkloadKind::Deployment, name: Some("web".into()), selector: None },
+                TargetRef {
+                    kind: WorkloadKind::Deployment,
+                    name: None,
+                    selector: Some(serde_json::from_value(serde_json::json!({"matchLabels": {"app": "api"}})).unwrap()),
+                },
+            ],
+            include_target_references: true,
+            rollout: Some(RolloutPolicy {
+                quiet_period: Some(quiet.into()),
+                max_delay: Some("30s".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let mut store = Store { data: BTreeMap::new(), index: 10 };
+        store.put("app/x", "v1");
+        store.put("app/flags/a", "v1");
+        let content = (store.content(), None);
+        let work = |found, refs| Work { live: None, generation: 1, runs: content.clone(), found, refs };
+        let works = BTreeMap::from([("web", work(true, false)), ("api", work(true, false))]);
+        let n = spec.keys.len();
+        Self {
+            rng,
+            targets,
+            log: String::new(),
+            spec,
+            generation: 1,
+            status: ConsulBindingStatus::default(),
+            store,
+            snapshots: Vec::new(),
+            consul_up: true,
+            controller: None,
+            works,
+            cm: BTreeMap::from([("k", "v1")]),
+            lost: vec![false; n],
+            seen_content: vec![false; n],
+            go_ahead: false,
+            spec_edited: false,
+            quiet_since: Instant::now(),
+            started: Instant::now(),
+        }
+    }
+
+    fn note(&mut self, text: impl std::fmt::Display) {
+        let at = self.started.elapsed().as_secs();
+        let _ = writeln!(self.log, "  [{at:>5}s] {text}");
+    }
+
+    /// The content a workload that started now would read.
+    fn content(&self) -> Content {
+        let bound = self.works.values().any(|w| w.found && w.refs);
+        (self.store.content(), bound.then(|| self.cm.clone()))
+    }
+
+    fn start_controller(&mut self) {
+        let n = self.spec.keys.len();
+        let grouped = (0..n).map(|_| self.rng.bool()).collect::<Vec<_>>();
+        self.note(format_args!("controller starts (shared reads: {grouped:?})"));
+        self.go_ahead = false;
+        self.controller = Some(Controller {
+            paths: (0..n).map(|_| Path::default()).collect(),
+            seen: vec![None; n],
+            grouped,
+            record: Record::default(),
+            wake_at: None,
+        });
+        self.deliver(false);
+    }
+
+    /// The watches read Consul. `reaped`: the index of each prefix went down with nothing
+    /// changed, as when Consul reaps tombstones.
+    fn deliver(&mut self, reaped: bool) {
+        let (Some(controller), true) = (self.controller.as_mut(), self.consul_up) else { return };
+        for (i, source) in self.spec.keys.iter().enumerate() {
+            let entries = self.store.entries(source);
+            let own = self.store.own_index(source);
+            let path = &controller.paths[i];
+            let before = match path.state() {
+                KeyState::Ready(content) | KeyState::Failed { last: Some(content), .. } => {
+                    Some(content.entries.is_empty())
+                }
+                _ => None,
+            };
+            let grouped = controller.grouped[i];
+            let index = if grouped { self.store.index } else { own };
+            let mut reset = controller.seen[i].is_some_and(|seen| index < seen);
+            if reaped && source.recurse {
+                reset = true;
+            }
+            controller.seen[i] = Some(index);
+            self.go_ahead &= !reset;
+            // A key that vanishes from a shared read is read alone, with its own index.
+            let vanished = before == Some(false) && entries.is_empty();
+            // Emptied in an answer whose index did not go backwards: no one can tell a loss
+            // from a deletion (a key watched alone answers its table's index once missing).
+            if vanished && !reset {
+                self.lost[i] = false;
+            }
+            let own_index = (!grouped || vanished).then_some(own);
+            path.set_answer(&entries, reset, own_index);
+        }
+    }
+
+    /// One reconcile of the binding, as the controller's reconcile makes it, with every stamp
+    /// landing.
+    async fn reconcile(&mut self) {
+        let Some(mut controller) = self.controller.take() else { return };
+        self.reconcile_with(&mut controller).await;
+        self.controller = Some(controller);
+    }
+
+    async fn reconcile_with(&mut self, controller: &mut Controller) {
+        let now = Instant::now();
+        let spec = self.spec.clone();
+        let window = read::validate(&spec).expect("the simulated spec is valid");
+        let previous = self.status.clone();
+        let states: Vec<KeyState> = match self.consul_up {
+            true => controller.paths.iter().map(Path::state).collect(),
+            false => controller
+                .paths
+                .iter()
+                .map(|p| {
+                    p.set_failed(reason::CONSUL_UNREACHABLE, "down");
+                    p.state()
+                })
+                .collect(),
+        };
+        let Some(consul) = read::consul_view(&spec, &states, u64::MAX) else { return };
+        if std::mem::take(&mut self.spec_edited) && !spec.suspend {
+            self.lost.fill(false);
+            self.go_ahead = true;
+        }
+        let queries = read::queries(&spec, None);
+        let found: Vec<Workload> = self
+            .works
+            .iter()
+            .filter(|(_, w)| w.found)
+            .map(|(name, _)| (WorkloadKind::Deployment, name.to_string()))
+            .collect();
+        let live: BTreeMap<Workload, Live> = self
+            .works
+            .iter()
+            .filter(|(_, w)| w.found)
+            .filter_map(|(name, w)| Some(((WorkloadKind::Deployment, name.to_string()), w.live.clone()?)))
+            .collect();
+        let mut references = References::new();
+        if self.works.values().any(|w| w.found && w.refs) {
+            references.insert((ObjectKind::ConfigMap, "cm".into()), Use { keys: None, optional: false });
+        }
+        let bound = read::bound_objects(&spec, &references).expect("one reference");
+        let digested = Arc::new(Digested {
+            version: "1".into(),
+            entries: self
+                .cm
+                .iter()
+                .map(|(k, v)| (k.to_string(), Field::Data, checksum::digest(&KEY, v.as_bytes())))
+                .collect(),
+        });
+        let objects: Vec<read::ObjectRead<'_>> = bound.iter().map(|b| (b, Some(digested.clone()))).collect();
+
+        if matches!(consul, Consul::Ready(_)) && !controller.record.compared {
+            self.forget_undetectable(&previous);
+        }
+        let held = loss::held_for_lost_content(&previous);
+        let found_restored = match &consul {
+            Consul::Ready(read) if !controller.record.compared => {
+                let store = &self.store;
+                let alone = async |queries: &[&KvQuery]| {
+                    let index = |q: &&KvQuery| {
+                        let source = KeySource { key: q.key.clone(), recurse: q.recurse, optional: true };
+                        store.matching(&source).next().is_none().then(|| store.own_index(&source))
+                    };
+                    Ok(queries.iter().map(index).collect())
+                };
+                Some(read::restored_at_first_read(&previous, read, &queries, alone).await.unwrap())
+            }
+            _ => None,
+        };
+        let reset = read::latest_reset(&states);
+        let (restore, restored) = controller.record.restore(held, found_restored, reset, now, GRACE);
+        let ready = matches!(consul, Consul::Ready(_));
+        let input = Input {
+            key: &KEY,
+            spec: &spec,
+            window,
+            generation: Some(self.generation),
+            previous: &previous,
+            consul,
+            objects: Ok(read::object_contents(&objects)),
+            found: &found,
+            live: &live,
+            missing: &[],
+            unserved: &[],
+            dry_run: false,
+            in_turns: None,
+            restore,
+            restored: restored && ready,
+        };
+        let plan = plan::plan(&input, &mut controller.record.pending, now);
+        // Content the targets already carry holds nothing, lost or not.
+        if plan.desired.is_some() && plan.desired == previous.applied_checksum {
+            self.lost.fill(false);
+        }
+        let rolled = match &plan.desired {
+            Some(desired) => plan.roll.clone().into_iter().map(|w| (w, desired.clone())).collect(),
+            None => Vec::new(),
+        };
+        for (w, desired) in &rolled {
+            let value = plan.values.get(w).cloned().unwrap_or_else(|| desired.clone());
+            self.stamp(&w.1, value);
+        }
+        let outcome = Outcome { rolled: rolled.into_iter().map(|(w, _)| w).collect(), failed: Vec::new() };
+        let status = plan::status(&input, &plan, &outcome, &Time(Timestamp::UNIX_EPOCH));
+        let settled = (plan.desired.is_some() && status.applied_checksum == plan.desired)
+            .then(|| (status.applied_checksum.clone().unwrap_or_default(), report::fingerprints(&status)));
+        controller.record.written(restored && ready, settled, now);
+        if ready {
+            for (i, source) in spec.keys.iter().enumerate() {
+                self.seen_content[i] = self.store.matching(source).next().is_some();
+            }
+        }
+        controller.wake_at = plan.wake_at;
+        let ready = status.conditions.iter().find(|c| c.type_ == conditions::READY).map(|c| c.reason.clone());
+        let keys: Vec<(bool, bool)> = status.keys.iter().map(|k| (k.present, k.lost)).collect();
+        self.note(format_args!(
+            "reconciled: Ready {ready:?}, rolled {:?}, keys (present, lost) {keys:?}",
+            outcome.rolled
+        ));
+        self.status = status;
+        self.check_hold_shown(ready.as_deref());
+    }
+
+    fn stamp(&mut self, name: &str, value: String) {
+        let content = self.content();
+        let lost: Vec<String> =
+            self.spec.keys.iter().zip(&self.lost).filter(|(_, l)| **l).map(|(k, _)| k.key.clone()).collect();
+        if self.works[name].runs == content {
+            self.fail(format_args!("rolled {name} without a change of its content"));
+        }
+        if !lost.is_empty() {
+            self.fail(format_args!("rolled {name} with {lost:?} lost and no go-ahead"));
+        }
+        let work = self.works.get_mut(name).expect("a simulated workload");
+        work.live = Some(Live { value, owned: true });
+        work.generation += 1;
+        work.runs = content;
+    }
+
+    /// The last status rolled out what it read.
+    fn settled(&self) -> bool {
+        let ready = self.status.conditions.iter().find(|c| c.type_ == conditions::READY);
+        ready.is_some_and(|c| [reason::UP_TO_DATE, reason::BASELINED].contains(&c.reason.as_str()))
+    }
+
+    /// A person changed which objects the workload's template references: its pods start
+    /// again and read the objects as they are. What they read from Consul counts as what
+    /// they carried before: only a change of references alone is recorded as carried
+    /// (a rebase), so a change of Consul data held meanwhile still rolls it.
+    fn template_changed(&mut self, name: &str) {
+        let content = self.content();
+        let work = self.works.get_mut(name).expect("a simulated workload");
+        work.generation += 1;
+        work.runs.1 = content.1;
+    }
+
+    /// Content held as lost shows as such, naming the key.
+    fn check_hold_shown(&mut self, ready: Option<&str>) {
+        let lost: Vec<String> =
+            self.spec.keys.iter().zip(&self.lost).filter(|(_, l)| **l).map(|(k, _)| k.key.clone()).collect();
+        if lost.is_empty() || !self.consul_up {
+            return;
+        }
+        let expected = if self.spec.suspend { reason::SUSPENDED } else { reason::CONSUL_INDEX_RESET };
+        let message = self.status.conditions.iter().find(|c| c.type_ == conditions::READY).map(|c| c.message.clone());
+        let named = message.as_deref().is_some_and(|m| lost.iter().all(|k| m.contains(&format!("{k:?}"))));
+        if ready != Some(expected) || !named {
+            self.fail(format_args!("{lost:?} lost, but Ready says {ready:?}: {message:?}"));
+        }
+    }
+
+    /// Once nothing has happened for long enough and nothing holds, every target runs the
+    /// current content.
+    fn check_settled(&mut self) {
+        let required = self.store.data.contains_key("app/x");
+        if self.controller.is_none()
+            || !self.consul_up
+            || self.spec.suspend
+            || !required
+            || self.lost.contains(&true)
+            || self.quiet_since.elapsed() < SETTLED
+        {
+            return;
+        }
+        // The controller cannot tell every deletion from a loss: holding one, and saying so,
+        // is allowed until the go-ahead.
+        let ready = self.status.conditions.iter().find(|c| c.type_ == conditions::READY);
+        if ready.is_some_and(|c| c.reason == reason::CONSUL_INDEX_RESET) && !self.go_ahead {
+            return;
+        }
+        let content = self.content();
+        let behind: Vec<&str> = self
+            .works
+            .iter()
+            .filter(|(_, w)| w.found)
+            .filter(|(_, w)| w.runs.0 != content.0 || (w.refs && w.runs.1 != content.1))
+            .map(|(name, _)| *name)
+            .collect();
+        if !behind.is_empty() {
+            self.fail(format_args!("{behind:?} still run older content once everything settled"));
+        }
+    }
+
+    fn fail(&mut self, what: std::fmt::Arguments<'_>) {
+        panic!("invariant broken: {what}\nstatus: {:#?}\nsteps:\n{}", self.status, self.log);
+    }
+
+    /// Lets `time` pass, reconciling when the binding asked to be.
+    async fn pass(&mut self, time: Duration) {
+        let until = Instant::now() + time;
+        while let Some(at) = self.controller.as_ref().and_then(|c| c.wake_at).filter(|at| *at <= until) {
+            tokio::time::advance(at.saturating_duration_since(Instant::now())).await;
+            self.reconcile().await;
+        }
+        tokio::time::advance(until.saturating_duration_since(Instant::now())).await;
+        self.check_settled();
+    }
+
+    /// The store was replaced by a wipe or a restore. Where its index went backwards, each path
+    /// that held content the controller saw and is now empty is lost; where it went forward,
+    /// nobody can tell it from edits.
+    fn replaced(&mut self, store: Store) {
+        let backwards = store.index < self.store.index;
+        self.store = store;
+        if !backwards {
+            return self.edited();
+        }
+        for (i, source) in self.spec.keys.iter().enumerate() {
+            match self.store.matching(source).next() {
+                Some(_) => self.lost[i] = false,
+                None => self.lost[i] |= self.seen_content[i],
+            }
+        }
+    }
+
+    /// A loss that no replica watched shows only where Consul now answers below an index the
+    /// status recorded (as documented): one that does not was indistinguishable from edits.
+    fn forget_undetectable(&mut self, previous: &ConsulBindingStatus) {
+        let below = self.spec.keys.iter().zip(&previous.keys).any(|(source, recorded)| {
+            let Some(recorded) = recorded.modify_index else { return false };
+            let now = match (source.recurse, self.store.matching(source).next()) {
+                (false, Some((_, _, modify))) => Some(modify),
+                (_, None) => Some(self.store.index),
+                (true, Some(_)) => None,
+            };
+            now.is_some_and(|now| now < recorded)
+        });
+        if !below {
+            for (lost, recorded) in self.lost.iter_mut().zip(&previous.keys) {
+                *lost &= recorded.lost;
+            }
+        }
+    }
+
+    /// A put or a delete: what it changes is no loss any more.
+    fn edited(&mut self) {
+        for (i, source) in self.spec.keys.iter().enumerate() {
+            if self.store.matching(source).next().is_some() {
+                self.lost[i] = false;
+            }
+        }
+    }
+
+    async fn step(&mut self) {
+        let roll = self.rng.u32(..100);
+        let key = KEYS[self.rng.usize(..KEYS.len())];
+        let value = VALUES[self.rng.usize(..VALUES.len())];
+        let event = match roll {
+            0..25 => {
+                self.store.put(key, value);
+                self.edited();
+                format!("put {key}={value}")
+            }
+            25..32 => {
+                self.store.delete(key);
+                format!("delete {key}")
+            }
+            32..36 => {
+                let index = self.rng.u64(1..5);
+                self.replaced(Store { data: BTreeMap::new(), index });
+                "Consul rebuilt empty".into()
+            }
+            36..40 => {
+                self.snapshots.push(self.store.clone());
+                "snapshot taken".into()
+            }
+            40..44 if !self.snapshots.is_empty() => {
+                let i = self.rng.usize(..self.snapshots.len());
+                let snapshot = self.snapshots[i].clone();
+                self.replaced(snapshot);
+                format!("snapshot {i} restored")
+            }
+            44..47 => "tombstones reaped".into(),
+            47..51 => {
+                self.consul_up = !self.consul_up;
+                format!("Consul {}", if self.consul_up { "back" } else { "down" })
+            }
+            51..57 => {
+                self.controller = None;
+                "controller stopped".into()
+            }
+            57..62 => {
+                let max = if self.rng.bool() { "30s" } else { "31s" };
+                let changed = self.spec.rollout.as_ref().and_then(|r| r.max_delay.as_deref()) != Some(max);
+                if let Some(rollout) = self.spec.rollout.as_mut() {
+                    rollout.max_delay = Some(max.into());
+                }
+                if changed {
+                    self.generation += 1;
+                    self.spec_edited = true;
+                }
+                format!("spec edited (maxDelay {max})")
+            }
+            62..66 => {
+                self.spec.suspend = !self.spec.suspend;
+                self.generation += 1;
+                format!("suspend: {}", self.spec.suspend)
+            }
+            // Seen at once, with Consul read: a workload found without a stamp counts as today's.
+            66..72 if self.targets && self.consul_up && self.controller.is_some() => {
+                let api = self.works.get_mut("api").expect("api");
+                api.found = !api.found;
+                let found = api.found;
+                // Found without a stamp of the binding's: taken as started with today's content
+                // (as documented), since nothing says otherwise.
+                if found && api.live.is_none() {
+                    let content = self.content();
+                    self.works.get_mut("api").expect("api").runs = content;
+                }
+                format!("api relabelled {}", if found { "into the targets" } else { "out of the targets" })
+            }
+            // A reference change is recorded without a rollout where the binding has rolled out
+            // what it read, and can see it: found, and Consul read.
+            72..77 if self.targets && self.works["api"].found && self.consul_up && self.settled() => {
+                let api = self.works.get_mut("api").expect("api");
+                api.refs = !api.refs;
+                let refs = api.refs;
+                self.template_changed("api");
+                format!("api's template {} the ConfigMap", if refs { "references" } else { "no longer references" })
+            }
+            77..82 => {
+                self.cm.insert("k", value);
+                format!("ConfigMap k={value}")
+            }
+            _ => {
+                let time = Duration::from_secs(self.rng.u64(1..60));
+                self.note(format_args!("{}s pass", time.as_secs()));
+                self.pass(time).await;
+                return;
+            }
+        };
+        self.note(&event);
+        self.quiet_since = Instant::now();
+        if self.controller.is_none() && self.rng.u32(..3) > 0 {
+            self.start_controller();
+        }
+        self.deliver(event == "tombstones reaped");
+        let time = Duration::from_millis(self.rng.u64(1..3000));
+        self.pass(time).await;
+        self.reconcile().await;
+    }
+}
+
+/// Runs the schedule of `seed`; panics with its steps when an invariant breaks.
+fn run(seed: u64, targets: bool) {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().unwrap();
+    runtime.block_on(async {
+        let mut sim = Sim::new(seed, targets);
+        sim.start_controller();
+        sim.reconcile().await;
+        for _ in 0..STEPS {
+            sim.step().await;
+        }
+        // The end: Consul answers, the controller runs, and time passes.
+        sim.consul_up = true;
+        if sim.controller.is_none() {
+            sim.start_controller();
+        }
+        sim.deliver(false);
+        sim.reconcile().await;
+        sim.pass(SETTLED * 2).await;
+    });
+}
+
+fn run_seeds(targets: bool) {
+    if let Some(seed) = std::env::var("CONSULBIND_SIM_SEED").ok().and_then(|s| s.parse().ok()) {
+        return run(seed, targets);
+    }
+    let seeds: u64 = std::env::var("CONSULBIND_SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(500);
+    for seed in 0..seeds {
+        if let Err(panic) = std::panic::catch_unwind(|| run(seed, targets)) {
+            eprintln!("seed {seed} failed; replay it with CONSULBIND_SIM_SEED={seed}");
+            std::panic::resume_unwind(panic);
+        }
+    }
+}
+
+/// Consul's faults, restarts, the go-ahead and suspend, with the targets fixed.
+#[test]
+fn schedules_of_consul_faults_keep_every_invariant() {
+    run_seeds(false);
+}
+
+/// With the selector target relabelled and its references changed as well. Open: a
+/// workload's stamp stands for the applied checksum, not for what its pods read, so a target
+/// relabelled out and back across reference changes can roll with content it already runs
+/// (`cargo xtask sim --targets`, seed 382).
+#[test]
+#[ignore = "open findings of the decision-core redesign; run with `cargo xtask sim --targets`"]
+fn schedules_with_target_changes_keep_every_invariant() {
+    run_seeds(true);
+}
