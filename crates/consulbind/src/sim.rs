@@ -37,6 +37,7 @@ use crate::{
         plan::{self, Consul, Input, Outcome},
         read, report,
         state::Record,
+        status,
     },
     watches::{KeyState, path::Path},
 };
@@ -369,7 +370,7 @@ impl Sim {
             self.stamp(&w.1, value);
         }
         let outcome = Outcome { rolled: rolled.into_iter().map(|(w, _)| w).collect(), failed: Vec::new() };
-        let status = plan::status(&input, &plan, &outcome, &Time(Timestamp::UNIX_EPOCH));
+        let status = status::status(&input, &plan, &outcome, &Time(Timestamp::UNIX_EPOCH));
         let settled = (plan.desired.is_some() && status.applied_checksum == plan.desired)
             .then(|| (status.applied_checksum.clone().unwrap_or_default(), report::fingerprints(&status)));
         controller.record.written(restored && ready, settled, now);

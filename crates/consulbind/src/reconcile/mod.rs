@@ -15,6 +15,8 @@ pub mod read;
 pub mod report;
 pub mod stamp;
 pub mod state;
+pub mod status;
+pub mod upgrade;
 
 use std::{any::Any, panic::AssertUnwindSafe, sync::Arc, time::Duration};
 
@@ -221,8 +223,8 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
         restore,
         restored,
     };
-    let upgraded = match plan::older_values(&input) {
-        true => match ctx.watches.read_with_values(&queries).await.map(|values| plan::upgrade(&input, &values)) {
+    let upgraded = match upgrade::older_values(&input) {
+        true => match ctx.watches.read_with_values(&queries).await.map(|values| upgrade::upgrade(&input, &values)) {
             Ok(Ok(upgraded)) => upgraded,
             // Consul failed, or the content changed in between: its wake brings the next try.
             Ok(Err(_)) | Err(_) => {
@@ -257,7 +259,7 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
 
     // Report.
     let now = Time(Timestamp::now());
-    let status = plan::status(&input, &plan, &outcome, &now);
+    let status = status::status(&input, &plan, &outcome, &now);
     if !outcome.rolled.is_empty() {
         let settled = ctx.states.update(&oref, |record| record.settled_sources.clone());
         let applied = settled.filter(|(checksum, _)| previous.applied_checksum.as_ref() == Some(checksum));

@@ -5,14 +5,13 @@ use std::collections::BTreeMap;
 
 use consul_kv::KvEntry;
 use consulbind_api::{
-    ConsulBindingSpec, ConsulBindingStatus, DryRunStatus, KeySource, KeyStatus, ObjectKind, ObjectSource, ObjectStatus,
+    ConsulBindingSpec, ConsulBindingStatus, KeySource, KeyStatus, ObjectKind, ObjectSource, ObjectStatus,
     conditions::{self, reason},
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use tokio::time::Instant;
 
 use super::{
-    carried::{self, Carried},
+    carried::Carried,
     debounce::{Decision, Pending, Window},
     loss,
 };
@@ -300,189 +299,12 @@ pub fn plan(input: &Input<'_>, pending: &mut Option<Pending>, now: Instant) -> P
     plan
 }
 
-/// What the status and the workloads say, with values of an older format read as what they
-/// mean.
-pub struct Upgraded {
-    pub previous: ConsulBindingStatus,
-    pub live: BTreeMap<Workload, Live>,
-}
-
-/// The values read for [`upgrade`] are not the content the watches hold.
-#[derive(Debug)]
-pub struct ChangedMeanwhile;
-
-/// Whether the status, or a workload by the binding's own stamp, holds a checksum of an older
-/// format: [`checksum::v1`], or before that [`checksum::legacy`]. Only the values can tell
-/// whether it is that of the current content, so the caller reads them once more.
-///
-/// A binding that names ConfigMaps or Secrets was made by a release that reads them: an older
-/// value on it stands for content without them, which is a change. (One that only references
-/// them through its targets is upgraded like a Consul-only binding, and then rebased.)
-pub fn older_values(input: &Input<'_>) -> bool {
-    let older = |value: &str| !checksum::is_current(value);
-    matches!(input.consul, Consul::Ready(_))
-        && input.spec.objects().next().is_none()
-        && (input.previous.applied_checksum.as_deref().is_some_and(older)
-            || input.previous.targets.iter().any(|t| older(&t.checksum))
-            || input.live.values().any(|l| l.owned && older(l.checksum())))
-}
-
-/// Where a value of an older format is that of the current content, it stands for the current
-/// checksum of the same content, so an upgrade rolls nothing and the status shows only current
-/// checksums; the workload keeps the old value until the content next changes. `values` are the
-/// entries of each of the binding's keys, read with their values. `Err` when they are not the
-/// content the watches hold (it changed in between); `Ok(None)` when nothing reads differently.
-pub fn upgrade(input: &Input<'_>, values: &[Vec<KvEntry>]) -> Result<Option<Upgraded>, ChangedMeanwhile> {
-    let Consul::Ready(contents) = &input.consul else { return Ok(None) };
-    let read: Vec<KeyContent<'_>> =
-        contents.iter().zip(values).map(|(c, entries)| KeyContent { entries, ..*c }).collect();
-    let sources: Vec<Source<'_>> = read.iter().map(source).collect();
-    let desired = checksum::from_digests(input.key, &contents.iter().map(source).collect::<Vec<_>>());
-    if read.len() != contents.len() || checksum::checksum(input.key, &sources) != desired {
-        return Err(ChangedMeanwhile);
-    }
-    let older = [checksum::v1(input.key, &sources), checksum::legacy(&sources)];
-    let mut upgraded = Upgraded { previous: input.previous.clone(), live: input.live.clone() };
-    let mut found = false;
-    let mut read = |value: &mut String| {
-        if older.contains(value) {
-            *value = desired.clone();
-            found = true;
-        }
-    };
-    if let Some(applied) = &mut upgraded.previous.applied_checksum {
-        read(applied);
-    }
-    upgraded.previous.targets.iter_mut().for_each(|t| read(&mut t.checksum));
-    for live in upgraded.live.values_mut() {
-        if let Some(old) = older.iter().find(|o| live.checksum() == o.as_str()) {
-            live.value = live.value.replacen(old.as_str(), &desired, 1);
-            found = true;
-        }
-    }
-    Ok(found.then_some(upgraded))
-}
-
 /// The outcome of stamping the planned workloads.
 #[derive(Debug, Default)]
 pub struct Outcome {
     pub rolled: Vec<Workload>,
     /// Workload and error message.
     pub failed: Vec<(Workload, String)>,
-}
-
-/// The status to write after carrying out `plan`.
-pub fn status(input: &Input<'_>, plan: &Plan, outcome: &Outcome, now: &Time) -> ConsulBindingStatus {
-    let previous = input.previous;
-    let desired = plan.desired.as_deref();
-
-    let targets = carried::rows(input, plan, outcome, now);
-
-    // Applied moves only once every planned stamp landed; a failed one is retried next time.
-    let applied = match desired {
-        Some(d) if plan.hold.is_none() && outcome.failed.is_empty() => Some(d.to_owned()),
-        _ => previous.applied_checksum.clone(),
-    };
-    let changed =
-        !outcome.rolled.is_empty() || (previous.applied_checksum.is_some() && applied != previous.applied_checksum);
-    let carrying = targets.iter().filter(|t| Some(&t.checksum) == applied.as_ref()).count();
-    let up_to_date =
-        applied.is_some() && desired.is_none_or(|d| applied.as_deref() == Some(d)) && carrying == targets.len();
-
-    let mut conditions = Vec::new();
-    let mut set = |type_: &str, ok: Option<bool>, reason: &str, message: String| {
-        conditions.push(condition(&previous.conditions, type_, ok, reason, message, input.generation, now));
-    };
-
-    match &input.consul {
-        Consul::Ready(contents) if contents.is_empty() => {
-            set(conditions::CONSUL_SYNCED, Some(true), reason::SYNCED, "no Consul keys are bound".into())
-        }
-        Consul::Ready(contents) => {
-            let read = format!("read {} from Consul", count(contents.len(), "key"));
-            match input.in_turns {
-                None => set(conditions::CONSUL_SYNCED, Some(true), reason::SYNCED, read),
-                Some(cycle) => set(
-                    conditions::CONSUL_SYNCED,
-                    Some(true),
-                    reason::WATCHES_IN_TURNS,
-                    format!(
-                        "{read}; this namespace uses more distinct Consul tokens than its share of the controller's \
-                         blocking queries, so its watches take turns and a change may show up to {}s late: use \
-                         fewer tokens, or ask for a higher --consul-max-connections",
-                        cycle.as_secs().max(1)
-                    ),
-                ),
-            }
-        }
-        Consul::Failed { reason, message } => set(conditions::CONSUL_SYNCED, Some(false), reason, message.clone()),
-    }
-
-    let target_problem = if let Some(((kind, name), error)) = outcome.failed.first() {
-        Some((reason::PATCH_FAILED, format!("could not update {kind} {name}: {error}")))
-    } else if !input.unserved.is_empty() {
-        Some((reason::KIND_NOT_SERVED, input.unserved.join("; ")))
-    } else if !input.missing.is_empty() {
-        Some((reason::TARGET_MISSING, input.missing.join("; ")))
-    } else {
-        None
-    };
-    let (targets_ok, targets_reason, targets_message) = match (&target_problem, &plan.hold) {
-        (Some((r, m)), _) => (false, *r, m.clone()),
-        (None, Some((r, m))) if !up_to_date => (false, *r, m.clone()),
-        _ => (true, reason::UP_TO_DATE, format!("{} the applied content", carry(targets.len()))),
-    };
-    set(conditions::TARGETS_UPDATED, Some(targets_ok), targets_reason, targets_message);
-
-    // A baseline stays the word until something is rolled, however often the binding is looked at.
-    let still_baseline =
-        previous.conditions.iter().any(|c| c.type_ == conditions::READY && c.reason == reason::BASELINED)
-            && applied == previous.applied_checksum
-            && outcome.rolled.is_empty();
-    let (ready, ready_reason, ready_message) = match (&plan.hold, &target_problem) {
-        // A dry run holding back a rollout is the mode working, not a problem.
-        (Some((r, m)), None) if *r == reason::DRY_RUN => (true, *r, m.clone()),
-        (Some((r, m)), _) | (None, Some((r, m))) => (false, *r, m.clone()),
-        _ if plan.baseline || still_baseline => {
-            (true, reason::BASELINED, "recorded the current content as the baseline; nothing was restarted".into())
-        }
-        _ => {
-            let suffix = match () {
-                _ if input.spec.suspend => " (rollouts suspended)",
-                _ if input.dry_run => " (dry run: nothing is patched)",
-                _ => "",
-            };
-            (true, reason::UP_TO_DATE, format!("{} the current content{suffix}", carry(targets.len())))
-        }
-    };
-    set(conditions::READY, Some(ready), ready_reason, ready_message);
-
-    let rebased_stamps = carried::rebased_stamps(previous, plan, applied.as_ref());
-    let present = plan.keys.iter().filter(|k| k.present).count() + plan.objects.iter().filter(|o| o.present).count();
-    ConsulBindingStatus {
-        observed_generation: input.generation,
-        short_checksum: applied.as_deref().map(|c| checksum::short(c).to_owned()),
-        applied_checksum: applied,
-        key_summary: Some(format!("{present}/{}", plan.keys.len() + plan.objects.len())),
-        target_summary: Some(format!("{carrying}/{}", targets.len())),
-        keys: plan.keys.clone(),
-        objects: plan.objects.clone(),
-        targets,
-        last_sync_time: if desired.is_some() { Some(now.clone()) } else { previous.last_sync_time.clone() },
-        last_change_time: if changed { Some(now.clone()) } else { previous.last_change_time.clone() },
-        observed_spec: Some(loss::spec_digest(input.spec)),
-        rebased_stamps,
-        dry_run: match desired {
-            Some(desired) if input.dry_run => Some(DryRunStatus {
-                checksum: desired.to_owned(),
-                would_roll: plan.would_roll.iter().map(|(k, n)| format!("{k}/{n}")).collect(),
-                reason: plan.why.clone(),
-            }),
-            _ if input.dry_run => previous.dry_run.clone(),
-            _ => None,
-        },
-        conditions,
-    }
 }
 
 /// A plan that keeps what was last read, because some source cannot be read now. A spec
@@ -569,7 +391,7 @@ fn only_references_moved(
         && previous.objects.iter().filter(|p| p.referenced).all(unchanged)
 }
 
-fn source<'a>(content: &KeyContent<'a>) -> Source<'a> {
+pub(super) fn source<'a>(content: &KeyContent<'a>) -> Source<'a> {
     if content.source.recurse {
         Source::Prefix {
             prefix: &content.source.key,
@@ -600,44 +422,6 @@ fn key_status(key: &checksum::Key, content: &KeyContent<'_>) -> KeyStatus {
     }
 }
 
-/// A condition, keeping the previous transition time when its status did not change.
-pub fn condition(
-    previous: &[Condition],
-    type_: &str,
-    ok: Option<bool>,
-    reason: &str,
-    message: String,
-    generation: Option<i64>,
-    now: &Time,
-) -> Condition {
-    let status = match ok {
-        Some(true) => "True",
-        Some(false) => "False",
-        None => "Unknown",
-    };
-    let last_transition_time = previous
-        .iter()
-        .find(|c| c.type_ == type_ && c.status == status)
-        .map_or_else(|| now.clone(), |c| c.last_transition_time.clone());
-    Condition {
-        type_: type_.to_owned(),
-        status: status.to_owned(),
-        reason: reason.to_owned(),
-        message,
-        observed_generation: generation,
-        last_transition_time,
-    }
-}
-
-fn count(n: usize, noun: &str) -> String {
-    if n == 1 { format!("1 {noun}") } else { format!("{n} {noun}s") }
-}
-
-/// "1 target carries", "2 targets carry", "0 targets carry".
-fn carry(targets: usize) -> String {
-    format!("{} {}", count(targets, "target"), if targets == 1 { "carries" } else { "carry" })
-}
-
 pub(super) fn quoted(keys: &[&str]) -> String {
     keys.iter().map(|k| format!("{k:?}")).collect::<Vec<_>>().join(", ")
 }
@@ -647,8 +431,13 @@ mod tests {
     use std::time::Duration;
 
     use consulbind_api::{RolloutPolicy, TargetRef, WorkloadKind};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
     use super::*;
+    use crate::reconcile::{
+        status::status,
+        upgrade::{self, older_values},
+    };
 
     const WINDOW: Window = Window { quiet: Duration::ZERO, max: Duration::from_secs(30) };
 
@@ -884,8 +673,8 @@ mod tests {
                     [(found[0].clone(), Live { value: live.into(), owned: true })].into();
                 let input = Input { live: &live, ..input(&spec, previous, &entries, &found) };
                 assert!(older_values(&input));
-                let upgraded = super::upgrade(&input, &[raw(value)]).expect("the same content");
-                assert!(super::upgrade(&input, &[raw("changed meanwhile")]).is_err());
+                let upgraded = upgrade::upgrade(&input, &[raw(value)]).expect("the same content");
+                assert!(upgrade::upgrade(&input, &[raw("changed meanwhile")]).is_err());
                 let input = match &upgraded {
                     Some(u) => Input { previous: &u.previous, live: &u.live, ..input },
                     None => input,

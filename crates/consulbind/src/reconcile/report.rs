@@ -16,11 +16,7 @@ use kube::{
 use serde_json::json;
 use tracing::{info, warn};
 
-use super::{
-    context::Context,
-    plan::{self, Outcome},
-    read::latest_change,
-};
+use super::{context::Context, plan::Outcome, read::latest_change, status};
 use crate::{Error, binding_ref, checksum, metrics::RolloutLabels, watches::KeyState};
 
 /// Field manager for binding status.
@@ -75,7 +71,7 @@ pub fn not_served(
     let conditions = [conditions::READY, conditions::TARGETS_UPDATED]
         .into_iter()
         .map(|type_| {
-            plan::condition(&previous.conditions, type_, Some(false), reason, message.into(), generation, &now)
+            status::condition(&previous.conditions, type_, Some(false), reason, message.into(), generation, &now)
         })
         .collect();
     ConsulBindingStatus { observed_generation: generation, conditions, ..previous.clone() }

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use consul_kv::{Client as Consul, ClientConfig};
 use consulbind_api::conditions::{self, reason};
+use kube::api::{Patch, PatchParams};
 use serde_json::json;
 
 use crate::support::{SETTLE, Scene, deploy, spec, wait_for};
@@ -11,6 +12,9 @@ use crate::support::{SETTLE, Scene, deploy, spec, wait_for};
 const DEPLOY: &str = "Deployment";
 const GRACE: &str = "--consul-failure-grace=6s";
 const RESTORE_GRACE: Duration = Duration::from_secs(8);
+
+/// The tests here restart and wipe one agent: one at a time.
+static AGENT: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// `cargo xtask env consul-restart` on the fault tests' own agent.
 fn restart(empty: bool, down: Duration) {
@@ -51,6 +55,7 @@ fn ready_reason(binding: &consulbind_api::ConsulBinding) -> Option<(String, Stri
 /// One test, so that its phases never restart the agent under each other.
 #[tokio::test]
 async fn consul_blips_restarts_and_data_loss_roll_nothing_and_show_within_seconds() {
+    let _agent = AGENT.lock().await;
     let consul = faults_consul().await;
     let addr = format!("--consul-http-addr={}", std::env::var("CONSULBIND_E2E_FAULTS_ADDR").unwrap());
     let restore = format!("--consul-restore-grace={}s", RESTORE_GRACE.as_secs());
@@ -221,6 +226,98 @@ async fn consul_blips_restarts_and_data_loss_roll_nothing_and_show_within_second
     consul.put(&key, b"v8", None).await.unwrap();
     s.wait_revisions(DEPLOY, "web", 8).await;
     s.wait_revisions(DEPLOY, "api", 4).await;
+    s.finish().await;
+}
+
+fn faults_addr() -> String {
+    format!("--consul-http-addr={}", std::env::var("CONSULBIND_E2E_FAULTS_ADDR").unwrap())
+}
+
+/// Lost content is held until a person says to roll it: a spec change. The go-ahead rolls once,
+/// though the watches still remember the reset, and later changes roll as usual.
+#[tokio::test]
+async fn the_go_ahead_after_a_loss_rolls_once_and_later_changes_roll_as_usual() {
+    let _agent = AGENT.lock().await;
+    let consul = faults_consul().await;
+    let (addr, restore) = (faults_addr(), "--consul-restore-grace=3s");
+    let Some(s) = Scene::with_args("go-ahead", &[&addr, GRACE, restore]).await else { return };
+    lift_index(&consul, &s).await;
+    let (key, prefix) = (s.key("x"), s.key("flags/"));
+    consul.put(&key, b"v1", None).await.unwrap();
+    consul.put(&format!("{prefix}a"), b"on", None).await.unwrap();
+    consul.put(&format!("{prefix}b"), b"on", None).await.unwrap();
+    s.workload(DEPLOY, "web", json!({})).await;
+    let keys = json!([{"key": key}, {"key": prefix, "recurse": true, "optional": true}]);
+    s.binding("app", spec(keys, deploy("web"), "0s")).await;
+    s.wait_condition("app", conditions::READY, "True", reason::BASELINED).await;
+    let before = s.generation("web").await;
+
+    tokio::task::spawn_blocking(|| restart(true, Duration::from_secs(1))).await.unwrap();
+    consul.put(&key, b"v1", None).await.unwrap();
+    let held = s.wait_message("app", conditions::READY, "False", reason::CONSUL_INDEX_RESET).await;
+    assert!(held.contains(&prefix) && !held.contains(&format!("{key:?}")), "{held}");
+    tokio::time::sleep(SETTLE).await;
+    assert_eq!(s.generation("web").await, before, "lost content rolled\n{}", s.log());
+
+    // The go-ahead: a change of the spec.
+    let patch = json!({"spec": {"rollout": {"quietPeriod": "1s"}}});
+    s.bindings().patch("app", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+    let rolled = || async { Ok(s.generation("web").await > before) };
+    wait_for("the go-ahead to roll", Duration::from_secs(30), rolled).await.unwrap();
+    s.wait_condition("app", conditions::READY, "True", reason::UP_TO_DATE).await;
+    tokio::time::sleep(SETTLE).await;
+    assert_eq!(s.generation("web").await, before + 1, "the go-ahead rolled more than once\n{}", s.log());
+
+    // Later changes roll as usual, each once.
+    consul.put(&format!("{prefix}a"), b"off", None).await.unwrap();
+    let rolled = || async { Ok(s.generation("web").await > before + 1) };
+    wait_for("the next change to roll", Duration::from_secs(20), rolled).await.unwrap();
+    s.wait_condition("app", conditions::READY, "True", reason::UP_TO_DATE).await;
+    tokio::time::sleep(SETTLE).await;
+    assert_eq!(s.generation("web").await, before + 2, "{}", s.log());
+    s.finish().await;
+}
+
+/// Data lost while no controller ran is held when the paths share one read, as it is when each
+/// is read alone.
+#[tokio::test]
+async fn data_lost_while_no_controller_ran_is_held_when_paths_share_a_read() {
+    let _agent = AGENT.lock().await;
+    let consul = faults_consul().await;
+    let args = [faults_addr(), GRACE.into(), "--consul-restore-grace=3s".into(), "--consul-max-connections=4".into()];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let Some(mut s) = Scene::with_args("shared-loss", &args).await else { return };
+    lift_index(&consul, &s).await;
+    let names = ["one", "two", "three"];
+    for name in names {
+        let prefix = s.key(&format!("{name}/"));
+        consul.put(&format!("{prefix}a"), b"on", None).await.unwrap();
+        consul.put(&format!("{prefix}b"), b"on", None).await.unwrap();
+        s.workload(DEPLOY, name, json!({})).await;
+        let keys = json!([{"key": prefix, "recurse": true, "optional": true}]);
+        s.binding(name, spec(keys, deploy(name), "0s")).await;
+    }
+    let mut generations = Vec::new();
+    for name in names {
+        s.wait_condition(name, conditions::READY, "True", reason::BASELINED).await;
+        generations.push(s.generation(name).await);
+    }
+    let watches = s.controller().get("/debug/watches").await;
+    let watches: serde_json::Value = serde_json::from_str(&watches).unwrap();
+    let read_by: Vec<&str> = watches.as_array().unwrap().iter().filter_map(|w| w["read_by"].as_str()).collect();
+    assert!(read_by.len() == 3 && read_by.iter().all(|r| *r == read_by[0]), "not one shared read: {watches}");
+
+    s.stop_controller().await;
+    tokio::task::spawn_blocking(|| restart(true, Duration::from_secs(1))).await.unwrap();
+    s.start_controller(&args).await;
+    for name in names {
+        s.wait_condition(name, conditions::READY, "False", reason::CONSUL_INDEX_RESET).await;
+    }
+    tokio::time::sleep(Duration::from_secs(3) + SETTLE).await;
+    for (name, generation) in names.iter().zip(generations) {
+        assert_eq!(s.generation(name).await, generation, "{name} rolled lost content\n{}", s.log());
+        s.wait_condition(name, conditions::READY, "False", reason::CONSUL_INDEX_RESET).await;
+    }
     s.finish().await;
 }
 

@@ -350,3 +350,62 @@ async fn a_template_over_the_reference_limit_is_refused_without_a_rollout_and_ot
     assert_eq!(s.revisions(DEPLOY, "neighbour").await, 2);
     s.finish().await;
 }
+
+/// A workload whose template came to reference a ConfigMap after a rollout (recorded without a
+/// rollout of the binding's), relabelled out of the selector and back, rolls nothing: the
+/// status remembers what its stamp stands for after its row went.
+#[tokio::test]
+async fn a_rebased_workload_relabelled_out_of_the_selector_and_back_rolls_nothing() {
+    let Some(s) = Scene::new("rebased-relabel").await else { return };
+    let key = s.key("config");
+    s.put(&key, "v1").await;
+    s.apply(config_map("extra", json!({}), json!({"x": "1"}))).await.unwrap();
+    s.workload(DEPLOY, "web", json!({"tier": "config"})).await;
+    let targets = json!([{"kind": "Deployment", "selector": {"matchLabels": {"tier": "config"}}}]);
+    let mut spec = spec(json!([{"key": &key}]), targets, "0s");
+    spec["includeTargetReferences"] = json!(true);
+    s.binding("cfg", spec).await;
+    s.wait_condition("cfg", conditions::READY, "True", reason::BASELINED).await;
+    let created = s.generation("web").await;
+    s.put(&key, "v2").await;
+    s.wait_revisions(DEPLOY, "web", 2).await;
+
+    // The template now reads ConfigMap extra: that change is its own rollout.
+    let mut web = workload(DEPLOY, "web", json!({"tier": "config"}));
+    web["spec"]["template"]["spec"]["containers"][0]["envFrom"] = json!([{"configMapRef": {"name": "extra"}}]);
+    s.apply(web).await.unwrap();
+    crate::support::wait("the binding to read the new reference", || async {
+        let status = s.get_binding("cfg").await.status.unwrap_or_default();
+        Ok(status.objects.iter().any(|o| o.name == "extra" && o.referenced) && status.rebased_stamps.len() == 1)
+    })
+    .await
+    .unwrap();
+    s.wait_condition("cfg", conditions::READY, "True", reason::UP_TO_DATE).await;
+    let carried = s.generation("web").await;
+    assert_eq!(carried, created + 2, "one rollout for the change, one for the template\n{}", s.log());
+
+    // Out of the selector and back, a few seconds later: no rollout.
+    s.kubectl(&["label", "deployment", "web", "tier-"]);
+    crate::support::wait("the binding to lose its target", || async {
+        Ok(s.get_binding("cfg").await.status.unwrap_or_default().targets.is_empty())
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+    s.kubectl(&["label", "deployment", "web", "tier=config"]);
+    crate::support::wait("the binding to find its target again", || async {
+        Ok(s.get_binding("cfg").await.status.unwrap_or_default().targets.len() == 1)
+    })
+    .await
+    .unwrap();
+    s.wait_condition("cfg", conditions::READY, "True", reason::UP_TO_DATE).await;
+    tokio::time::sleep(SETTLE).await;
+    assert_eq!(s.generation("web").await, carried, "relabelled back, it rolled with no change\n{}", s.log());
+
+    // The next change of content rolls it, once.
+    s.put(&key, "v3").await;
+    crate::support::wait("the change to roll", || async { Ok(s.generation("web").await > carried) }).await.unwrap();
+    tokio::time::sleep(SETTLE).await;
+    assert_eq!(s.generation("web").await, carried + 1, "{}", s.log());
+    s.finish().await;
+}

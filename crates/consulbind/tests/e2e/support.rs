@@ -199,6 +199,13 @@ impl Scene {
         revisions.iter().filter(|r| r.owner_references().iter().any(|o| o.kind == kind && o.name == name)).count()
     }
 
+    /// A Deployment's `metadata.generation`: one more for every change of its spec, a rollout
+    /// among them, whether or not it makes a new ReplicaSet.
+    pub async fn generation(&self, name: &str) -> i64 {
+        let api = Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(self.client.clone(), &self.ns);
+        api.get(name).await.unwrap().metadata.generation.unwrap_or_default()
+    }
+
     pub async fn wait_revisions(&self, kind: &str, name: &str, want: usize) {
         let what = format!("{kind} {name} to have {want} {}", if want == 1 { "revision" } else { "revisions" });
         if let Err(error) = wait(&what, || async { Ok(self.revisions(kind, name).await >= want) }).await {

@@ -1,0 +1,166 @@
+//! The status a reconcile writes, from its plan and what stamping it did: the targets' rows,
+//! the applied checksum, the conditions and the summaries.
+
+use consulbind_api::{
+    ConsulBindingStatus, DryRunStatus,
+    conditions::{self, reason},
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+use super::{
+    carried, loss,
+    plan::{Consul, Input, Outcome, Plan},
+};
+use crate::checksum;
+
+/// The status to write after carrying out `plan`.
+pub fn status(input: &Input<'_>, plan: &Plan, outcome: &Outcome, now: &Time) -> ConsulBindingStatus {
+    let previous = input.previous;
+    let desired = plan.desired.as_deref();
+
+    let targets = carried::rows(input, plan, outcome, now);
+
+    // Applied moves only once every planned stamp landed; a failed one is retried next time.
+    let applied = match desired {
+        Some(d) if plan.hold.is_none() && outcome.failed.is_empty() => Some(d.to_owned()),
+        _ => previous.applied_checksum.clone(),
+    };
+    let changed =
+        !outcome.rolled.is_empty() || (previous.applied_checksum.is_some() && applied != previous.applied_checksum);
+    let carrying = targets.iter().filter(|t| Some(&t.checksum) == applied.as_ref()).count();
+    let up_to_date =
+        applied.is_some() && desired.is_none_or(|d| applied.as_deref() == Some(d)) && carrying == targets.len();
+
+    let mut conditions = Vec::new();
+    let mut set = |type_: &str, ok: Option<bool>, reason: &str, message: String| {
+        conditions.push(condition(&previous.conditions, type_, ok, reason, message, input.generation, now));
+    };
+
+    match &input.consul {
+        Consul::Ready(contents) if contents.is_empty() => {
+            set(conditions::CONSUL_SYNCED, Some(true), reason::SYNCED, "no Consul keys are bound".into())
+        }
+        Consul::Ready(contents) => {
+            let read = format!("read {} from Consul", count(contents.len(), "key"));
+            match input.in_turns {
+                None => set(conditions::CONSUL_SYNCED, Some(true), reason::SYNCED, read),
+                Some(cycle) => set(
+                    conditions::CONSUL_SYNCED,
+                    Some(true),
+                    reason::WATCHES_IN_TURNS,
+                    format!(
+                        "{read}; this namespace uses more distinct Consul tokens than its share of the controller's \
+                         blocking queries, so its watches take turns and a change may show up to {}s late: use \
+                         fewer tokens, or ask for a higher --consul-max-connections",
+                        cycle.as_secs().max(1)
+                    ),
+                ),
+            }
+        }
+        Consul::Failed { reason, message } => set(conditions::CONSUL_SYNCED, Some(false), reason, message.clone()),
+    }
+
+    let target_problem = if let Some(((kind, name), error)) = outcome.failed.first() {
+        Some((reason::PATCH_FAILED, format!("could not update {kind} {name}: {error}")))
+    } else if !input.unserved.is_empty() {
+        Some((reason::KIND_NOT_SERVED, input.unserved.join("; ")))
+    } else if !input.missing.is_empty() {
+        Some((reason::TARGET_MISSING, input.missing.join("; ")))
+    } else {
+        None
+    };
+    let (targets_ok, targets_reason, targets_message) = match (&target_problem, &plan.hold) {
+        (Some((r, m)), _) => (false, *r, m.clone()),
+        (None, Some((r, m))) if !up_to_date => (false, *r, m.clone()),
+        _ => (true, reason::UP_TO_DATE, format!("{} the applied content", carry(targets.len()))),
+    };
+    set(conditions::TARGETS_UPDATED, Some(targets_ok), targets_reason, targets_message);
+
+    // A baseline stays the word until something is rolled, however often the binding is looked at.
+    let still_baseline =
+        previous.conditions.iter().any(|c| c.type_ == conditions::READY && c.reason == reason::BASELINED)
+            && applied == previous.applied_checksum
+            && outcome.rolled.is_empty();
+    let (ready, ready_reason, ready_message) = match (&plan.hold, &target_problem) {
+        // A dry run holding back a rollout is the mode working, not a problem.
+        (Some((r, m)), None) if *r == reason::DRY_RUN => (true, *r, m.clone()),
+        (Some((r, m)), _) | (None, Some((r, m))) => (false, *r, m.clone()),
+        _ if plan.baseline || still_baseline => {
+            (true, reason::BASELINED, "recorded the current content as the baseline; nothing was restarted".into())
+        }
+        _ => {
+            let suffix = match () {
+                _ if input.spec.suspend => " (rollouts suspended)",
+                _ if input.dry_run => " (dry run: nothing is patched)",
+                _ => "",
+            };
+            (true, reason::UP_TO_DATE, format!("{} the current content{suffix}", carry(targets.len())))
+        }
+    };
+    set(conditions::READY, Some(ready), ready_reason, ready_message);
+
+    let rebased_stamps = carried::rebased_stamps(previous, plan, applied.as_ref());
+    let present = plan.keys.iter().filter(|k| k.present).count() + plan.objects.iter().filter(|o| o.present).count();
+    ConsulBindingStatus {
+        observed_generation: input.generation,
+        short_checksum: applied.as_deref().map(|c| checksum::short(c).to_owned()),
+        applied_checksum: applied,
+        key_summary: Some(format!("{present}/{}", plan.keys.len() + plan.objects.len())),
+        target_summary: Some(format!("{carrying}/{}", targets.len())),
+        keys: plan.keys.clone(),
+        objects: plan.objects.clone(),
+        targets,
+        last_sync_time: if desired.is_some() { Some(now.clone()) } else { previous.last_sync_time.clone() },
+        last_change_time: if changed { Some(now.clone()) } else { previous.last_change_time.clone() },
+        observed_spec: Some(loss::spec_digest(input.spec)),
+        rebased_stamps,
+        dry_run: match desired {
+            Some(desired) if input.dry_run => Some(DryRunStatus {
+                checksum: desired.to_owned(),
+                would_roll: plan.would_roll.iter().map(|(k, n)| format!("{k}/{n}")).collect(),
+                reason: plan.why.clone(),
+            }),
+            _ if input.dry_run => previous.dry_run.clone(),
+            _ => None,
+        },
+        conditions,
+    }
+}
+
+/// A condition, keeping the previous transition time when its status did not change.
+pub fn condition(
+    previous: &[Condition],
+    type_: &str,
+    ok: Option<bool>,
+    reason: &str,
+    message: String,
+    generation: Option<i64>,
+    now: &Time,
+) -> Condition {
+    let status = match ok {
+        Some(true) => "True",
+        Some(false) => "False",
+        None => "Unknown",
+    };
+    let last_transition_time = previous
+        .iter()
+        .find(|c| c.type_ == type_ && c.status == status)
+        .map_or_else(|| now.clone(), |c| c.last_transition_time.clone());
+    Condition {
+        type_: type_.to_owned(),
+        status: status.to_owned(),
+        reason: reason.to_owned(),
+        message,
+        observed_generation: generation,
+        last_transition_time,
+    }
+}
+
+fn count(n: usize, noun: &str) -> String {
+    if n == 1 { format!("1 {noun}") } else { format!("{n} {noun}s") }
+}
+
+/// "1 target carries", "2 targets carry", "0 targets carry".
+fn carry(targets: usize) -> String {
+    format!("{} {}", count(targets, "target"), if targets == 1 { "carries" } else { "carry" })
+}
