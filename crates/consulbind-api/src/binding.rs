@@ -372,11 +372,10 @@ pub struct ConsulBindingStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub targets: Vec<TargetStatus>,
 
-    /// Earlier checksums of this binding's that stand for `appliedChecksum` on a pod template:
-    /// only the set of ConfigMaps and Secrets the targets reference changed since they were
-    /// stamped. A workload that leaves the targets and comes back with one is not rolled for it.
+    /// The rows of workloads no longer found, as they were in `targets`: kept, the newest 16, so
+    /// that one found again (relabelled out of a selector and back) is judged by what it runs.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub rebased_stamps: Vec<String>,
+    pub former_targets: Vec<TargetStatus>,
 
     /// When the controller last read every bound key from Consul successfully.
     #[serde(default, skip_serializing_if = "Option::is_none")]

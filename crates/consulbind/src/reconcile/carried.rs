@@ -1,14 +1,15 @@
 //! What each target carries, as a state kept in the status and read back here alone.
 //!
 //! A workload's pod template holds a stamp S of this binding's (or none, or someone else's
-//! value). S stands for a checksum C: S itself, or the newer content it was rebased to when
-//! only the set of ConfigMaps and Secrets the targets reference changed (a template change
-//! rolls its workload by itself). The status keeps that in two places that are read as one:
-//! `targets[].stamp` for each workload found, and `rebasedStamps` for the binding, which
-//! outlasts a workload that leaves the targets and comes back.
+//! value). S stands for a checksum C of the content its pods run: S itself, or the newer
+//! content it was rebased to when only the set of ConfigMaps and Secrets the targets reference
+//! changed (a template change rolls its workload by itself). That is the workload's own row,
+//! `targets[]` while it is found and `formerTargets[]` after it left the targets, so one that
+//! comes back (relabelled out of a selector and back) is judged by what it runs; a workload
+//! without a row or a stamp counts as started with the content of the moment it is found.
 //! - A target is behind when what its stamp stands for is not the current content.
-//! - A rebase adds the applied checksum to the stamps that stand for the new one; a change of
-//!   the applied checksum by a rollout clears them, as every older stamp is then behind.
+//! - A rebase moves the rows of the targets found that carry the applied checksum to the new
+//!   one; a former target's pods did not start again, so its row stays.
 
 use std::collections::BTreeMap;
 
@@ -18,26 +19,22 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use super::plan::{Input, Outcome, Plan};
 use crate::cluster::{Live, Workload};
 
-/// The most stamps kept as standing for the applied checksum: each rebase adds one.
-const MAX_REBASED: usize = 8;
+/// The most rows of former targets kept, the newest.
+const MAX_FORMER: usize = 16;
 
-/// The status's memory of what each target carries.
+/// The status's memory of what each workload carries.
 pub struct Carried<'a> {
     rows: BTreeMap<Workload, &'a TargetStatus>,
-    applied: Option<&'a str>,
-    rebased: &'a [String],
 }
 
 impl<'a> Carried<'a> {
     pub fn new(status: &'a ConsulBindingStatus) -> Self {
-        Self {
-            rows: status.targets.iter().map(|t| ((t.kind, t.name.clone()), t)).collect(),
-            applied: status.applied_checksum.as_deref(),
-            rebased: &status.rebased_stamps,
-        }
+        // A target's row wins over a former one of the same workload.
+        let rows = status.former_targets.iter().chain(&status.targets);
+        Self { rows: rows.map(|t| ((t.kind, t.name.clone()), t)).collect() }
     }
 
-    /// What the last status recorded `w` as running, if it listed it among the targets found.
+    /// What the last status recorded `w` as running, if it has a row for it.
     pub fn checksum(&self, w: &Workload) -> Option<&'a str> {
         self.rows.get(w).map(|t| t.checksum.as_str())
     }
@@ -47,9 +44,8 @@ impl<'a> Carried<'a> {
     where
         'a: 'l,
     {
-        match (self.rows.get(w), self.applied) {
-            (Some(t), _) if t.stamp.as_deref() == Some(live.checksum()) => &t.checksum,
-            (_, Some(applied)) if self.rebased.iter().any(|s| s == live.checksum()) => applied,
+        match self.rows.get(w) {
+            Some(t) if t.stamp.as_deref() == Some(live.checksum()) => &t.checksum,
             _ => live.checksum(),
         }
     }
@@ -76,8 +72,9 @@ pub fn rows(input: &Input<'_>, plan: &Plan, outcome: &Outcome, now: &Time) -> Ve
                         _ => (old.checksum.clone(), old.stamp.clone()),
                     };
                     let (checksum, stamp) = match desired {
+                        // A template with no stamp of the binding's has no stamp to keep.
                         Some(d) if plan.rebased && previous.applied_checksum.as_ref() == Some(&checksum) => {
-                            (d.to_owned(), stamp.or(Some(checksum)))
+                            (d.to_owned(), stamp.or(live.map(|_| checksum)))
                         }
                         _ => (checksum, stamp),
                     };
@@ -103,19 +100,17 @@ pub fn rows(input: &Input<'_>, plan: &Plan, outcome: &Outcome, now: &Time) -> Ve
         .collect()
 }
 
-/// The stamps that stand for `applied` in the status to write.
-pub fn rebased_stamps(previous: &ConsulBindingStatus, plan: &Plan, applied: Option<&String>) -> Vec<String> {
-    let before = previous.applied_checksum.as_ref();
-    let mut stamps = match () {
-        _ if applied == before => previous.rebased_stamps.clone(),
-        // What stood for the content before stands for the new content after a rebase.
-        _ if plan.rebased => previous.rebased_stamps.iter().chain(before).cloned().collect(),
-        _ => Vec::new(),
-    };
-    let mut seen = std::collections::HashSet::new();
-    stamps.retain(|s| Some(s) != applied && seen.insert(s.clone()));
-    if stamps.len() > MAX_REBASED {
-        stamps.drain(..stamps.len() - MAX_REBASED);
+/// The rows of workloads no longer found, the newest [`MAX_FORMER`]: the last status's, with
+/// the targets it had that are gone now.
+pub fn former(previous: &ConsulBindingStatus, found: &[Workload]) -> Vec<TargetStatus> {
+    let gone = |t: &&TargetStatus| !found.iter().any(|w| w.0 == t.kind && w.1 == t.name);
+    let mut former: Vec<TargetStatus> = Vec::new();
+    for row in previous.former_targets.iter().chain(&previous.targets).filter(gone) {
+        former.retain(|f| (f.kind, &f.name) != (row.kind, &row.name));
+        former.push(row.clone());
     }
-    stamps
+    if former.len() > MAX_FORMER {
+        former.drain(..former.len() - MAX_FORMER);
+    }
+    former
 }

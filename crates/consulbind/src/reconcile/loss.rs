@@ -7,7 +7,8 @@
 //! - live → lost: the key is empty, the status recorded content for it, and a reset shows:
 //!   the watches saw it emptied in a reset, or this replica's first read found Consul below the
 //!   indexes the status recorded ([`restored_since`]).
-//! - lost → live: its content is back, whatever it is; or the go-ahead ([`go_ahead`]).
+//! - lost → live: its content is back, whatever it is; or the go-ahead ([`go_ahead`]), for
+//!   the keys the last status showed as lost: one found lost in the same reconcile is held.
 //!
 //! A key the status records as empty and unmarked is live whatever the watches remember of a
 //! reset, so the go-ahead holds for good and a binding made later inherits no hold.
@@ -46,14 +47,17 @@ pub fn spec_digest(spec: &ConsulBindingSpec) -> String {
 }
 
 /// Holds `plan` for the keys that are lost, and marks them in the status; unless the
-/// go-ahead was given or the targets carry the content already. Returns whether it held.
+/// go-ahead released them or the targets carry the content already. Returns whether it held.
 pub fn hold(input: &Input<'_>, plan: &mut Plan, contents: &[KeyContent<'_>]) -> bool {
     // A status written before keys were marked: every empty key may be the lost one.
     let unmarked = !input.previous.keys.iter().any(|k| k.lost) && ready_says_lost(input.previous);
-    let marks: Vec<bool> = contents.iter().map(|c| lost(input, c, unmarked)).collect();
+    // The go-ahead releases what the last status showed as lost, not a loss found only now.
+    let go_ahead = go_ahead(input);
+    let shown = |c: &KeyContent<'_>| unmarked || recorded(input.previous, c).is_some_and(|k| k.lost);
+    let marks: Vec<bool> = contents.iter().map(|c| lost(input, c, unmarked) && !(go_ahead && shown(c))).collect();
     let names: Vec<&str> =
         contents.iter().zip(&marks).filter(|(_, lost)| **lost).map(|(c, _)| c.source.key.as_str()).collect();
-    if names.is_empty() || go_ahead(input) || input.previous.applied_checksum == plan.desired {
+    if names.is_empty() || input.previous.applied_checksum == plan.desired {
         return false;
     }
     for (status, lost) in plan.keys.iter_mut().zip(marks) {

@@ -213,11 +213,12 @@ pub fn plan(input: &Input<'_>, pending: &mut Option<Pending>, now: Instant) -> P
     let content_changed = applied != desired;
     // A template change that adds or drops a reference rolls the workload by itself.
     if content_changed && pending.is_none() && only_references_moved(input.key, input.previous, &plan, objects) {
-        let carries_applied = |w: &Workload| match input.live.get(w) {
-            Some(live) if live.owned => carried.stands_for(w, live) == applied,
+        // A workload found again may carry the new content already, by its own row.
+        let carries = |w: &Workload| match input.live.get(w) {
+            Some(live) if live.owned => [applied, desired.as_str()].contains(&carried.stands_for(w, live)),
             _ => true,
         };
-        if input.found.iter().all(carries_applied) {
+        if input.found.iter().all(carries) {
             *pending = None;
             plan.rebased = true;
             return plan;
@@ -957,6 +958,46 @@ mod tests {
         assert_eq!(condition(&fresh, conditions::READY).reason, reason::BASELINED);
     }
 
+    /// The go-ahead is for what the status showed: a loss found in the same reconcile is held.
+    #[tokio::test(start_paused = true)]
+    async fn the_go_ahead_releases_what_was_shown_and_holds_a_loss_found_with_it() {
+        let mut two = spec(true);
+        two.keys.push(KeySource { key: "app/extra".into(), recurse: false, optional: true });
+        let changed = edited(&two);
+        let found = web();
+        static CONFIG: std::sync::LazyLock<Vec<KvEntry>> = std::sync::LazyLock::new(|| entry("v1"));
+        static EXTRA: std::sync::LazyLock<Vec<KvEntry>> =
+            std::sync::LazyLock::new(|| vec![KvEntry::new("app/extra", "on", 8)]);
+        let read = |spec: &'static ConsulBindingSpec, config: &'static [KvEntry], extra: &'static [KvEntry]| {
+            vec![
+                KeyContent { source: &spec.keys[0], entries: config, reset_hold: config.is_empty(), index: None },
+                KeyContent { source: &spec.keys[1], entries: extra, reset_hold: extra.is_empty(), index: None },
+            ]
+        };
+        let (two, changed): (&'static ConsulBindingSpec, &'static ConsulBindingSpec) =
+            (Box::leak(Box::new(two)), Box::leak(Box::new(changed)));
+        let empty = ConsulBindingStatus::default();
+        let (_, baseline) = plan_and_status(&Input {
+            consul: Consul::Ready(read(two, &CONFIG, &EXTRA)),
+            ..input(two, &empty, &[], &found)
+        });
+        let (_, held) = plan_and_status(&Input {
+            consul: Consul::Ready(read(two, &[], &EXTRA)),
+            ..input(two, &baseline, &[], &found)
+        });
+        assert_eq!(held.keys.iter().map(|k| k.lost).collect::<Vec<_>>(), [true, false]);
+        let with_change = Input {
+            generation: Some(4),
+            consul: Consul::Ready(read(changed, &[], &[])),
+            ..input(changed, &held, &[], &found)
+        };
+        let (plan, after) = plan_and_status(&with_change);
+        assert!(plan.roll.is_empty(), "a loss nobody was shown was rolled out");
+        let (_, message) = plan.hold.expect("held");
+        assert!(message.contains("app/extra") && !message.contains("app/config"), "{message}");
+        assert_eq!(after.keys.iter().map(|k| k.lost).collect::<Vec<_>>(), [false, true]);
+    }
+
     /// Issue 30, item 4: suspending during a hold and resuming are no go-ahead.
     #[tokio::test(start_paused = true)]
     async fn suspending_and_resuming_during_a_hold_roll_nothing() {
@@ -1196,15 +1237,14 @@ mod tests {
         let a0 = first.applied_checksum.clone().unwrap();
         let app: &[(&str, &str)] = &[("a", "1")];
         let (_, added) = step_references(&first, "v1", Some(&a0), &[("app", app, None)]);
-        assert_eq!(added.rebased_stamps, std::slice::from_ref(&a0));
-        let away = ConsulBindingStatus { targets: Vec::new(), ..added.clone() };
+        let away = ConsulBindingStatus { targets: Vec::new(), former_targets: added.targets.clone(), ..added.clone() };
         let (plan, back) = step_references(&away, "v1", Some(&a0), &[("app", app, None)]);
         assert!(plan.roll.is_empty(), "a workload found again rolled for nothing");
         assert_eq!(back.targets[0].checksum, added.applied_checksum.clone().unwrap());
         // The next change of content rolls it, and the older stamps are forgotten.
         let (plan, rolled) = step_references(&back, "v2", Some(&a0), &[("app", app, None)]);
         assert_eq!(plan.roll, web());
-        assert!(rolled.rebased_stamps.is_empty());
+        assert!(rolled.former_targets.is_empty());
     }
 
     #[tokio::test(start_paused = true)]

@@ -99,7 +99,6 @@ pub fn status(input: &Input<'_>, plan: &Plan, outcome: &Outcome, now: &Time) -> 
     };
     set(conditions::READY, Some(ready), ready_reason, ready_message);
 
-    let rebased_stamps = carried::rebased_stamps(previous, plan, applied.as_ref());
     let present = plan.keys.iter().filter(|k| k.present).count() + plan.objects.iter().filter(|o| o.present).count();
     ConsulBindingStatus {
         observed_generation: input.generation,
@@ -113,7 +112,7 @@ pub fn status(input: &Input<'_>, plan: &Plan, outcome: &Outcome, now: &Time) -> 
         last_sync_time: if desired.is_some() { Some(now.clone()) } else { previous.last_sync_time.clone() },
         last_change_time: if changed { Some(now.clone()) } else { previous.last_change_time.clone() },
         observed_spec: Some(loss::spec_digest(input.spec)),
-        rebased_stamps,
+        former_targets: carried::former(previous, input.found),
         dry_run: match desired {
             Some(desired) if input.dry_run => Some(DryRunStatus {
                 checksum: desired.to_owned(),

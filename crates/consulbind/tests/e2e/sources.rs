@@ -352,15 +352,17 @@ async fn a_template_over_the_reference_limit_is_refused_without_a_rollout_and_ot
 }
 
 /// A workload whose template came to reference a ConfigMap after a rollout (recorded without a
-/// rollout of the binding's), relabelled out of the selector and back, rolls nothing: the
-/// status remembers what its stamp stands for after its row went.
+/// rollout of the binding's), relabelled out of the selector and back, rolls nothing, and
+/// neither does the target beside it: the status remembers what its stamp stands for after
+/// its row went.
 #[tokio::test]
 async fn a_rebased_workload_relabelled_out_of_the_selector_and_back_rolls_nothing() {
-    let Some(s) = Scene::new("rebased-relabel").await else { return };
+    let Some(mut s) = Scene::new("rebased-relabel").await else { return };
     let key = s.key("config");
     s.put(&key, "v1").await;
     s.apply(config_map("extra", json!({}), json!({"x": "1"}))).await.unwrap();
     s.workload(DEPLOY, "web", json!({"tier": "config"})).await;
+    s.workload(DEPLOY, "api", json!({"tier": "config"})).await;
     let targets = json!([{"kind": "Deployment", "selector": {"matchLabels": {"tier": "config"}}}]);
     let mut spec = spec(json!([{"key": &key}]), targets, "0s");
     spec["includeTargetReferences"] = json!(true);
@@ -369,6 +371,8 @@ async fn a_rebased_workload_relabelled_out_of_the_selector_and_back_rolls_nothin
     let created = s.generation("web").await;
     s.put(&key, "v2").await;
     s.wait_revisions(DEPLOY, "web", 2).await;
+    s.wait_revisions(DEPLOY, "api", 2).await;
+    let api = s.generation("api").await;
 
     // The template now reads ConfigMap extra: that change is its own rollout.
     let mut web = workload(DEPLOY, "web", json!({"tier": "config"}));
@@ -376,7 +380,8 @@ async fn a_rebased_workload_relabelled_out_of_the_selector_and_back_rolls_nothin
     s.apply(web).await.unwrap();
     crate::support::wait("the binding to read the new reference", || async {
         let status = s.get_binding("cfg").await.status.unwrap_or_default();
-        Ok(status.objects.iter().any(|o| o.name == "extra" && o.referenced) && status.rebased_stamps.len() == 1)
+        Ok(status.objects.iter().any(|o| o.name == "extra" && o.referenced)
+            && status.targets.iter().all(|t| t.stamp.is_some()))
     })
     .await
     .unwrap();
@@ -387,20 +392,29 @@ async fn a_rebased_workload_relabelled_out_of_the_selector_and_back_rolls_nothin
     // Out of the selector and back, a few seconds later: no rollout.
     s.kubectl(&["label", "deployment", "web", "tier-"]);
     crate::support::wait("the binding to lose its target", || async {
-        Ok(s.get_binding("cfg").await.status.unwrap_or_default().targets.is_empty())
+        let status = s.get_binding("cfg").await.status.unwrap_or_default();
+        Ok(status.targets.len() == 1 && status.former_targets.len() == 1)
     })
     .await
     .unwrap();
     tokio::time::sleep(std::time::Duration::from_secs(4)).await;
     s.kubectl(&["label", "deployment", "web", "tier=config"]);
     crate::support::wait("the binding to find its target again", || async {
-        Ok(s.get_binding("cfg").await.status.unwrap_or_default().targets.len() == 1)
+        Ok(s.get_binding("cfg").await.status.unwrap_or_default().targets.len() == 2)
     })
     .await
     .unwrap();
     s.wait_condition("cfg", conditions::READY, "True", reason::UP_TO_DATE).await;
     tokio::time::sleep(SETTLE).await;
     assert_eq!(s.generation("web").await, carried, "relabelled back, it rolled with no change\n{}", s.log());
+    assert_eq!(s.generation("api").await, api, "a workload found again rolled another\n{}", s.log());
+    // Looked at again from its status alone, as after a restart.
+    s.stop_controller().await;
+    s.start_controller(&[]).await;
+    s.wait_condition("cfg", conditions::READY, "True", reason::UP_TO_DATE).await;
+    tokio::time::sleep(SETTLE).await;
+    assert_eq!(s.generation("web").await, carried, "after a restart, it rolled with no change\n{}", s.log());
+    assert_eq!(s.generation("api").await, api, "{}", s.log());
 
     // The next change of content rolls it, once.
     s.put(&key, "v3").await;
