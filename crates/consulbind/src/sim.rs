@@ -35,7 +35,7 @@ use crate::{
     reconcile::{
         loss,
         plan::{self, Consul, Input, Outcome},
-        read, report,
+        read,
         state::Record,
         status,
     },
@@ -376,9 +376,7 @@ impl Sim {
         }
         let outcome = Outcome { rolled: rolled.into_iter().map(|(w, _)| w).collect(), failed: Vec::new() };
         let status = status::status(&input, &plan, &outcome, &Time(Timestamp::UNIX_EPOCH));
-        let settled = (plan.desired.is_some() && status.applied_checksum == plan.desired)
-            .then(|| (status.applied_checksum.clone().unwrap_or_default(), report::fingerprints(&status)));
-        controller.record.written(restored && ready, settled, now);
+        controller.record.written(restored && ready, plan.desired.as_deref(), &status, now);
         if ready {
             for (i, source) in spec.keys.iter().enumerate() {
                 self.seen_content[i] = self.store.matching(source).next().is_some();

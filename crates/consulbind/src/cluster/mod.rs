@@ -58,3 +58,97 @@ pub fn strip<K: Resource>(obj: &mut K) {
     meta.owner_references = None;
     meta.finalizers = None;
 }
+
+/// Which objects of a watched cache are news to the bindings, by resource version. A re-list
+/// (after the watch was down) reports what changed, appeared or went meanwhile, and only at its
+/// end, once the reflector's store holds what it listed: a binding woken earlier would read the
+/// store from before, and nothing would wake it again.
+pub struct Relist<Id> {
+    versions: std::collections::HashMap<Id, String>,
+    /// What the re-list under way has shown so far.
+    fresh: Option<std::collections::HashMap<Id, String>>,
+}
+
+impl<Id> Default for Relist<Id> {
+    fn default() -> Self {
+        Self { versions: Default::default(), fresh: None }
+    }
+}
+
+impl<Id: Clone + Eq + std::hash::Hash> Relist<Id> {
+    /// The objects a watcher event makes news of, with `id` naming each.
+    pub fn event<K: Resource>(&mut self, event: &kube::runtime::watcher::Event<K>, id: impl Fn(&K) -> Id) -> Vec<Id> {
+        use kube::runtime::watcher::Event;
+        let version = |obj: &K| obj.meta().resource_version.clone().unwrap_or_default();
+        match event {
+            Event::Init => {
+                self.fresh = Some(Default::default());
+                Vec::new()
+            }
+            Event::InitApply(obj) => {
+                self.fresh.get_or_insert_default().insert(id(obj), version(obj));
+                Vec::new()
+            }
+            Event::InitDone => {
+                let fresh = self.fresh.take().unwrap_or_default();
+                let mut news: Vec<Id> =
+                    fresh.iter().filter(|(o, v)| self.versions.get(*o) != Some(*v)).map(|(o, _)| o.clone()).collect();
+                news.extend(self.versions.keys().filter(|o| !fresh.contains_key(*o)).cloned());
+                self.versions = fresh;
+                news
+            }
+            Event::Apply(obj) => {
+                let (object, version) = (id(obj), version(obj));
+                match self.versions.get(&object) == Some(&version) {
+                    true => Vec::new(),
+                    false => {
+                        self.versions.insert(object.clone(), version);
+                        vec![object]
+                    }
+                }
+            }
+            Event::Delete(obj) => {
+                let object = id(obj);
+                self.versions.remove(&object);
+                vec![object]
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::Secret;
+    use kube::runtime::watcher::Event;
+
+    use super::*;
+
+    fn secret(name: &str, version: &str) -> Secret {
+        let mut secret = Secret::default();
+        secret.metadata.name = Some(name.into());
+        secret.metadata.resource_version = Some(version.into());
+        secret
+    }
+
+    #[test]
+    fn a_relist_reports_what_changed_appeared_or_went_once_it_is_complete() {
+        let mut relist = Relist::default();
+        let mut feed = |event: Event<Secret>| {
+            let mut news = relist.event(&event, |s| s.metadata.name.clone().unwrap_or_default());
+            news.sort();
+            news
+        };
+        assert!(feed(Event::Init).is_empty());
+        assert!(feed(Event::InitApply(secret("a", "1"))).is_empty(), "news before the store has it");
+        assert!(feed(Event::InitApply(secret("b", "1"))).is_empty());
+        assert_eq!(feed(Event::InitDone), ["a", "b"]);
+        assert!(feed(Event::Apply(secret("a", "1"))).is_empty(), "the same version again is no news");
+        assert_eq!(feed(Event::Apply(secret("a", "2"))), ["a"]);
+        // Watch down: b went, c came, a is as it was.
+        assert!(feed(Event::Init).is_empty());
+        assert!(feed(Event::InitApply(secret("a", "2"))).is_empty());
+        assert!(feed(Event::InitApply(secret("c", "1"))).is_empty());
+        assert_eq!(feed(Event::InitDone), ["b", "c"]);
+        assert_eq!(feed(Event::Delete(secret("c", "1"))), ["c"]);
+    }
+}

@@ -71,16 +71,16 @@ impl Policy {
         }
         let (store, writer) = reflector::store();
         let events = watcher(api, config).default_backoff().modify(keep_rule);
-        let touched = reflector::reflector(writer, events).filter_map(|event| {
+        let mut relist = super::Relist::default();
+        let touched = reflector::reflector(writer, events).flat_map(move |event| {
             let touched = match event {
-                Ok(watcher::Event::Apply(ns) | watcher::Event::Delete(ns)) => Some(ns.name_any()),
+                Ok(event) => relist.event(&event, |ns: &PartialObjectMeta<Namespace>| ns.name_any()),
                 Err(error) => {
                     tracing::warn!(%error, "watching namespaces failed; retrying");
-                    None
+                    Vec::new()
                 }
-                _ => None,
             };
-            futures::future::ready(touched)
+            futures::stream::iter(touched)
         });
         (Self { flag, namespaces: store }, touched)
     }

@@ -39,18 +39,16 @@ impl Tokens {
             super::strip(secret);
             keep_token_sized(secret);
         });
-        let touched = reflector::reflector(writer, events).filter_map(|event| {
+        let mut relist = super::Relist::default();
+        let touched = reflector::reflector(writer, events).flat_map(move |event| {
             let touched = match event {
-                Ok(watcher::Event::Apply(s) | watcher::Event::Delete(s) | watcher::Event::InitApply(s)) => {
-                    Some((s.namespace().unwrap_or_default(), s.name_any()))
-                }
+                Ok(event) => relist.event(&event, |s: &Secret| (s.namespace().unwrap_or_default(), s.name_any())),
                 Err(error) => {
                     tracing::warn!(%error, "watching token Secrets failed; retrying");
-                    None
+                    Vec::new()
                 }
-                _ => None,
             };
-            futures::future::ready(touched)
+            futures::stream::iter(touched)
         });
         (Self { store }, touched)
     }

@@ -199,6 +199,8 @@ where
     };
     let (reader, writer) = reflector::store();
     let mut seen = Seen::default();
+    // What a re-list found changed, held back until the store has swapped in what it listed.
+    let mut relisted: Vec<Touched> = Vec::new();
     // Whole objects arrive, for the pod template's annotations; what is kept is their name,
     // labels and this controller's annotations, so memory stays small per workload.
     let events = watcher(api, watcher::Config::default());
@@ -243,28 +245,27 @@ where
             let touched: Vec<Touched> = match event {
                 Ok(watcher::Event::Init) => {
                     seen.relisting();
+                    relisted.clear();
                     Vec::new()
                 }
-                Ok(watcher::Event::InitDone) => seen
-                    .relisted()
-                    .into_iter()
-                    .map(|gone| {
+                Ok(watcher::Event::InitDone) => {
+                    let gone = seen.relisted().into_iter().map(|gone| {
                         let namespace = gone.namespace.unwrap_or_default();
                         Touched { kind, namespace, name: gone.name, labels: Default::default() }
-                    })
-                    .collect(),
-                Ok(watcher::Event::Apply(obj) | watcher::Event::InitApply(obj)) => {
-                    // A hash, not a copy: this map has an entry per workload in the cluster.
-                    let signature = {
-                        let mut hasher = std::hash::DefaultHasher::new();
-                        (obj.labels(), obj.annotations()).hash(&mut hasher);
-                        hasher.finish()
-                    };
-                    match seen.applied(ObjectRef::from_obj(&obj), signature) {
-                        true => vec![touched(&obj)],
-                        false => Vec::new(),
-                    }
+                    });
+                    std::mem::take(&mut relisted).into_iter().chain(gone).collect()
                 }
+                Ok(watcher::Event::InitApply(obj)) => {
+                    let signature = signature(&obj);
+                    if seen.applied(ObjectRef::from_obj(&obj), signature) {
+                        relisted.push(touched(&obj));
+                    }
+                    Vec::new()
+                }
+                Ok(watcher::Event::Apply(obj)) => match seen.applied(ObjectRef::from_obj(&obj), signature(&obj)) {
+                    true => vec![touched(&obj)],
+                    false => Vec::new(),
+                },
                 Ok(watcher::Event::Delete(obj)) => {
                     seen.deleted(&ObjectRef::from_obj(&obj));
                     vec![touched(&obj)]
@@ -283,6 +284,14 @@ where
         })
         .boxed();
     (reader, stream)
+}
+
+/// A hash of what the bindings read of a workload's metadata: its labels and annotations. A
+/// hash, not a copy: [`Seen`] has an entry per workload in the cluster.
+fn signature<K: Resource>(obj: &PartialObjectMeta<K>) -> u64 {
+    let mut hasher = std::hash::DefaultHasher::new();
+    (obj.labels(), obj.annotations()).hash(&mut hasher);
+    hasher.finish()
 }
 
 /// What a cache has shown of each object: a hash of its labels and annotations, not a copy, since

@@ -283,9 +283,8 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
         report::publish(ctx, binding.object_ref(&()), EventType::Normal, conditions::reason::BASELINED, note);
     }
     report::status(ctx, binding, &previous, &status).await?;
-    let settled = (plan.desired.is_some() && status.applied_checksum == plan.desired)
-        .then(|| (status.applied_checksum.clone().unwrap_or_default(), report::fingerprints(&status)));
-    ctx.states.update(&oref, |record| record.written(restored && input.objects.is_ok(), settled, started));
+    let shown = restored && input.objects.is_ok();
+    ctx.states.update(&oref, |record| record.written(shown, plan.desired.as_deref(), &status, started));
 
     // A Consul failure retries on its own, but a binding that is not healthy is looked at soon.
     let healthy = outcome.failed.is_empty() && matches!(input.consul, Consul::Ready(_));

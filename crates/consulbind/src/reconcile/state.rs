@@ -77,16 +77,16 @@ impl Record {
         (restore, self.restored)
     }
 
-    /// A status was written. `shown`: it showed what the first read found (Consul and the
-    /// objects were read); `settled`: the targets carry its content, with the applied checksum
-    /// and [`super::report::fingerprints`] of its sources.
-    pub fn written(&mut self, shown: bool, settled: Option<(String, Vec<u64>)>, started: Instant) {
+    /// `status` was written after a plan for `desired`. `shown`: it showed what the first
+    /// read found (Consul and the objects were read). When the targets carry the content, the
+    /// restore grace of any reset before `started` is over.
+    pub fn written(&mut self, shown: bool, desired: Option<&str>, status: &ConsulBindingStatus, started: Instant) {
         if shown {
             self.restored = false;
         }
-        if let Some(sources) = settled {
+        if let Some(applied) = status.applied_checksum.as_ref().filter(|a| desired == Some(a.as_str())) {
             self.settled_at = Some(started);
-            self.settled_sources = Some(sources);
+            self.settled_sources = Some((applied.clone(), super::report::fingerprints(status)));
         }
     }
 }

@@ -37,9 +37,23 @@ const LANE_CYCLE: Duration = Duration::from_secs(30);
 const MIN_WAIT: Duration = Duration::from_secs(1);
 /// How soon a prefix found too large is read again: it rarely shrinks by itself.
 const TOO_LARGE_RETRY: Duration = Duration::from_secs(60);
+/// How often a key that Consul refused, missing from its shared read, is read alone again at
+/// the group's next answer: its policy may have been granted, and the key need not exist for
+/// that to show.
+const DENIED_RECHECK: Duration = Duration::from_secs(30);
 
 /// A path of a group that Consul would not read alone: its position, the reason and the message.
 type Refused = (usize, &'static str, String);
+
+/// A shared answer, cut down to what its paths cover, with the keys read alone merged in.
+#[derive(Default)]
+struct Confirmed {
+    entries: Vec<KvEntry>,
+    /// Keys Consul refused alone: their failure.
+    refused: Vec<Refused>,
+    /// Keys it had refused before and read alone now.
+    granted: Vec<usize>,
+}
 
 /// Where the answers come from: the Consul client, or a script in tests.
 pub trait KvSource: Send + Sync + 'static {
@@ -225,6 +239,7 @@ impl Runner {
         // A reset seen but not yet told: the read after it may fail, and the one after that
         // looks fresh.
         let mut untold_reset = false;
+        let mut denied_checked = Instant::now();
         let mut agent = self.agent.subscribe();
         loop {
             if roster.has_changed().is_err() {
@@ -313,7 +328,12 @@ impl Runner {
                     }
                     let seen =
                         last.take().filter(|(seen, _)| Arc::ptr_eq(seen, &members) && !reset).map(|(_, old)| old);
-                    match self.confirm_vanished(&query, &members, response.entries, seen.as_deref()).await {
+                    let recheck = denied_checked.elapsed() >= DENIED_RECHECK;
+                    if recheck {
+                        denied_checked = Instant::now();
+                    }
+                    let confirm = self.confirm_vanished(&query, &members, response.entries, seen.as_deref(), recheck);
+                    match confirm.await {
                         Ok(confirmed) => {
                             last =
                                 Some(self.deliver(&query, &members, confirmed, seen.as_deref(), reset, response.index));
@@ -430,27 +450,34 @@ impl Runner {
         members: &Roster,
         entries: Vec<KvEntry>,
         old: Option<&[KvEntry]>,
-    ) -> Result<(Vec<KvEntry>, Vec<Refused>), Error> {
+        recheck_denied: bool,
+    ) -> Result<Confirmed, Error> {
         let mut entries = members.members.retain(entries);
         if !query.recurse {
-            return Ok((entries, Vec::new()));
+            return Ok(Confirmed { entries, ..Confirmed::default() });
         }
         let vanished: Vec<usize> = (0..members.paths.len())
             .filter(|&i| {
                 let path = &members.paths[i];
                 !path.recurse
                     && group::select(&entries, path).is_empty()
-                    && old.is_none_or(|old| !group::select(old, path).is_empty())
+                    && (old.is_none_or(|old| !group::select(old, path).is_empty())
+                        || (recheck_denied && members.cells[i].denied()))
             })
             .collect();
         let reads = vanished.iter().map(|&i| {
             let query = KvQuery { key: members.paths[i].key.clone(), recurse: false, ..query.clone() };
             async move { self.consul.get_wait(&query, 0, MIN_WAIT, self.limits.answer_bytes(false)).await }
         });
-        let mut refused = Vec::new();
+        let (mut refused, mut granted) = (Vec::new(), Vec::new());
         for (&i, read) in vanished.iter().zip(futures::future::join_all(reads).await) {
             match read {
-                Ok(response) => group::merge(&mut entries, &members.paths[i], response.entries),
+                Ok(response) => {
+                    if members.cells[i].denied() {
+                        granted.push(i);
+                    }
+                    group::merge(&mut entries, &members.paths[i], response.entries)
+                }
                 Err(error) if error.kind() == ErrorKind::AccessDenied => {
                     refused.push((i, reason::ACCESS_DENIED, error.to_string()))
                 }
@@ -458,7 +485,7 @@ impl Runner {
                 Err(error) => return Err(error),
             }
         }
-        Ok((entries, refused))
+        Ok(Confirmed { entries, refused, granted })
     }
 
     /// Hands each path of `members` its part of `entries` (already cut down to what the paths
@@ -469,15 +496,22 @@ impl Runner {
         &self,
         query: &KvQuery,
         members: &Arc<Roster>,
-        (entries, refused): (Vec<KvEntry>, Vec<Refused>),
+        Confirmed { entries, refused, granted }: Confirmed,
         old: Option<&[KvEntry]>,
         reset: bool,
         index: u64,
     ) -> (Arc<Roster>, Vec<KvEntry>) {
-        let changed: Vec<usize> = match old {
+        let mut changed: Vec<usize> = match old {
             Some(old) => members.members.changed(old, &entries),
             None => (0..members.paths.len()).collect(),
         };
+        // A key Consul refused before and reads now may hold what it held then: no change of
+        // entries, but news to its bindings.
+        for i in granted {
+            if !changed.contains(&i) {
+                changed.push(i);
+            }
+        }
         for (i, reason, message) in &refused {
             let cell = &members.cells[*i];
             if cell.set_failed(reason, message) {

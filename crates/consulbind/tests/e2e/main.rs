@@ -912,6 +912,58 @@ async fn a_key_the_token_may_no_longer_read_in_a_shared_read_is_denied_not_delet
     s.finish().await;
 }
 
+/// A key the token may not read, and which does not exist, is read alone from its shared read
+/// now and then: once its policy is granted the binding is served, though nothing under the
+/// key changed.
+#[tokio::test]
+async fn a_missing_key_refused_in_a_shared_read_is_served_once_its_policy_is_granted() {
+    let (acl_addr, master) =
+        support::acl_consul().expect("CONSULBIND_E2E_ACL_ADDR and CONSULBIND_E2E_ACL_TOKEN must be set");
+    let args = [format!("--consul-http-addr={acl_addr}"), "--consul-max-connections=4".into()];
+    let Some(s) = Scene::with_args("acl-granted", &[&args[0], &args[1]]).await else { return };
+    let (open, absent, other) = (s.key("open"), s.key("absent"), s.key("other"));
+    let acl = acl::Acl::new(&acl_addr, master.clone());
+    acl.put(&open, "v1").await;
+    let prefix = format!("{}/", s.ns);
+    let token = acl.read_token(&prefix).await;
+    acl.deny(&prefix, &absent).await;
+    let metadata = json!({"name": "token", "labels": {"consulbind.dev/token": "true"}});
+    s.apply(json!({"apiVersion": "v1", "kind": "Secret", "metadata": metadata, "stringData": {"token": token}}))
+        .await
+        .unwrap();
+    s.workload(DEPLOY, "web", json!({})).await;
+    s.binding(
+        "cfg",
+        json!({"keys": [{"key": open}, {"key": absent, "optional": true}], "targets": deploy("web"),
+        "rollout": {"quietPeriod": "0s"}, "consul": {"tokenSecretRef": {"name": "token"}}}),
+    )
+    .await;
+    let synced = s.wait_message("cfg", conditions::CONSUL_SYNCED, "False", reason::ACCESS_DENIED).await;
+    assert!(synced.contains(&absent), "{}", synced);
+    let watches: serde_json::Value = serde_json::from_str(&s.controller().get("/debug/watches").await).unwrap();
+    let read_by: Vec<&str> = watches.as_array().unwrap().iter().map(|w| w["read_by"].as_str().unwrap()).collect();
+    assert_eq!(read_by, [prefix.as_str(), prefix.as_str()], "the keys do not share a read: {watches}");
+
+    acl.grant(&prefix).await;
+    let granted = tokio::time::Instant::now();
+    // Writes elsewhere under the prefix keep the shared read answering.
+    let writes = async {
+        for i in 0..20 {
+            tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+            acl.put(&other, &i.to_string()).await;
+        }
+    };
+    let served = s.wait_condition("cfg", conditions::READY, "True", reason::BASELINED);
+    tokio::select! {
+        _ = writes => panic!("the grant did not show within 100 s\n{}", s.log()),
+        _ = served => {}
+    }
+    s.wait_condition("cfg", conditions::CONSUL_SYNCED, "True", reason::SYNCED).await;
+    assert!(granted.elapsed() < std::time::Duration::from_secs(60), "shown {:?} after the grant", granted.elapsed());
+    assert_eq!(s.revisions(DEPLOY, "web").await, 1);
+    s.finish().await;
+}
+
 /// A key Consul refuses (U+0378 is unassigned, which the controller's own check leaves to
 /// Consul) fails its own binding only; the binding that shares its read goes on.
 #[tokio::test]
@@ -1012,6 +1064,17 @@ mod acl {
             let current: Value = request.send().await.unwrap().json().await.unwrap();
             let rules =
                 format!("key_prefix \"{prefix}\" {{ policy = \"read\" }}\nkey \"{key}\" {{ policy = \"deny\" }}");
+            let path = format!("/v1/acl/policy/{}", current["ID"].as_str().unwrap());
+            self.call(&path, json!({"Name": policy, "Rules": rules})).await;
+        }
+
+        /// Lets the tokens `read_token` made for `prefix` read every key under it again.
+        pub async fn grant(&self, prefix: &str) {
+            let policy = format!("e2e-{}", prefix.trim_end_matches('/'));
+            let url = format!("{}/v1/acl/policy/name/{policy}", self.addr);
+            let request = self.http.get(url).header("X-Consul-Token", self.master.expose());
+            let current: Value = request.send().await.unwrap().json().await.unwrap();
+            let rules = format!("key_prefix \"{prefix}\" {{ policy = \"read\" }}");
             let path = format!("/v1/acl/policy/{}", current["ID"].as_str().unwrap());
             self.call(&path, json!({"Name": policy, "Rules": rules})).await;
         }

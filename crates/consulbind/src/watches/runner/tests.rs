@@ -17,7 +17,7 @@ use tokio::{
     time::Instant,
 };
 
-use super::{KvSource, Lane, Limits, ROTATION_WAIT, Roster, Runner};
+use super::{DENIED_RECHECK, KvSource, Lane, Limits, ROTATION_WAIT, Roster, Runner};
 use crate::{
     BindingRef, Lock,
     metrics::Metrics,
@@ -753,4 +753,34 @@ fn a_crowded_lane_waits_less_so_that_every_turn_comes_round_soon() {
     let crowded = Lane::new(2_000, 1);
     assert_eq!(crowded.wait, Duration::from_secs(1), "never below a second");
     assert_eq!(crowded.cycle, Duration::from_secs(2_000));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refused_key_missing_from_a_shared_read_is_read_alone_again_and_its_grant_shows() {
+    let mut group =
+        start(KvQuery::prefix("app/"), &[("app/a", false, &["one"]), ("app/b", false, &["two"])], no_limits());
+    group.request().await.reply(10, &[("app/a", "1", 5)]);
+    let alone = group.request().await;
+    assert_eq!((alone.query.key.as_str(), alone.query.recurse), ("app/b", false));
+    alone.fail(denied("app/b"));
+    let blocking = group.request().await;
+    group.woken();
+    assert!(group.cells[1].denied());
+
+    // Its policy is granted, and the key does not exist: the shared read shows nothing of it.
+    // Not read alone at every answer of the group...
+    blocking.reply(11, &[("app/a", "2", 11)]);
+    let next = group.request().await;
+    assert_eq!(next.query.key, "app/");
+    // ...but again once a while has passed.
+    tokio::time::advance(DENIED_RECHECK).await;
+    next.reply(12, &[("app/a", "2", 11)]);
+    let again = group.request().await;
+    assert_eq!((again.query.key.as_str(), again.query.recurse), ("app/b", false));
+    again.reply(12, &[]);
+    let after = group.request().await;
+    assert_eq!(after.query.key, "app/");
+    assert!(!group.cells[1].denied(), "the grant did not show");
+    assert!(group.content(1).is_empty());
+    assert_eq!(group.woken(), names(&["one", "two"]));
 }
