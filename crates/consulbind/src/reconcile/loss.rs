@@ -51,10 +51,12 @@ pub fn spec_digest(spec: &ConsulBindingSpec) -> String {
 pub fn hold(input: &Input<'_>, plan: &mut Plan, contents: &[KeyContent<'_>]) -> bool {
     // A status written before keys were marked: every empty key may be the lost one.
     let unmarked = !input.previous.keys.iter().any(|k| k.lost) && ready_says_lost(input.previous);
+    let mut marks: Vec<bool> = contents.iter().map(|c| lost(input, c, unmarked)).collect();
     // The go-ahead releases what the last status showed as lost, not a loss found only now.
-    let go_ahead = go_ahead(input);
-    let shown = |c: &KeyContent<'_>| unmarked || recorded(input.previous, c).is_some_and(|k| k.lost);
-    let marks: Vec<bool> = contents.iter().map(|c| lost(input, c, unmarked) && !(go_ahead && shown(c))).collect();
+    if marks.contains(&true) && go_ahead(input) {
+        let shown = |c: &KeyContent<'_>| unmarked || recorded(input.previous, c).is_some_and(|k| k.lost);
+        marks.iter_mut().zip(contents).for_each(|(lost, c)| *lost &= !shown(c));
+    }
     let names: Vec<&str> =
         contents.iter().zip(&marks).filter(|(_, lost)| **lost).map(|(c, _)| c.source.key.as_str()).collect();
     if names.is_empty() || input.previous.applied_checksum == plan.desired {

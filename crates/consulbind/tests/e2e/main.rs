@@ -870,6 +870,27 @@ async fn acl_token_from_secret_syncs_and_a_bad_one_is_denied_without_leaking() {
     s.finish().await;
 }
 
+/// A token Secret for `token`, Deployment web, and binding cfg reading `open` and, optional,
+/// `second` with it.
+async fn bind_with_token(s: &Scene, token: &str, open: &str, second: &str) {
+    let metadata = json!({"name": "token", "labels": {"consulbind.dev/token": "true"}});
+    s.apply(json!({"apiVersion": "v1", "kind": "Secret", "metadata": metadata, "stringData": {"token": token}}))
+        .await
+        .unwrap();
+    s.workload(DEPLOY, "web", json!({})).await;
+    let keys = json!([{"key": open}, {"key": second, "optional": true}]);
+    let spec = json!({"keys": keys, "targets": deploy("web"), "rollout": {"quietPeriod": "0s"},
+                      "consul": {"tokenSecretRef": {"name": "token"}}});
+    s.binding("cfg", spec).await;
+}
+
+/// Both of the binding's keys are read by one recursive read of `prefix`.
+async fn assert_one_read(s: &Scene, prefix: &str) {
+    let watches: serde_json::Value = serde_json::from_str(&s.controller().get("/debug/watches").await).unwrap();
+    let read_by: Vec<&str> = watches.as_array().unwrap().iter().map(|w| w["read_by"].as_str().unwrap()).collect();
+    assert_eq!(read_by, [prefix, prefix], "the keys do not share a read: {watches}");
+}
+
 /// Consul filters a recursive read by ACL without a word: a key the token may no longer read
 /// would look deleted in a shared read, and roll the targets.
 #[tokio::test]
@@ -885,21 +906,9 @@ async fn a_key_the_token_may_no_longer_read_in_a_shared_read_is_denied_not_delet
     acl.put(&secret, "v1").await;
     let prefix = format!("{}/", s.ns);
     let token = acl.read_token(&prefix).await;
-    let metadata = json!({"name": "token", "labels": {"consulbind.dev/token": "true"}});
-    s.apply(json!({"apiVersion": "v1", "kind": "Secret", "metadata": metadata, "stringData": {"token": token}}))
-        .await
-        .unwrap();
-    s.workload(DEPLOY, "web", json!({})).await;
-    s.binding(
-        "cfg",
-        json!({"keys": [{"key": open}, {"key": secret, "optional": true}], "targets": deploy("web"),
-        "rollout": {"quietPeriod": "0s"}, "consul": {"tokenSecretRef": {"name": "token"}}}),
-    )
-    .await;
+    bind_with_token(&s, &token, &open, &secret).await;
     s.wait_condition("cfg", conditions::READY, "True", reason::BASELINED).await;
-    let watches: serde_json::Value = serde_json::from_str(&s.controller().get("/debug/watches").await).unwrap();
-    let read_by: Vec<&str> = watches.as_array().unwrap().iter().map(|w| w["read_by"].as_str().unwrap()).collect();
-    assert_eq!(read_by, [prefix.as_str(), prefix.as_str()], "the keys do not share a read: {watches}");
+    assert_one_read(&s, &prefix).await;
 
     // The token loses the key; a write elsewhere under the prefix wakes the shared read.
     acl.deny(&prefix, &secret).await;
@@ -927,22 +936,10 @@ async fn a_missing_key_refused_in_a_shared_read_is_served_once_its_policy_is_gra
     let prefix = format!("{}/", s.ns);
     let token = acl.read_token(&prefix).await;
     acl.deny(&prefix, &absent).await;
-    let metadata = json!({"name": "token", "labels": {"consulbind.dev/token": "true"}});
-    s.apply(json!({"apiVersion": "v1", "kind": "Secret", "metadata": metadata, "stringData": {"token": token}}))
-        .await
-        .unwrap();
-    s.workload(DEPLOY, "web", json!({})).await;
-    s.binding(
-        "cfg",
-        json!({"keys": [{"key": open}, {"key": absent, "optional": true}], "targets": deploy("web"),
-        "rollout": {"quietPeriod": "0s"}, "consul": {"tokenSecretRef": {"name": "token"}}}),
-    )
-    .await;
+    bind_with_token(&s, &token, &open, &absent).await;
     let synced = s.wait_message("cfg", conditions::CONSUL_SYNCED, "False", reason::ACCESS_DENIED).await;
     assert!(synced.contains(&absent), "{}", synced);
-    let watches: serde_json::Value = serde_json::from_str(&s.controller().get("/debug/watches").await).unwrap();
-    let read_by: Vec<&str> = watches.as_array().unwrap().iter().map(|w| w["read_by"].as_str().unwrap()).collect();
-    assert_eq!(read_by, [prefix.as_str(), prefix.as_str()], "the keys do not share a read: {watches}");
+    assert_one_read(&s, &prefix).await;
 
     acl.grant(&prefix).await;
     let granted = tokio::time::Instant::now();
