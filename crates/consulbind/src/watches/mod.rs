@@ -97,22 +97,29 @@ impl Watches {
 
     /// Reads each query once with its values, for recognising what an older release stamped.
     pub async fn read_with_values(&self, queries: &[KvQuery]) -> Result<Vec<Vec<KvEntry>>, consul_kv::Error> {
+        let answers = self.read_alone(queries.iter()).await?;
+        Ok(answers.into_iter().map(|a| a.entries).collect())
+    }
+
+    /// Each query read alone, without waiting: Consul's index for it where it matched nothing,
+    /// which for a shared read's path only a read of its own gives.
+    pub async fn index_if_empty(&self, queries: &[&KvQuery]) -> Result<Vec<Option<u64>>, consul_kv::Error> {
+        let answers = self.read_alone(queries.iter().copied()).await?;
+        Ok(answers.into_iter().map(|a| a.entries.is_empty().then_some(a.index)).collect())
+    }
+
+    /// One plain read of each query, all at once.
+    async fn read_alone(
+        &self,
+        queries: impl Iterator<Item = &KvQuery>,
+    ) -> Result<Vec<consul_kv::KvResponse>, consul_kv::Error> {
         let runner = &self.shared.runner;
-        let reads = queries.iter().map(|q| runner.consul.get_values(q, runner.limits.answer_bytes(q.recurse)));
-        futures::future::try_join_all(reads).await.map(|answers| answers.into_iter().map(|a| a.entries).collect())
+        let reads = queries.map(|q| runner.consul.get_values(q, runner.limits.answer_bytes(q.recurse)));
+        futures::future::try_join_all(reads).await
     }
 
     /// How long a round of turns may take for the slowest of `queries` read by a group that
     /// takes turns for a slot; `None` when none does.
-    /// Each query read alone, without waiting: Consul's index for it where it matched nothing,
-    /// which for a shared read's path only a read of its own gives.
-    pub async fn index_if_empty(&self, queries: &[&KvQuery]) -> Result<Vec<Option<u64>>, consul_kv::Error> {
-        let runner = &self.shared.runner;
-        let reads = queries.iter().map(|q| runner.consul.get_values(q, runner.limits.answer_bytes(q.recurse)));
-        let answers = futures::future::try_join_all(reads).await?;
-        Ok(answers.into_iter().map(|a| a.entries.is_empty().then_some(a.index)).collect())
-    }
-
     pub fn in_turns(&self, queries: &[KvQuery]) -> Option<Duration> {
         let inner = self.shared.inner.locked();
         queries.iter().filter_map(|q| inner.paths.get(q)?.in_turns()).max()
