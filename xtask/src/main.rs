@@ -77,9 +77,6 @@ enum Command {
         /// Replay this seed alone; a failure prints its steps.
         #[arg(long)]
         seed: Option<u64>,
-        /// Also relabel the selector target and change its references (has open findings).
-        #[arg(long)]
-        targets: bool,
     },
 }
 
@@ -244,7 +241,7 @@ fn run(command: Command) -> Result<()> {
         Command::Monitoring => monitoring::check(),
         Command::Image => image::build(),
         Command::Demo => demo::run(&env),
-        Command::Sim { seeds, seed, targets } => test::sim(seeds, seed, targets),
+        Command::Sim { seeds, seed } => test::sim(seeds, seed),
         Command::Bench { bench: Bench::Big { prefixes, values, value_bytes, changes } } => {
             big::run(&env, big::Sizes { prefixes, values, value_bytes, changes })
         }

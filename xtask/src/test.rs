@@ -41,12 +41,9 @@ pub fn all(env: &Env, e2e_args: &[String]) -> Result<()> {
 }
 
 /// The decision core's simulator (`crates/consulbind/src/sim.rs`), on its own.
-pub fn sim(seeds: u64, seed: Option<u64>, targets: bool) -> Result<()> {
+pub fn sim(seeds: u64, seed: Option<u64>) -> Result<()> {
     let mut cmd = cargo();
-    cmd.args(["test", "--package", "consulbind", "--lib", "sim::", "--"]);
-    if targets {
-        cmd.arg("--include-ignored");
-    }
+    cmd.args(["test", "--package", "consulbind", "--lib", "sim::"]);
     cmd.env("CONSULBIND_SIM_SEEDS", seeds.to_string());
     if let Some(seed) = seed {
         cmd.env("CONSULBIND_SIM_SEED", seed.to_string());

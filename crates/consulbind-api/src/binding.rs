@@ -484,7 +484,8 @@ pub struct TargetStatus {
     /// Name of the workload.
     pub name: String,
 
-    /// The content checksum this workload runs with.
+    /// The content checksum this workload runs with: of the Consul keys and named objects,
+    /// and the objects its own pod template references.
     pub checksum: String,
 
     /// Its pod-template annotation, when that is an older checksum which stands for

@@ -206,10 +206,10 @@ impl Sim {
         let _ = writeln!(self.log, "  [{at:>5}s] {text}");
     }
 
-    /// The content a workload that started now would read.
-    fn content(&self) -> Content {
-        let bound = self.works.values().any(|w| w.found && w.refs);
-        (self.store.content(), bound.then(|| self.cm.clone()))
+    /// The content workload `name` would read if it started now: the keys, and the
+    /// ConfigMap if its template references it.
+    fn content(&self, name: &str) -> Content {
+        (self.store.content(), self.works[name].refs.then(|| self.cm.clone()))
     }
 
     fn start_controller(&mut self) {
@@ -308,10 +308,14 @@ impl Sim {
             .filter(|(_, w)| w.found)
             .filter_map(|(name, w)| Some(((WorkloadKind::Deployment, name.to_string()), w.live.clone()?)))
             .collect();
-        let mut references = References::new();
-        if self.works.values().any(|w| w.found && w.refs) {
-            references.insert((ObjectKind::ConfigMap, "cm".into()), Use { keys: None, optional: false });
-        }
+        let cm = References::from([((ObjectKind::ConfigMap, "cm".into()), Use { keys: None, optional: false })]);
+        let uses: BTreeMap<Workload, References> = self
+            .works
+            .iter()
+            .filter(|(_, w)| w.found && w.refs)
+            .map(|(name, _)| ((WorkloadKind::Deployment, name.to_string()), cm.clone()))
+            .collect();
+        let references = uses.values().next().cloned().unwrap_or_default();
         let bound = read::bound_objects(&spec, &references).expect("one reference");
         let digested = Arc::new(Digested {
             version: "1".into(),
@@ -354,6 +358,7 @@ impl Sim {
             objects: Ok(read::object_contents(&objects)),
             found: &found,
             live: &live,
+            uses: &uses,
             missing: &[],
             unserved: &[],
             dry_run: false,
@@ -366,15 +371,10 @@ impl Sim {
         if plan.desired.is_some() && plan.desired == previous.applied_checksum {
             self.lost.fill(false);
         }
-        let rolled = match &plan.desired {
-            Some(desired) => plan.roll.clone().into_iter().map(|w| (w, desired.clone())).collect(),
-            None => Vec::new(),
-        };
-        for (w, desired) in &rolled {
-            let value = plan.values.get(w).cloned().unwrap_or_else(|| desired.clone());
-            self.stamp(&w.1, value);
+        for w in &plan.roll {
+            self.stamp(&w.1, plan.values[w].clone());
         }
-        let outcome = Outcome { rolled: rolled.into_iter().map(|(w, _)| w).collect(), failed: Vec::new() };
+        let outcome = Outcome { rolled: plan.roll.clone(), failed: Vec::new() };
         let status = status::status(&input, &plan, &outcome, &Time(Timestamp::UNIX_EPOCH));
         controller.record.written(restored && ready, plan.desired.as_deref(), &status, now);
         if ready {
@@ -403,7 +403,7 @@ impl Sim {
     }
 
     fn stamp(&mut self, name: &str, value: String) {
-        let content = self.content();
+        let content = self.content(name);
         let lost: Vec<String> =
             self.spec.keys.iter().zip(&self.lost).filter(|(_, l)| **l).map(|(k, _)| k.key.clone()).collect();
         if self.works[name].runs == content {
@@ -428,16 +428,11 @@ impl Sim {
     /// again and read the objects as they are. What they read from Consul counts as what
     /// they carried before: only a change of references alone is recorded as carried
     /// (a rebase), so a change of Consul data held meanwhile still rolls it.
-    ///
-    /// Which objects the binding reads changed while it had rolled out what it read: one
-    /// checksum serves every target, so every target found counts as carrying the objects as
-    /// they are now, as documented.
     fn template_changed(&mut self, name: &str) {
-        self.works.get_mut(name).expect("a simulated workload").generation += 1;
-        let objects = self.content().1;
-        for work in self.works.values_mut().filter(|w| w.found) {
-            work.runs.1 = objects.clone();
-        }
+        let objects = self.content(name).1;
+        let work = self.works.get_mut(name).expect("a simulated workload");
+        work.generation += 1;
+        work.runs.1 = objects;
     }
 
     /// Content held as lost shows as such, naming the key.
@@ -474,12 +469,10 @@ impl Sim {
         if ready.is_some_and(|c| c.reason == reason::CONSUL_INDEX_RESET) && !self.go_ahead {
             return;
         }
-        let content = self.content();
         let behind: Vec<&str> = self
             .works
             .iter()
-            .filter(|(_, w)| w.found)
-            .filter(|(_, w)| w.runs.0 != content.0 || (w.refs && w.runs.1 != content.1))
+            .filter(|(name, w)| w.found && w.runs != self.content(name))
             .map(|(name, _)| *name)
             .collect();
         if !behind.is_empty() {
@@ -612,7 +605,7 @@ impl Sim {
                 let known = self.status.targets.iter().chain(&self.status.former_targets).any(|t| t.name == "api");
                 let api = self.works.get_mut("api").expect("api");
                 if found && api.live.is_none() && !known {
-                    let content = self.content();
+                    let content = self.content("api");
                     self.works.get_mut("api").expect("api").runs = content;
                 }
                 format!("api relabelled {}", if found { "into the targets" } else { "out of the targets" })
@@ -689,13 +682,10 @@ fn schedules_of_consul_faults_keep_every_invariant() {
     run_seeds(false);
 }
 
-/// With the selector target relabelled and its references changed as well. Open: the
-/// binding has one checksum for every target, so whether a change of which objects are
-/// referenced is recorded without a rollout (a rebase) is decided for all targets at once, and
-/// a target that does not read the object can be rolled for it, or recorded as carrying it
-/// when it does not (`cargo xtask sim --targets`, seed 376).
+/// With the selector target relabelled and its references changed as well. Each target
+/// carries the checksum of what it reads; with one checksum for the whole binding, a reference
+/// that one target added or dropped rolled the others for nothing (seed 376).
 #[test]
-#[ignore = "open findings of the decision-core redesign; run with `cargo xtask sim --targets`"]
 fn schedules_with_target_changes_keep_every_invariant() {
     run_seeds(true);
 }

@@ -82,6 +82,8 @@ pub struct Resolved {
     pub unserved: Vec<String>,
     /// The ConfigMaps and Secrets the found workloads' pod templates reference, merged.
     pub references: References,
+    /// Those each found workload's pod template references, for the workloads with any.
+    pub uses: BTreeMap<Workload, References>,
 }
 
 impl Workloads {
@@ -171,7 +173,10 @@ impl Workloads {
         for (id, used) in found.values().flat_map(|s| &s.references) {
             references::add(&mut references, id, used);
         }
-        Resolved { found: found.into_keys().collect(), live, versions, missing, unserved, references }
+        let uses =
+            found.iter().filter(|(_, s)| !s.references.is_empty()).map(|(w, s)| (w.clone(), s.references.clone()));
+        let uses = uses.collect();
+        Resolved { found: found.into_keys().collect(), live, versions, missing, unserved, references, uses }
     }
 }
 

@@ -2,18 +2,18 @@
 //!
 //! A workload's pod template holds a stamp S of this binding's (or none, or someone else's
 //! value). S stands for a checksum C of the content its pods run: S itself, or the newer
-//! content it was rebased to when only the set of ConfigMaps and Secrets the targets reference
-//! changed (a template change rolls its workload by itself). That is the workload's own row,
+//! content it was rebased to when its template's references changed (a template change rolls
+//! its workload by itself; see [`content`](super::content)). That is the workload's own row,
 //! `targets[]` while it is found and `formerTargets[]` after it left the targets, so one that
 //! comes back (relabelled out of a selector and back) is judged by what it runs; a workload
 //! without a row or a stamp counts as started with the content of the moment it is found.
-//! - A target is behind when what its stamp stands for is not the current content.
-//! - A rebase moves the rows of the targets found that carry the applied checksum to the new
-//!   one; a former target's pods did not start again, so its row stays.
+//! - A target is behind when what its stamp stands for is not what it reads now.
+//! - A rebase moves the row of a target found to what it reads now; a former target's pods did
+//!   not start again, so its row stays.
 
 use std::collections::BTreeMap;
 
-use consulbind_api::{ConsulBindingStatus, TargetStatus};
+use consulbind_api::{ConsulBindingStatus, TargetStatus, conditions};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::plan::{Input, Outcome, Plan};
@@ -53,17 +53,20 @@ impl<'a> Carried<'a> {
 
 /// The targets' rows of the status to write after `plan` and its `outcome`.
 pub fn rows(input: &Input<'_>, plan: &Plan, outcome: &Outcome, now: &Time) -> Vec<TargetStatus> {
-    let previous = input.previous;
-    let carried = Carried::new(previous);
-    let desired = plan.desired.as_deref();
+    let carried = Carried::new(input.previous);
     input
         .found
         .iter()
         .filter_map(|w| {
             let old = carried.rows.get(w);
             let live = input.live.get(w).filter(|l| l.owned);
+            let want = plan.content.get(w);
             let (checksum, stamp, last_rolled_time) = match old {
-                _ if outcome.rolled.contains(w) => (desired?.to_owned(), None, Some(now.clone())),
+                _ if outcome.rolled.contains(w) => (want?.clone(), None, Some(now.clone())),
+                // Its stamp is what it reads now (a template that dropped a reference).
+                Some(old) if live.is_some_and(|l| Some(l.checksum()) == want.map(String::as_str)) => {
+                    (want?.clone(), None, old.last_rolled_time.clone())
+                }
                 Some(old) => {
                     let (checksum, stamp) = match live {
                         Some(live) if old.stamp.as_deref() != Some(live.checksum()) => {
@@ -71,11 +74,9 @@ pub fn rows(input: &Input<'_>, plan: &Plan, outcome: &Outcome, now: &Time) -> Ve
                         }
                         _ => (old.checksum.clone(), old.stamp.clone()),
                     };
-                    let (checksum, stamp) = match desired {
+                    let (checksum, stamp) = match want {
                         // A template with no stamp of the binding's has no stamp to keep.
-                        Some(d) if plan.rebased && previous.applied_checksum.as_ref() == Some(&checksum) => {
-                            (d.to_owned(), stamp.or(live.map(|_| checksum)))
-                        }
+                        Some(want) if plan.rebased.contains(w) => (want.clone(), stamp.or(live.map(|_| checksum))),
                         _ => (checksum, stamp),
                     };
                     (checksum, stamp, old.last_rolled_time.clone())
@@ -83,21 +84,37 @@ pub fn rows(input: &Input<'_>, plan: &Plan, outcome: &Outcome, now: &Time) -> Ve
                 // Found now and not rolled. At a baseline a stamp of this binding's from before (a
                 // binding made again) stands for today's content, and is no cause to roll later;
                 // otherwise its own stamp says what it runs, and a workload without one started
-                // with the content of today.
+                // with the content of today, which is known once every source is read.
                 None => match live {
                     Some(live) if !plan.baseline => {
                         (carried.stands_for(w, live).to_owned(), Some(live.checksum().to_owned()), None)
                     }
-                    _ => {
-                        let checksum = desired.or(previous.applied_checksum.as_deref())?.to_owned();
-                        (checksum, live.filter(|_| plan.baseline).map(|l| l.checksum().to_owned()), None)
-                    }
+                    _ => (want?.clone(), live.filter(|_| plan.baseline).map(|l| l.checksum().to_owned()), None),
                 },
             };
             let stamp = stamp.filter(|s| *s != checksum);
             Some(TargetStatus { kind: w.0, name: w.1.clone(), checksum, stamp, last_rolled_time })
         })
         .collect()
+}
+
+/// How many of `rows` carry their content. While some source cannot be read, a row counts as
+/// carrying it if it did in the last status and has not moved since.
+pub fn carrying(previous: &ConsulBindingStatus, plan: &Plan, rows: &[TargetStatus]) -> usize {
+    let was_up_to_date =
+        previous.conditions.iter().any(|c| c.type_ == conditions::TARGETS_UPDATED && c.status == "True");
+    let carries = |t: &&TargetStatus| {
+        let w = (t.kind, t.name.clone());
+        match plan.content.get(&w) {
+            Some(want) => *want == t.checksum,
+            None => {
+                let unmoved =
+                    previous.targets.iter().any(|p| (p.kind, &p.name, &p.checksum) == (t.kind, &t.name, &t.checksum));
+                (was_up_to_date && unmoved) || previous.applied_checksum.as_ref() == Some(&t.checksum)
+            }
+        }
+    };
+    rows.iter().filter(carries).count()
 }
 
 /// The rows of workloads no longer found, the newest [`MAX_FORMER`]: the last status's, with

@@ -5,6 +5,7 @@
 //! wake run at once.
 
 pub mod carried;
+pub mod content;
 pub mod context;
 pub mod debounce;
 pub mod desk;
@@ -216,6 +217,7 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
         objects: objects.as_ref().map(|objects| read::object_contents(objects)).map_err(Clone::clone),
         found: &resolved.found,
         live: &resolved.live,
+        uses: &resolved.uses,
         missing: &resolved.missing,
         unserved: &resolved.unserved,
         dry_run: ctx.dry_run || spec.rollout.as_ref().and_then(|r| r.mode) == Some(RolloutMode::DryRun),
@@ -241,15 +243,15 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
     let plan = ctx.states.update(&oref, |record| plan::plan(&input, &mut record.pending, Instant::now()));
 
     // Stamp.
-    let outcome = match &plan.desired {
-        Some(desired) if !plan.roll.is_empty() => {
+    let outcome = match plan.roll.is_empty() {
+        false => {
             if let Some(seen) = read::latest_change(&contents) {
                 ctx.metrics.stage("consul_to_reconcile", started.saturating_duration_since(seen));
             }
             ctx.metrics.stage("reconcile_to_patch", started.elapsed());
-            stamp::stamp_all(ctx, &oref, &plan, desired, &resolved.versions).await
+            stamp::stamp_all(ctx, &oref, &plan, &resolved.versions).await
         }
-        _ => {
+        true => {
             ctx.desk.planned(&oref);
             Outcome::default()
         }
@@ -269,12 +271,16 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
             info!(binding = %oref, %message, "dry run");
             report::publish(ctx, binding.object_ref(&()), EventType::Normal, reason, message.clone());
         }
-    } else if plan.rebased {
+    } else if !plan.rebased.is_empty() {
+        let list: Vec<String> = plan.rebased.iter().map(|(k, n)| format!("{k}/{n}")).collect();
         let note = format!(
-            "the ConfigMaps and Secrets the targets reference changed (a template change, a target found or gone, \
-             or includeTargetReferences set); recorded checksum {} as the content they run with, and restarted \
-             nothing: a template change rolls its workload itself",
-            report::short(&status)
+            "the ConfigMaps and Secrets that {} reference{} changed (a template change, or includeTargetReferences \
+             set); recorded what {} now read as the content {} run with, and restarted nothing: a template change \
+             rolls its workload itself",
+            list.join(", "),
+            if list.len() == 1 { "s" } else { "" },
+            if list.len() == 1 { "it" } else { "they" },
+            if list.len() == 1 { "it" } else { "they" },
         );
         info!(binding = %oref, %note, "references changed");
         report::publish(ctx, binding.object_ref(&()), EventType::Normal, conditions::reason::BASELINED, note);

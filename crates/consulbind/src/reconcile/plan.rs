@@ -6,18 +6,19 @@ use std::collections::BTreeMap;
 use consul_kv::KvEntry;
 use consulbind_api::{
     ConsulBindingSpec, ConsulBindingStatus, KeySource, KeyStatus, ObjectKind, ObjectSource, ObjectStatus,
-    conditions::{self, reason},
+    conditions::reason,
 };
 use tokio::time::Instant;
 
 use super::{
     carried::Carried,
+    content,
     debounce::{Decision, Pending, Window},
     loss,
 };
 use crate::{
     checksum::{self, Source},
-    cluster::{Live, Workload, objects::Digested},
+    cluster::{Live, Workload, objects::Digested, references::References},
 };
 
 /// The content of one bound key or prefix, each value as its keyed digest; no entries means
@@ -45,7 +46,7 @@ pub struct ObjectContent<'a> {
 /// What the Consul side looks like for this binding.
 pub enum Consul<'a> {
     Ready(Vec<KeyContent<'a>>),
-    /// The keys cannot be read; the reason is one of [`conditions::reason`].
+    /// The keys cannot be read; the reason is one of [`reason`].
     Failed {
         reason: &'static str,
         message: String,
@@ -66,6 +67,8 @@ pub struct Input<'a> {
     pub found: &'a [Workload],
     /// What the found workloads carry in the binding's pod-template annotation.
     pub live: &'a BTreeMap<Workload, Live>,
+    /// The ConfigMaps and Secrets each found workload's pod template references, for those with any.
+    pub uses: &'a BTreeMap<Workload, References>,
     /// A sentence for each target that matched nothing.
     pub missing: &'a [String],
     /// A sentence for each target whose kind the cluster does not serve.
@@ -96,9 +99,11 @@ pub struct Plan {
     pub desired: Option<String>,
     pub keys: Vec<KeyStatus>,
     pub objects: Vec<ObjectStatus>,
-    /// Workloads to stamp with `desired`.
+    /// What each found target should carry ([`content`]), when every key could be read.
+    pub content: BTreeMap<Workload, String>,
+    /// Workloads to stamp.
     pub roll: Vec<Workload>,
-    /// The annotation value for the workloads of `roll` that need other than `desired`.
+    /// The annotation value for each workload of `roll`.
     pub values: BTreeMap<Workload, String>,
     /// Why the content is not being rolled out now: a reason and a message.
     pub hold: Option<(&'static str, String)>,
@@ -106,15 +111,28 @@ pub struct Plan {
     pub wake_at: Option<Instant>,
     /// First sight of the content: recorded without a rollout.
     pub baseline: bool,
-    /// Only the set of objects the targets reference changed: the new content is recorded as
-    /// what the targets run with, and their stamps stand for it.
-    pub rebased: bool,
+    /// Targets that run their content already, as their template's references changed: it is
+    /// recorded as what they run, and their stamps stand for it ([`content`]).
+    pub rebased: Vec<Workload>,
     /// In a dry run, the workloads that would have been rolled, and why.
     pub would_roll: Vec<Workload>,
     pub why: Option<String>,
 }
 
 impl Plan {
+    /// Rolls `targets` to their content: a stamp that already holds it gets a counter.
+    fn roll(&mut self, targets: Vec<Workload>, live: &BTreeMap<Workload, Live>) {
+        for w in &targets {
+            let want = &self.content[w];
+            let value = match live.get(w) {
+                Some(live) if live.checksum() == want => forced(want, live),
+                _ => want.clone(),
+            };
+            self.values.insert(w.clone(), value);
+        }
+        self.roll = targets;
+    }
+
     /// A dry run's result: `targets` would roll for `why`; nothing is patched.
     fn would_roll(mut self, targets: Vec<Workload>, why: String) -> Self {
         let list: Vec<String> = targets.iter().map(|(k, n)| format!("{k}/{n}")).collect();
@@ -136,12 +154,13 @@ pub fn plan(input: &Input<'_>, pending: &mut Option<Pending>, now: Instant) -> P
         Err((reason, message)) => return unread(input, reason, message),
     };
     let keys: Vec<KeyStatus> = contents.iter().map(|c| key_status(input.key, c)).collect();
-    let object_sources: Vec<Source<'_>> = objects.iter().map(object_source).collect();
+    let object_sources: Vec<Source<'_>> = objects.iter().map(content::bound_source).collect();
     let object_statuses = objects.iter().zip(&object_sources).map(|(o, s)| object_status(input.key, o, s)).collect();
     // Every source of the checksum: the Consul keys, then the ConfigMaps and Secrets.
     let sources: Vec<Source<'_>> = contents.iter().map(source).chain(object_sources).collect();
     let desired = checksum::from_digests(input.key, &sources);
-    let mut plan = Plan { desired: Some(desired.clone()), keys, objects: object_statuses, ..Plan::default() };
+    let content = content::of_targets(input, contents, objects);
+    let mut plan = Plan { desired: Some(desired.clone()), content, keys, objects: object_statuses, ..Plan::default() };
 
     // Content lost as Consul's index went backwards (seen by the watches, marked in the status
     // across a restart, or found by this replica's first read) comes before a missing key or
@@ -201,43 +220,39 @@ pub fn plan(input: &Input<'_>, pending: &mut Option<Pending>, now: Instant) -> P
                 return plan
                     .would_roll(input.found.to_vec(), "rollout.onBind rolls the targets when first bound".into());
             }
-            plan.roll = input.found.to_vec();
+            plan.roll(input.found.to_vec(), input.live);
         }
         return plan;
     };
 
     // Decide from what each workload carries. The binding's own stamp says what its pods run;
     // a value someone else set (a rollout undo, a hand edit) or none at all says nothing, so such
-    // a workload is rolled at the next change of content, never for the drift alone.
+    // a workload is rolled at the next change of what it reads, never for the drift alone.
     let carried = Carried::new(input.previous);
     let content_changed = applied != desired;
-    // A template change that adds or drops a reference rolls the workload by itself.
-    if content_changed && pending.is_none() && only_references_moved(input.key, input.previous, &plan, objects) {
-        // A workload found again may carry the new content already, by its own row.
-        let carries = |w: &Workload| match input.live.get(w) {
-            Some(live) if live.owned => [applied, desired.as_str()].contains(&carried.stands_for(w, live)),
-            _ => true,
-        };
-        if input.found.iter().all(carries) {
-            *pending = None;
-            plan.rebased = true;
-            return plan;
-        }
-    }
-    let behind: Vec<Workload> = input
-        .found
-        .iter()
-        .filter(|w| match input.live.get(*w) {
+    let rebase = content::Rebase::new(input.key, input.previous, &plan.keys, objects, &plan.objects);
+    let mut behind = Vec::new();
+    for w in input.found {
+        let want = plan.content[w].as_str();
+        let row = carried.checksum(w);
+        // What it runs, as far as the binding can tell.
+        let runs = match input.live.get(w) {
             // A stamp of the current content is never behind, whatever it was rebased to since.
-            Some(live) if live.owned => live.checksum() != desired && carried.stands_for(w, live) != desired,
+            Some(live) if live.owned && live.checksum() == want => continue,
+            Some(live) if live.owned => Some(carried.stands_for(w, live)),
             // New workloads start with the current content, so they are only rolled when asked to;
             // one found before without a stamp runs what the status recorded when it was found.
-            None => carried.checksum(w).map_or(on_bind, |c| c != desired),
-            _ => content_changed,
-        })
-        .cloned()
-        .collect();
-    if !content_changed && behind.is_empty() {
+            None if row.is_none() && !on_bind => continue,
+            _ if row.is_none() && !content_changed => continue,
+            _ => row,
+        };
+        match runs {
+            Some(runs) if runs == want => {}
+            Some(runs) if Some(runs) == row && rebase.allows(w, input.uses.get(w)) => plan.rebased.push(w.clone()),
+            _ => behind.push(w.clone()),
+        }
+    }
+    if behind.is_empty() {
         *pending = None;
         return plan;
     }
@@ -275,12 +290,7 @@ pub fn plan(input: &Input<'_>, pending: &mut Option<Pending>, now: Instant) -> P
         }
         Decision::RollNow => {
             *pending = None;
-            for w in &behind {
-                if let Some(live) = input.live.get(w).filter(|l| l.checksum() == desired) {
-                    plan.values.insert(w.clone(), forced(&desired, live));
-                }
-            }
-            plan.roll = behind;
+            plan.roll(behind, input.live);
         }
         Decision::WaitUntil(at) => {
             let secs = at.saturating_duration_since(now).as_secs_f64();
@@ -319,26 +329,6 @@ fn unread(input: &Input<'_>, reason: &'static str, message: &str) -> Plan {
     }
 }
 
-fn object_source<'a>(object: &ObjectContent<'a>) -> Source<'a> {
-    filtered_source(object, object.source.keys.as_deref())
-}
-
-/// The object as a source of the checksum, with only `keys` of its data, or all of them.
-fn filtered_source<'a>(object: &ObjectContent<'a>, keys: Option<&[String]>) -> Source<'a> {
-    let bound = |key: &str| keys.is_none_or(|keys| keys.iter().any(|k| k == key));
-    Source::Object {
-        kind: object.kind,
-        name: &object.source.name,
-        entries: object.data.map(|data| {
-            data.entries
-                .iter()
-                .filter(|(key, ..)| bound(key))
-                .map(|(key, field, digest)| (key.as_str(), *field, digest.as_slice()))
-                .collect()
-        }),
-    }
-}
-
 fn object_status(key: &checksum::Key, object: &ObjectContent<'_>, source: &Source<'_>) -> ObjectStatus {
     let entries = match source {
         Source::Object { entries, .. } => entries.as_ref().map(|e| u32::try_from(e.len()).unwrap_or(u32::MAX)),
@@ -353,43 +343,6 @@ fn object_status(key: &checksum::Key, object: &ObjectContent<'_>, source: &Sourc
         referenced: object.referenced,
         keys: object.source.keys.clone().filter(|_| object.referenced),
     }
-}
-
-/// Whether the content differs from the last status only by which objects the targets
-/// reference: the last status had rolled out what it recorded (no change was held), every
-/// Consul key and named object is as it was, and every object still referenced holds the same
-/// data under the keys it was read by before (a reference may now read other keys too).
-fn only_references_moved(
-    key: &checksum::Key,
-    previous: &ConsulBindingStatus,
-    plan: &Plan,
-    objects: &[ObjectContent<'_>],
-) -> bool {
-    // A status written while a change was held records sources that the applied checksum does
-    // not stand for; so does one from a failed patch.
-    let settled = [reason::UP_TO_DATE, reason::BASELINED, reason::TARGET_MISSING, reason::KIND_NOT_SERVED];
-    let ready = previous.conditions.iter().find(|c| c.type_ == conditions::READY);
-    if !ready.is_some_and(|c| settled.contains(&c.reason.as_str())) {
-        return false;
-    }
-    let keys = |k: &[KeyStatus]| k.iter().map(|k| (k.key.clone(), k.recurse, k.checksum.clone())).collect::<Vec<_>>();
-    let named = |o: &[ObjectStatus]| {
-        o.iter().filter(|o| !o.referenced).map(|o| (o.kind, o.name.clone(), o.checksum.clone())).collect::<Vec<_>>()
-    };
-    let referenced = |o: &[ObjectStatus]| {
-        o.iter().filter(|o| o.referenced).map(|o| (o.kind, o.name.clone(), o.keys.clone())).collect::<Vec<_>>()
-    };
-    let unchanged = |before: &ObjectStatus| {
-        let now = objects.iter().find(|o| o.referenced && o.kind == before.kind && o.source.name == before.name);
-        now.is_none_or(|now| {
-            let source = filtered_source(now, before.keys.as_deref());
-            checksum::from_digests(key, std::slice::from_ref(&source)) == before.checksum
-        })
-    };
-    keys(&previous.keys) == keys(&plan.keys)
-        && named(&previous.objects) == named(&plan.objects)
-        && referenced(&previous.objects) != referenced(&plan.objects)
-        && previous.objects.iter().filter(|p| p.referenced).all(unchanged)
 }
 
 pub(super) fn source<'a>(content: &KeyContent<'a>) -> Source<'a> {
@@ -431,10 +384,11 @@ pub(super) fn quoted(keys: &[&str]) -> String {
 mod tests {
     use std::time::Duration;
 
-    use consulbind_api::{RolloutPolicy, TargetRef, WorkloadKind};
+    use consulbind_api::{RolloutPolicy, TargetRef, WorkloadKind, conditions};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
     use super::*;
+    use crate::cluster::references::Use;
     use crate::reconcile::{
         status::status,
         upgrade::{self, older_values},
@@ -521,6 +475,7 @@ mod tests {
 
     const KEY: checksum::Key = checksum::Key::new([42; checksum::KEY_LEN]);
     static NO_LIVE: BTreeMap<Workload, Live> = BTreeMap::new();
+    static NO_USES: BTreeMap<Workload, References> = BTreeMap::new();
 
     /// What a binding that reads `spec.keys[0]` sees: `entries` from Consul, and `found`
     /// workloads that carry nothing. Tests change the rest with `..input(...)`.
@@ -540,6 +495,7 @@ mod tests {
             objects: Ok(Vec::new()),
             found,
             live: &NO_LIVE,
+            uses: &NO_USES,
             missing: &[],
             unserved: &[],
             dry_run: false,
@@ -634,7 +590,7 @@ mod tests {
         // A crash right after stamping v2, and the content back at v1 meanwhile: the pods run v2.
         let plan = step_live(&at_v1, &entry("v1"), &[(&v2, true)]);
         assert_eq!(plan.roll, web(), "the targets must end on the current content");
-        assert!(plan.values.is_empty());
+        assert_eq!(plan.values[&web()[0]], v1);
 
         // Our own stamp of the current content: nothing to do.
         assert!(step_live(&at_v1, &entry("v1"), &[(&v1, true)]).roll.is_empty());
@@ -1226,7 +1182,17 @@ mod tests {
         let (entries, found) = (entry(value), web());
         let live: BTreeMap<Workload, Live> =
             stamp.map(|s| (found[0].clone(), Live { value: s.to_owned(), owned: true })).into_iter().collect();
-        let input = Input { objects: Ok(objects), live: &live, ..input(&spec, previous, &entries, &found) };
+        let uses = sources
+            .iter()
+            .map(|s| {
+                let keys = s.keys.as_ref().map(|k| k.iter().cloned().collect());
+                ((ObjectKind::ConfigMap, s.name.clone()), Use { keys, optional: false })
+            })
+            .collect::<References>();
+        let uses: BTreeMap<Workload, References> =
+            Some((found[0].clone(), uses)).filter(|(_, u)| !u.is_empty()).into_iter().collect();
+        let input =
+            Input { objects: Ok(objects), live: &live, uses: &uses, ..input(&spec, previous, &entries, &found) };
         plan_and_status(&input)
     }
 
@@ -1255,7 +1221,7 @@ mod tests {
 
         // The template now mounts ConfigMap app: its rollout is the template's own.
         let (plan, added) = step_references(&first, "v1", Some(&a0), &[("app", app, None)]);
-        assert!(plan.rebased && plan.roll.is_empty(), "a new reference rolled");
+        assert!(!plan.rebased.is_empty() && plan.roll.is_empty(), "a new reference rolled");
         let a1 = added.applied_checksum.clone().unwrap();
         assert_ne!(a1, a0);
         assert_eq!((added.targets[0].checksum.as_str(), added.targets[0].stamp.as_deref()), (a1.as_str(), Some(&*a0)));
@@ -1264,7 +1230,7 @@ mod tests {
 
         // Looked at again, or after a restart: the old stamp stands for the new content.
         let (plan, again) = step_references(&added, "v1", Some(&a0), &[("app", app, None)]);
-        assert!(plan.roll.is_empty() && !plan.rebased);
+        assert!(plan.roll.is_empty() && plan.rebased.is_empty());
         assert_eq!(again.targets, added.targets);
 
         // A change of the referenced data rolls, once.
@@ -1276,10 +1242,10 @@ mod tests {
 
         // Reading another key of the same object, or dropping the reference, is the template's too.
         let (plan, narrowed) = step_references(&added, "v1", Some(&a0), &[("app", app, Some(&["a"]))]);
-        assert!(plan.rebased && plan.roll.is_empty());
+        assert!(!plan.rebased.is_empty() && plan.roll.is_empty());
         assert_eq!(narrowed.objects[0].keys, Some(vec!["a".to_owned()]));
         let (plan, dropped) = step_references(&added, "v1", Some(&a0), &[]);
-        assert!(plan.rebased && plan.roll.is_empty());
+        assert!(plan.roll.is_empty());
         assert_eq!(dropped.applied_checksum.as_deref(), Some(&*a0));
         assert_eq!((dropped.targets[0].checksum.as_str(), dropped.targets[0].stamp.as_deref()), (&*a0, None));
 
@@ -1294,10 +1260,10 @@ mod tests {
             .filter(|c| c.type_ == conditions::READY)
             .for_each(|c| c.reason = reason::PENDING.into());
         let (plan, _) = step_references(&held, "v2", Some(&a0), &[("app", app, None)]);
-        assert!(!plan.rebased && plan.roll == web(), "a held change was taken for a reference");
+        assert!(plan.rebased.is_empty() && plan.roll == web(), "a held change was taken for a reference");
         // And a change of data the reference read before, though it now reads other keys.
         let (plan, _) = step_references(&added, "v1", Some(&a0), &[("app", &[("a", "2"), ("b", "1")], Some(&["a"]))]);
-        assert!(!plan.rebased && plan.roll == web(), "a re-filtered reference hid a change");
+        assert!(plan.rebased.is_empty() && plan.roll == web(), "a re-filtered reference hid a change");
         // So is a reference whose data changed while another one was added.
         let two: &[(&str, &str)] = &[("x", "1")];
         let (plan, _) = step_references(&added, "v1", Some(&a0), &[("app", changed, None), ("two", two, None)]);

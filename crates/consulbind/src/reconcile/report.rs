@@ -117,6 +117,8 @@ pub fn rolled_out(
             name: Some(workload.clone()),
             ..ObjectReference::default()
         };
+        let row = status.targets.iter().find(|t| t.kind == *kind && t.name == *workload);
+        let checksum = row.map_or(checksum.as_str(), |t| checksum::short(&t.checksum));
         let note = format!("ConsulBinding {name} changed the pod template annotation to {checksum}{because}");
         publish(ctx, reference, EventType::Normal, conditions::reason::ROLLED_OUT, note);
     }

@@ -34,7 +34,6 @@ pub async fn stamp_all(
     ctx: &Context,
     binding: &BindingRef,
     plan: &Plan,
-    desired: &str,
     versions: &BTreeMap<Workload, Version>,
 ) -> Outcome {
     let namespace = binding.namespace.clone().unwrap_or_default();
@@ -44,7 +43,7 @@ pub async fn stamp_all(
         .roll
         .iter()
         .map(|workload| {
-            let value = plan.values.get(workload).map_or(desired, String::as_str).to_owned();
+            let value = plan.values[workload].clone();
             let stamp = Stamp { annotation: annotation.clone(), value: value.clone(), manager: manager.clone() };
             let (kind, name) = workload;
             let mut others = ctx.interest.locked().workload(&namespace, *kind, name, &Default::default());

@@ -27,7 +27,7 @@ pub fn status(input: &Input<'_>, plan: &Plan, outcome: &Outcome, now: &Time) -> 
     };
     let changed =
         !outcome.rolled.is_empty() || (previous.applied_checksum.is_some() && applied != previous.applied_checksum);
-    let carrying = targets.iter().filter(|t| Some(&t.checksum) == applied.as_ref()).count();
+    let carrying = carried::carrying(previous, plan, &targets);
     let up_to_date =
         applied.is_some() && desired.is_none_or(|d| applied.as_deref() == Some(d)) && carrying == targets.len();
 

@@ -381,7 +381,7 @@ async fn a_rebased_workload_relabelled_out_of_the_selector_and_back_rolls_nothin
     crate::support::wait("the binding to read the new reference", || async {
         let status = s.get_binding("cfg").await.status.unwrap_or_default();
         Ok(status.objects.iter().any(|o| o.name == "extra" && o.referenced)
-            && status.targets.iter().all(|t| t.stamp.is_some()))
+            && status.targets.iter().any(|t| t.name == "web" && t.stamp.is_some()))
     })
     .await
     .unwrap();
@@ -421,5 +421,70 @@ async fn a_rebased_workload_relabelled_out_of_the_selector_and_back_rolls_nothin
     crate::support::wait("the change to roll", || async { Ok(s.generation("web").await > carried) }).await.unwrap();
     tokio::time::sleep(SETTLE).await;
     assert_eq!(s.generation("web").await, carried + 1, "{}", s.log());
+    s.finish().await;
+}
+
+/// Each target carries what it reads: a ConfigMap that one workload's template references
+/// rolls that workload alone, and a workload that leaves the targets, with its references,
+/// changes nothing for the others.
+#[tokio::test]
+async fn a_config_map_one_target_references_rolls_that_target_alone() {
+    let Some(s) = Scene::new("per-target").await else { return };
+    let key = s.key("config");
+    s.put(&key, "v1").await;
+    s.apply(config_map("extra", json!({}), json!({"x": "1"}))).await.unwrap();
+    let mut web = workload(DEPLOY, "web", json!({"tier": "config"}));
+    web["spec"]["template"]["spec"]["containers"][0]["envFrom"] = json!([{"configMapRef": {"name": "extra"}}]);
+    s.apply(web).await.unwrap();
+    s.wait_revisions(DEPLOY, "web", 1).await;
+    s.workload(DEPLOY, "api", json!({"tier": "config"})).await;
+    let targets = json!([{"kind": "Deployment", "selector": {"matchLabels": {"tier": "config"}}}]);
+    let mut spec = spec(json!([{"key": &key}]), targets, "0s");
+    spec["includeTargetReferences"] = json!(true);
+    s.binding("cfg", spec).await;
+    let baselined = s.wait_condition("cfg", conditions::READY, "True", reason::BASELINED).await.status.unwrap();
+    let row = |status: &consulbind_api::ConsulBindingStatus, name: &str| {
+        status.targets.iter().find(|t| t.name == name).map(|t| t.checksum.clone()).unwrap()
+    };
+    assert_ne!(row(&baselined, "web"), row(&baselined, "api"), "the two targets read different content");
+    let (web, api) = (s.generation("web").await, s.generation("api").await);
+
+    // The ConfigMap only web reads.
+    s.apply(config_map("extra", json!({}), json!({"x": "2"}))).await.unwrap();
+    crate::support::wait("web to roll", || async { Ok(s.generation("web").await > web) }).await.unwrap();
+    let status = s.wait_condition("cfg", conditions::READY, "True", reason::UP_TO_DATE).await.status.unwrap();
+    assert_eq!(status.target_summary.as_deref(), Some("2/2"));
+    tokio::time::sleep(SETTLE).await;
+    assert_eq!(s.generation("web").await, web + 1, "{}", s.log());
+    assert_eq!(s.generation("api").await, api, "a ConfigMap api does not read rolled it\n{}", s.log());
+
+    // What both read.
+    s.put(&key, "v2").await;
+    crate::support::wait("both to roll", || async {
+        Ok(s.generation("web").await > web + 1 && s.generation("api").await > api)
+    })
+    .await
+    .unwrap();
+    s.wait_condition("cfg", conditions::READY, "True", reason::UP_TO_DATE).await;
+    let (web, api) = (web + 2, api + 1);
+
+    // web leaves the targets with its reference, and comes back: nobody rolls.
+    s.kubectl(&["label", "deployment", "web", "tier-"]);
+    crate::support::wait("the binding to lose web", || async {
+        let status = s.get_binding("cfg").await.status.unwrap_or_default();
+        Ok(status.targets.len() == 1 && status.objects.is_empty())
+    })
+    .await
+    .unwrap();
+    s.kubectl(&["label", "deployment", "web", "tier=config"]);
+    crate::support::wait("the binding to find web again", || async {
+        Ok(s.get_binding("cfg").await.status.unwrap_or_default().targets.len() == 2)
+    })
+    .await
+    .unwrap();
+    s.wait_condition("cfg", conditions::READY, "True", reason::UP_TO_DATE).await;
+    tokio::time::sleep(SETTLE).await;
+    assert_eq!(s.generation("web").await, web, "{}", s.log());
+    assert_eq!(s.generation("api").await, api, "{}", s.log());
     s.finish().await;
 }
