@@ -575,8 +575,9 @@ pub fn status_targets(binding: &ConsulBinding) -> Vec<String> {
     binding.status.iter().flat_map(|s| &s.targets).map(|t| format!("{}/{}", t.kind, t.name)).collect()
 }
 
-/// The TCP connections process `pid` holds to `port` on any address, from its file descriptors
-/// and the kernel's socket tables, as `ss -tp` would count them.
+/// The TCP connections process `pid` holds established or opening to `port` on any address,
+/// from its file descriptors and the kernel's socket tables. One that either end has begun to
+/// close carries no request, so it does not count against the budget.
 pub fn connections_to(pid: u32, port: u16) -> usize {
     let inodes: std::collections::HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
         .map(|dir| {
@@ -595,8 +596,9 @@ pub fn connections_to(pid: u32, port: u16) -> usize {
             let fields: Vec<&str> = line.split_whitespace().collect();
             let remote_port =
                 fields.get(2).and_then(|r| r.rsplit(':').next()).and_then(|p| u16::from_str_radix(p, 16).ok());
-            // State 0A is LISTEN; every other state holds (or is closing) a connection.
-            if remote_port == Some(port) && fields.get(3) != Some(&"0A") && inodes.contains(fields[9]) {
+            // 01 is ESTABLISHED, 02 SYN_SENT.
+            let open = matches!(fields.get(3), Some(&"01" | &"02"));
+            if remote_port == Some(port) && open && inodes.contains(fields[9]) {
                 count += 1;
             }
         }
