@@ -7,9 +7,11 @@
 //!
 //! This module is the registry: which bindings read which paths.
 
+mod agent;
 pub mod path;
 pub mod planner;
 pub mod runner;
+mod source;
 
 use std::{
     collections::{HashMap, HashSet},

@@ -12,20 +12,26 @@ use std::{
 };
 
 use consul_kv::{
-    Backoff, Client, Digest, Error, ErrorKind, KvEntry, KvQuery, KvResponse,
+    Backoff, Error, ErrorKind, KvEntry, KvQuery,
     group::{self, Members, WatchPath},
     index::{Cursor, Progress},
     jitter,
 };
 use consulbind_api::conditions::reason;
-use futures::future::BoxFuture;
 use tokio::{
     sync::{Notify, Semaphore, watch},
-    time::{Instant, sleep_until},
+    time::Instant,
 };
 use tracing::{info, warn};
 
-use super::path::{Path, Update, Wake};
+pub use super::{
+    agent::{AGENT_TIMEOUT, watch_agent},
+    source::{KvSource, Limits},
+};
+use super::{
+    agent::{wait_to_retry, went_down},
+    path::{Path, Update, Wake},
+};
 use crate::{Lock, metrics::Metrics};
 
 /// The longest wait of a blocking query of a group in a lane, so that the lane's groups take turns.
@@ -34,7 +40,7 @@ pub const ROTATION_WAIT: Duration = Duration::from_secs(10);
 /// [`MIN_WAIT`]: a lane of many groups on few slots waits less each time.
 const LANE_CYCLE: Duration = Duration::from_secs(30);
 /// The shortest wait of a blocking query.
-const MIN_WAIT: Duration = Duration::from_secs(1);
+pub(super) const MIN_WAIT: Duration = Duration::from_secs(1);
 /// How soon a prefix found too large is read again: it rarely shrinks by itself.
 const TOO_LARGE_RETRY: Duration = Duration::from_secs(60);
 /// How often a key that Consul refused, missing from its shared read, is read alone again at
@@ -53,92 +59,6 @@ struct Confirmed {
     refused: Vec<Refused>,
     /// Keys it had refused before and read alone now.
     granted: Vec<usize>,
-}
-
-/// Where the answers come from: the Consul client, or a script in tests.
-pub trait KvSource: Send + Sync + 'static {
-    fn get_wait<'a>(
-        &'a self,
-        query: &'a KvQuery,
-        index: u64,
-        wait: Duration,
-        max_bytes: u64,
-    ) -> BoxFuture<'a, Result<KvResponse, Error>>;
-
-    /// How many blocking queries may be in flight at once.
-    fn blocking_slots(&self) -> usize;
-
-    /// The longest wait of a blocking query.
-    fn wait(&self) -> Duration;
-
-    /// Whether the agent answers at all within `timeout`.
-    fn alive(&self, timeout: Duration) -> BoxFuture<'_, Result<(), Error>>;
-
-    /// Where the answers come from, for messages.
-    fn address(&self) -> &str;
-
-    /// From now on, answers give `digest` of each value in its place.
-    fn digest_values(&self, _digest: Digest) {}
-
-    /// A plain read with the values themselves.
-    fn get_values<'a>(&'a self, query: &'a KvQuery, max_bytes: u64) -> BoxFuture<'a, Result<KvResponse, Error>> {
-        self.get_wait(query, 0, MIN_WAIT, max_bytes)
-    }
-}
-
-impl KvSource for Client {
-    fn get_wait<'a>(
-        &'a self,
-        query: &'a KvQuery,
-        index: u64,
-        wait: Duration,
-        max_bytes: u64,
-    ) -> BoxFuture<'a, Result<KvResponse, Error>> {
-        Box::pin(Client::get_wait(self, query, index, wait, max_bytes))
-    }
-
-    fn digest_values(&self, digest: Digest) {
-        Client::digest_values(self, digest);
-    }
-
-    fn get_values<'a>(&'a self, query: &'a KvQuery, max_bytes: u64) -> BoxFuture<'a, Result<KvResponse, Error>> {
-        Box::pin(Client::get_values(self, query, max_bytes))
-    }
-
-    fn blocking_slots(&self) -> usize {
-        Client::blocking_slots(self)
-    }
-
-    fn wait(&self) -> Duration {
-        Client::wait(self)
-    }
-
-    fn alive(&self, timeout: Duration) -> BoxFuture<'_, Result<(), Error>> {
-        Box::pin(Client::alive(self, timeout))
-    }
-
-    fn address(&self) -> &str {
-        Client::address(self)
-    }
-}
-
-/// How much one bound prefix may hold. Past either, its bindings show `PrefixTooLarge` and its
-/// content is never kept.
-#[derive(Clone, Copy, Debug)]
-pub struct Limits {
-    pub entries: usize,
-    /// Bytes of keys and values.
-    pub bytes: u64,
-}
-
-impl Limits {
-    /// The most bytes of Consul's answer for one path: JSON with values in base64 is about
-    /// 4/3 of the raw size, plus a little per entry. An exact key may hold up to Consul's own
-    /// limit of 512 KiB, whatever the prefix limit.
-    pub fn answer_bytes(&self, recurse: bool) -> u64 {
-        let prefix = self.bytes.saturating_mul(2).saturating_add(64 << 10);
-        if recurse { prefix } else { prefix.max(1 << 20) }
-    }
 }
 
 /// Slots that the groups of one namespace take turns on, when it has more groups than its share.
@@ -564,87 +484,6 @@ impl Runner {
     fn group_wait(&self, born: Instant, lane_wait: Option<Duration>) -> Duration {
         let wait = lane_wait.map_or(self.consul.wait(), |w| w.min(self.consul.wait()));
         jitter(wait.min(born.elapsed().max(MIN_WAIT)), 0.1)
-    }
-}
-
-/// Waits out a failed request's backoff. A blip within the grace period shows nowhere; a
-/// longer failure is reported once the grace is over, even in the middle of a backoff. While
-/// the agent is known to be down nothing is retried, and when it answers again every group
-/// retries at once rather than at the end of its own backoff.
-async fn wait_to_retry(agent: &mut watch::Receiver<Option<Error>>, due: Instant, retry: Instant, report: impl Fn()) {
-    let mut reported = false;
-    loop {
-        let up = agent.borrow_and_update().is_none();
-        let now = Instant::now();
-        if !reported && now >= due {
-            report();
-            reported = true;
-        }
-        if up && now >= retry {
-            return;
-        }
-        let next = match (reported, up) {
-            (false, true) => due.min(retry),
-            (false, false) => due,
-            (true, true) => retry,
-            (true, false) => now + Duration::from_secs(3600),
-        };
-        tokio::select! {
-            _ = sleep_until(next) => {}
-            changed = agent.changed() => if changed.is_err() || agent.borrow().is_none() { return },
-        }
-    }
-}
-
-/// Returns once the agent is known to be down.
-async fn went_down(agent: &mut watch::Receiver<Option<Error>>) -> Error {
-    let down = agent.wait_for(Option::is_some).await.ok().and_then(|down| down.clone());
-    match down {
-        Some(down) => down,
-        None => std::future::pending().await,
-    }
-}
-
-/// How often the agent is asked whether it answers at all, and how long it may take.
-const AGENT_CHECK: Duration = Duration::from_secs(2);
-pub const AGENT_TIMEOUT: Duration = Duration::from_millis(1_500);
-
-/// Keeps [`Runner::agent`] current: the agent counts as down after two checks in a row went
-/// unanswered (one slow answer under load is no reason to give up every blocking query; the
-/// second comes half a second after the first), and up again at its first answer, checked
-/// every second while it is down. A check that times out while the watches have answers is
-/// a slow agent, not a hung one (its servers electing a leader, say): cutting every blocking
-/// query then would only add a read of every group to its load.
-pub async fn watch_agent(runner: Arc<Runner>) {
-    let mut unanswered = 0;
-    loop {
-        let asked = Instant::now();
-        let checked = runner.consul.alive(AGENT_TIMEOUT).await;
-        let answered = checked.is_ok() || runner.answered_at.locked().is_some_and(|at| at >= asked);
-        unanswered = if answered { 0 } else { unanswered + 1 };
-        let down = checked.err().filter(|_| unanswered >= 2);
-        let up = down.is_none();
-        if runner.agent.send_if_modified(|was| {
-            was.is_none() != up && {
-                *was = down.clone();
-                true
-            }
-        }) {
-            match &down {
-                None => info!(address = runner.consul.address(), "the Consul agent answers again"),
-                Some(error) => warn!(
-                    address = runner.consul.address(),
-                    %error,
-                    "the Consul agent stopped answering; its watches fail over to reads once it is back"
-                ),
-            }
-        }
-        let next = match (unanswered, up) {
-            (0, _) => AGENT_CHECK,
-            (_, true) => Duration::from_millis(500),
-            (_, false) => Duration::from_secs(1),
-        };
-        tokio::time::sleep(next).await;
     }
 }
 
