@@ -49,8 +49,15 @@ impl Cursor {
 
     /// Takes the `X-Consul-Index` of an answer to a request sent with [`Cursor::index`].
     pub fn answered(&mut self, returned: u64) -> Progress {
+        self.answered_above(returned, 0)
+    }
+
+    /// Takes an answer whose index must not be below `floor` either: a missing key answers
+    /// the index of its whole table, which never goes below any index the table answered
+    /// before, unless its data went back.
+    pub fn answered_above(&mut self, returned: u64, floor: u64) -> Progress {
         let sent = self.index;
-        let lower = returned < self.high;
+        let lower = returned < self.high || returned < floor;
         if lower && !self.doubted {
             self.doubted = true;
             self.index = 0;
@@ -100,6 +107,16 @@ mod tests {
         let mut cursor = Cursor::default();
         cursor.answered(0);
         assert_eq!(cursor.index(), 1);
+    }
+
+    #[test]
+    fn an_answer_below_the_floor_is_read_again_then_believed() {
+        let mut cursor = Cursor::default();
+        assert_eq!(cursor.answered_above(20, 0), Progress::Fresh);
+        assert_eq!(cursor.answered_above(70, 120), Progress::Suspect);
+        assert_eq!(cursor.answered_above(70, 120), Progress::Reset);
+        assert_eq!(cursor.answered_above(71, 70), Progress::Fresh);
+        assert_eq!(cursor.answered_above(72, 70), Progress::Forward);
     }
 
     #[test]

@@ -496,6 +496,11 @@ pub struct TargetStatus {
     /// When the controller last rolled this workload.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_rolled_time: Option<Time>,
+
+    /// The workload's uid: one deleted and made again under the same name is another, which
+    /// started with the content of its time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
 }
 
 #[cfg(test)]

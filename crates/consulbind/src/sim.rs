@@ -28,7 +28,7 @@ use tokio::time::Instant;
 use crate::{
     checksum::{self, Field},
     cluster::{
-        Live, Workload,
+        Live, Version, Workload,
         objects::Digested,
         references::{References, Use},
     },
@@ -103,6 +103,32 @@ struct Work {
     found: bool,
     /// Its template references the ConfigMap.
     refs: bool,
+    /// Made again under its name this many times.
+    uid: u32,
+    /// The binding's stamps on its template, in order: a rollout undo puts back an older one.
+    stamps: Vec<String>,
+    /// What it ran when last stamped (or made).
+    stamped_with: Content,
+    /// A rollout undo put back an older template since: as documented, it is rolled at the
+    /// next change of what it reads, never for the undo alone.
+    undone: bool,
+}
+
+impl Work {
+    fn new(runs: Content, found: bool) -> Self {
+        let stamped_with = runs.clone();
+        Self {
+            live: None,
+            generation: 1,
+            runs,
+            found,
+            refs: false,
+            uid: 0,
+            stamps: Vec::new(),
+            stamped_with,
+            undone: false,
+        }
+    }
 }
 
 /// The controller's memory, which a restart drops.
@@ -176,8 +202,7 @@ impl Sim {
         store.put("app/x", "v1");
         store.put("app/flags/a", "v1");
         let content = (store.content(), None);
-        let work = |found, refs| Work { live: None, generation: 1, runs: content.clone(), found, refs };
-        let works = BTreeMap::from([("web", work(true, false)), ("api", work(true, false))]);
+        let works = BTreeMap::from([("web", Work::new(content.clone(), true)), ("api", Work::new(content, true))]);
         let n = spec.keys.len();
         Self {
             rng,
@@ -308,6 +333,15 @@ impl Sim {
             .filter(|(_, w)| w.found)
             .filter_map(|(name, w)| Some(((WorkloadKind::Deployment, name.to_string()), w.live.clone()?)))
             .collect();
+        let versions: BTreeMap<Workload, Version> = self
+            .works
+            .iter()
+            .filter(|(_, w)| w.found)
+            .map(|(name, w)| {
+                let version = Version { uid: format!("{name}-{}", w.uid), generation: w.generation };
+                ((WorkloadKind::Deployment, name.to_string()), version)
+            })
+            .collect();
         let cm = References::from([((ObjectKind::ConfigMap, "cm".into()), Use { keys: None, optional: false })]);
         let uses: BTreeMap<Workload, References> = self
             .works
@@ -359,6 +393,7 @@ impl Sim {
             found: &found,
             live: &live,
             uses: &uses,
+            versions: &versions,
             missing: &[],
             unserved: &[],
             dry_run: false,
@@ -406,16 +441,25 @@ impl Sim {
         let content = self.content(name);
         let lost: Vec<String> =
             self.spec.keys.iter().zip(&self.lost).filter(|(_, l)| **l).map(|(k, _)| k.key.clone()).collect();
-        if self.works[name].runs == content {
+        let work = &self.works[name];
+        let (undone, undo_alone) = (work.undone, work.undone && work.stamped_with == content);
+        let unchanged = work.runs == content;
+        if undo_alone {
+            self.fail(format_args!("rolled {name} for a rollout undo alone"));
+        }
+        if !undone && unchanged {
             self.fail(format_args!("rolled {name} without a change of its content"));
         }
         if !lost.is_empty() {
             self.fail(format_args!("rolled {name} with {lost:?} lost and no go-ahead"));
         }
         let work = self.works.get_mut(name).expect("a simulated workload");
-        work.live = Some(Live { value, owned: true });
+        work.live = Some(Live { value: value.clone(), owned: true });
         work.generation += 1;
-        work.runs = content;
+        work.stamps.push(value);
+        work.runs = content.clone();
+        work.stamped_with = content;
+        work.undone = false;
     }
 
     /// The last status rolled out what it read.
@@ -473,6 +517,7 @@ impl Sim {
             .works
             .iter()
             .filter(|(name, w)| w.found && w.runs != self.content(name))
+            .filter(|(name, w)| !w.undone || w.stamped_with != self.content(name))
             .map(|(name, _)| *name)
             .collect();
         if !behind.is_empty() {
@@ -515,14 +560,17 @@ impl Sim {
     /// A loss that no replica watched shows only where Consul now answers below an index the
     /// status recorded (as documented): one that does not was indistinguishable from edits.
     fn forget_undetectable(&mut self, previous: &ConsulBindingStatus) {
+        let highest = previous.keys.iter().filter_map(|k| k.modify_index).max().unwrap_or(0);
         let below = self.spec.keys.iter().zip(&previous.keys).any(|(source, recorded)| {
             let Some(recorded) = recorded.modify_index else { return false };
-            let now = match (source.recurse, self.store.matching(source).next()) {
-                (false, Some((_, _, modify))) => Some(modify),
-                (_, None) => Some(self.store.index),
-                (true, Some(_)) => None,
+            // A missing key or an empty prefix answers the store's index, below none the
+            // status recorded.
+            let (now, floor) = match (source.recurse, self.store.matching(source).next()) {
+                (false, Some((_, _, modify))) => (Some(modify), recorded),
+                (_, None) => (Some(self.store.index), highest),
+                (true, Some(_)) => (None, recorded),
             };
-            now.is_some_and(|now| now < recorded)
+            now.is_some_and(|now| now < floor)
         });
         if !below {
             for (lost, recorded) in self.lost.iter_mut().zip(&previous.keys) {
@@ -544,6 +592,7 @@ impl Sim {
         let roll = self.rng.u32(..100);
         let key = KEYS[self.rng.usize(..KEYS.len())];
         let value = VALUES[self.rng.usize(..VALUES.len())];
+        let name = ["web", "api"][self.rng.usize(..2)];
         let event = match roll {
             0..25 => {
                 self.store.put(key, value);
@@ -600,9 +649,11 @@ impl Sim {
                 let api = self.works.get_mut("api").expect("api");
                 api.found = !api.found;
                 let found = api.found;
-                // Found without a stamp of the binding's, or a row in the status: taken as
-                // started with today's content (as documented), since nothing says otherwise.
-                let known = self.status.targets.iter().chain(&self.status.former_targets).any(|t| t.name == "api");
+                // Found without a stamp of the binding's, or a row of its uid in the status: taken
+                // as started with today's content (as documented), since nothing says otherwise.
+                let uid = format!("api-{}", self.works["api"].uid);
+                let rows = self.status.targets.iter().chain(&self.status.former_targets);
+                let known = rows.filter(|t| t.name == "api").any(|t| t.uid.as_ref().is_none_or(|u| *u == uid));
                 let api = self.works.get_mut("api").expect("api");
                 if found && api.live.is_none() && !known {
                     let content = self.content("api");
@@ -622,6 +673,27 @@ impl Sim {
             77..82 => {
                 self.cm.insert("k", value);
                 format!("ConfigMap k={value}")
+            }
+            // `kubectl rollout undo`: an older template, with an older stamp set by another
+            // manager; its pods start again and read what is there now.
+            82..86 if self.targets && self.works[name].stamps.len() > 1 => {
+                let content = self.content(name);
+                let work = self.works.get_mut(name).expect("a simulated workload");
+                let value = work.stamps[self.rng.usize(..work.stamps.len() - 1)].clone();
+                work.live = Some(Live { value, owned: false });
+                work.generation += 1;
+                work.runs = content;
+                work.undone = true;
+                format!("{name} rolled back")
+            }
+            // Deleted and applied again from its manifest, without the binding's stamp; seen at
+            // once with Consul read, as a workload found without a stamp counts as today's.
+            86..89 if self.targets && self.consul_up && self.controller.is_some() => {
+                let content = self.content(name);
+                let work = self.works.get_mut(name).expect("a simulated workload");
+                let (found, refs, uid) = (work.found, work.refs, work.uid + 1);
+                *work = Work { refs, uid, ..Work::new(content, found) };
+                format!("{name} deleted and made again")
             }
             _ => {
                 let time = Duration::from_secs(self.rng.u64(1..60));

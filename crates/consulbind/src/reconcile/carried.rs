@@ -17,7 +17,7 @@ use consulbind_api::{ConsulBindingStatus, TargetStatus, conditions};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::plan::{Input, Outcome, Plan};
-use crate::cluster::{Live, Workload};
+use crate::cluster::{Live, Version, Workload};
 
 /// The most rows of former targets kept, the newest.
 const MAX_FORMER: usize = 16;
@@ -28,9 +28,15 @@ pub struct Carried<'a> {
 }
 
 impl<'a> Carried<'a> {
-    pub fn new(status: &'a ConsulBindingStatus) -> Self {
+    /// The rows of `status` that belong to the workloads of `versions` as they are now: a row
+    /// of another uid was a workload deleted since and made again under its name.
+    pub fn new(status: &'a ConsulBindingStatus, versions: &BTreeMap<Workload, Version>) -> Self {
+        let theirs = |t: &&TargetStatus| match (&t.uid, versions.get(&(t.kind, t.name.clone()))) {
+            (Some(uid), Some(now)) if !now.uid.is_empty() => *uid == now.uid,
+            _ => true,
+        };
         // A target's row wins over a former one of the same workload.
-        let rows = status.former_targets.iter().chain(&status.targets);
+        let rows = status.former_targets.iter().chain(&status.targets).filter(theirs);
         Self { rows: rows.map(|t| ((t.kind, t.name.clone()), t)).collect() }
     }
 
@@ -53,7 +59,7 @@ impl<'a> Carried<'a> {
 
 /// The targets' rows of the status to write after `plan` and its `outcome`.
 pub fn rows(input: &Input<'_>, plan: &Plan, outcome: &Outcome, now: &Time) -> Vec<TargetStatus> {
-    let carried = Carried::new(input.previous);
+    let carried = Carried::new(input.previous, input.versions);
     input
         .found
         .iter()
@@ -93,7 +99,8 @@ pub fn rows(input: &Input<'_>, plan: &Plan, outcome: &Outcome, now: &Time) -> Ve
                 },
             };
             let stamp = stamp.filter(|s| *s != checksum);
-            Some(TargetStatus { kind: w.0, name: w.1.clone(), checksum, stamp, last_rolled_time })
+            let uid = input.versions.get(w).map(|v| v.uid.clone()).filter(|uid| !uid.is_empty());
+            Some(TargetStatus { kind: w.0, name: w.1.clone(), checksum, stamp, last_rolled_time, uid })
         })
         .collect()
 }

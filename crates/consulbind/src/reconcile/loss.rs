@@ -119,13 +119,21 @@ fn recorded<'s>(status: &'s ConsulBindingStatus, content: &KeyContent<'_>) -> Op
 /// a rebuilt cluster while no replica watched: a key read below the modify index the status
 /// recorded for it. Only what no write, delete or tombstone reaping can give counts: an exact
 /// key's own ModifyIndex, or the index of a query of its own, which for a missing key or an
-/// empty prefix is the whole store's. A prefix with keys left says nothing (reaping the
-/// tombstone of its newest key lowers its index).
+/// empty prefix is the whole store's (or its newest tombstone's, written after anything the
+/// status recorded), so it is below none of the indexes the status recorded for the binding's
+/// keys, all of one store. A prefix with keys left says nothing (reaping the tombstone of its
+/// newest key lowers its index).
 pub fn restored_since(status: &ConsulBindingStatus, contents: &[KeyContent<'_>]) -> bool {
+    let highest = status.keys.iter().filter_map(|k| k.modify_index).max();
     contents.iter().any(|c| {
         let Some(recorded) = recorded(status, c).and_then(|k| k.modify_index) else { return false };
-        own_index(c).is_some_and(|now| now < recorded)
+        let floor = if is_empty(c) { highest.unwrap_or(recorded) } else { recorded };
+        own_index(c).is_some_and(|now| now < floor)
     })
+}
+
+fn is_empty(content: &KeyContent<'_>) -> bool {
+    !content.entries.iter().any(|e| content.source.recurse || e.key == content.source.key)
 }
 
 /// The index [`restored_since`] compares for `content`: `None` where it says nothing.
@@ -142,9 +150,6 @@ fn own_index(content: &KeyContent<'_>) -> Option<u64> {
 pub fn needs_own_index(status: &ConsulBindingStatus, contents: &[KeyContent<'_>]) -> Vec<bool> {
     contents
         .iter()
-        .map(|c| {
-            let empty = !c.entries.iter().any(|e| c.source.recurse || e.key == c.source.key);
-            empty && c.index.is_none() && recorded(status, c).is_some_and(|k| k.modify_index.is_some())
-        })
+        .map(|c| is_empty(c) && c.index.is_none() && recorded(status, c).is_some_and(|k| k.modify_index.is_some()))
         .collect()
 }

@@ -218,6 +218,7 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
         found: &resolved.found,
         live: &resolved.live,
         uses: &resolved.uses,
+        versions: &resolved.versions,
         missing: &resolved.missing,
         unserved: &resolved.unserved,
         dry_run: ctx.dry_run || spec.rollout.as_ref().and_then(|r| r.mode) == Some(RolloutMode::DryRun),

@@ -18,7 +18,7 @@ use super::{
 };
 use crate::{
     checksum::{self, Source},
-    cluster::{Live, Workload, objects::Digested, references::References},
+    cluster::{Live, Version, Workload, objects::Digested, references::References},
 };
 
 /// The content of one bound key or prefix, each value as its keyed digest; no entries means
@@ -67,6 +67,8 @@ pub struct Input<'a> {
     pub found: &'a [Workload],
     /// What the found workloads carry in the binding's pod-template annotation.
     pub live: &'a BTreeMap<Workload, Live>,
+    /// The uid and generation of each found workload.
+    pub versions: &'a BTreeMap<Workload, Version>,
     /// The ConfigMaps and Secrets each found workload's pod template references, for those with any.
     pub uses: &'a BTreeMap<Workload, References>,
     /// A sentence for each target that matched nothing.
@@ -228,7 +230,7 @@ pub fn plan(input: &Input<'_>, pending: &mut Option<Pending>, now: Instant) -> P
     // Decide from what each workload carries. The binding's own stamp says what its pods run;
     // a value someone else set (a rollout undo, a hand edit) or none at all says nothing, so such
     // a workload is rolled at the next change of what it reads, never for the drift alone.
-    let carried = Carried::new(input.previous);
+    let carried = Carried::new(input.previous, input.versions);
     let content_changed = applied != desired;
     let rebase = content::Rebase::new(input.key, input.previous, &plan.keys, objects, &plan.objects);
     let mut behind = Vec::new();
@@ -476,6 +478,7 @@ mod tests {
     const KEY: checksum::Key = checksum::Key::new([42; checksum::KEY_LEN]);
     static NO_LIVE: BTreeMap<Workload, Live> = BTreeMap::new();
     static NO_USES: BTreeMap<Workload, References> = BTreeMap::new();
+    static NO_VERSIONS: BTreeMap<Workload, Version> = BTreeMap::new();
 
     /// What a binding that reads `spec.keys[0]` sees: `entries` from Consul, and `found`
     /// workloads that carry nothing. Tests change the rest with `..input(...)`.
@@ -496,6 +499,7 @@ mod tests {
             found,
             live: &NO_LIVE,
             uses: &NO_USES,
+            versions: &NO_VERSIONS,
             missing: &[],
             unserved: &[],
             dry_run: false,
@@ -754,6 +758,26 @@ mod tests {
         assert!(!restored(&exact, 50, &[], None), "missing from a shared read says nothing");
         assert!(restored(&prefix, 50, &[], Some(12)), "an empty prefix answers with the store's index");
         assert!(!restored(&prefix, 50, &at(7), Some(12)), "a reaped tombstone lowers a prefix's index");
+
+        // Issue 30: a missing key answers the store's index, which no key of the binding can have
+        // been above before, though it is above the key's own (a rebuilt store written past it).
+        let mut both = status(&exact, 20);
+        let bulk = KeyStatus {
+            key: "bulk/".into(),
+            recurse: true,
+            present: true,
+            modify_index: Some(120),
+            ..Default::default()
+        };
+        both.keys.push(bulk);
+        let missing = |index| [KeyContent { source: &exact, entries: &[], reset_hold: false, index: Some(index) }];
+        assert!(
+            loss::restored_since(&both, &missing(70)),
+            "missing below another key's index was taken for a deletion"
+        );
+        assert!(!loss::restored_since(&both, &missing(130)), "deleted after everything recorded");
+        let present = [KeyContent { source: &exact, entries: &at(70), reset_hold: false, index: Some(70) }];
+        assert!(!loss::restored_since(&both, &present), "a key that is there answers its own index");
     }
 
     #[tokio::test(start_paused = true)]

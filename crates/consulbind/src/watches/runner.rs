@@ -3,7 +3,7 @@
 //! and reports failures once they outlast the grace period.
 
 use std::{
-    collections::HashSet,
+    collections::{HashMap, HashSet},
     sync::{
         Arc,
         atomic::{AtomicUsize, Ordering},
@@ -100,6 +100,27 @@ pub struct Runner {
     pub parked_reads: Semaphore,
     /// When a group's request last had an answer of any kind from the agent.
     pub answered_at: std::sync::Mutex<Option<Instant>>,
+    /// What the answers have shown of each KV table.
+    tables: std::sync::Mutex<HashMap<Scope, Table>>,
+}
+
+/// One KV table: a datacenter's, in a namespace and partition (Consul Enterprise).
+type Scope = (Option<String>, Option<String>, Option<String>);
+
+fn scope(query: &KvQuery) -> Scope {
+    (query.datacenter.clone(), query.namespace.clone(), query.partition.clone())
+}
+
+/// What the answers have shown of one KV table. A missing key answers the table's index,
+/// which only a restore or a rebuilt cluster takes below an index it answered before, so a key
+/// watched alone that goes missing below it was lost, even where its own index did not go back
+/// (a rebuilt cluster written past it before the watch read again).
+#[derive(Default)]
+struct Table {
+    /// The highest index an answer showed since the table last went back.
+    high: u64,
+    /// How often it went back: answers to requests sent before then raise `high` no more.
+    epoch: u64,
 }
 
 /// The paths one group's query serves, and how it may block.
@@ -142,7 +163,29 @@ impl Runner {
             agent: watch::Sender::new(None),
             parked_reads: Semaphore::new(1),
             answered_at: Default::default(),
+            tables: Default::default(),
         }
+    }
+
+    /// The highest index the table of `scope` answered, and its epoch.
+    fn table(&self, scope: &Scope) -> (u64, u64) {
+        self.tables.locked().get(scope).map_or((0, 0), |t| (t.high, t.epoch))
+    }
+
+    /// An answer to a request sent in `epoch` showed `index` of the table of `scope`.
+    fn table_saw(&self, scope: &Scope, epoch: u64, index: u64) {
+        let mut tables = self.tables.locked();
+        let table = tables.entry(scope.clone()).or_default();
+        if table.epoch == epoch {
+            table.high = table.high.max(index);
+        }
+    }
+
+    /// The table of `scope` went back to `index`.
+    fn table_went_back(&self, scope: &Scope, index: u64) {
+        let mut tables = self.tables.locked();
+        let table = tables.entry(scope.clone()).or_default();
+        *table = Table { high: index, epoch: table.epoch + 1 };
     }
 
     /// Follows one group's query with blocking requests until aborted or retired (the roster's
@@ -161,12 +204,14 @@ impl Runner {
         let mut untold_reset = false;
         let mut denied_checked = Instant::now();
         let mut agent = self.agent.subscribe();
+        let table = scope(&query);
         loop {
             if roster.has_changed().is_err() {
                 return;
             }
             let index = if last.is_some() { cursor.index() } else { 0 };
             let started = Instant::now();
+            let (_, epoch) = self.table(&table);
             let (limit, lane, parked) = {
                 let current = roster.borrow();
                 (answer_limit(&self.limits, &current), current.lane.clone(), current.parked)
@@ -235,7 +280,9 @@ impl Runner {
                         // The token is accepted again, or the slots changed: plan again.
                         self.replan.notify_one();
                     }
-                    let progress = cursor.answered(response.index);
+                    let missing = !query.recurse && !response.entries.iter().any(|e| e.key == query.key);
+                    let floor = if missing { self.table(&table).0 } else { 0 };
+                    let progress = cursor.answered_above(response.index, floor);
                     if progress == Progress::Suspect {
                         // Nothing is told until a second read agrees.
                         info!(key = %query.key, index = response.index, "Consul's index went backwards; reading again before believing it");
@@ -243,8 +290,19 @@ impl Runner {
                         continue;
                     }
                     let reset = progress == Progress::Reset || untold_reset;
-                    if progress == Progress::Reset {
-                        warn!(key = %query.key, index = response.index, "Consul's index went backwards (a restore or a rebuilt cluster?); reading afresh");
+                    match progress {
+                        Progress::Reset => {
+                            warn!(key = %query.key, index = response.index, "Consul's index went backwards (a restore or a rebuilt cluster?); reading afresh");
+                            // A prefix's index also goes back when its tombstones are reaped;
+                            // a missing key's is its table's.
+                            if missing {
+                                self.table_went_back(&table, response.index);
+                            }
+                        }
+                        _ => {
+                            let seen = response.entries.iter().map(|e| e.modify_index).max().unwrap_or(0);
+                            self.table_saw(&table, epoch, seen.max(response.index));
+                        }
                     }
                     let seen =
                         last.take().filter(|(seen, _)| Arc::ptr_eq(seen, &members) && !reset).map(|(_, old)| old);

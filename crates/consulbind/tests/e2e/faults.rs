@@ -347,3 +347,97 @@ async fn frozen_then_back(s: &Scene, revisions: usize) {
     s.wait_revisions(DEPLOY, "web", revisions).await;
     s.wait_revisions(DEPLOY, "api", api).await;
 }
+
+/// A key watched alone that a rebuilt agent no longer has, with the agent written past the
+/// key's own index before the watch reads again: Consul answers the missing key with its
+/// table's index, above the key's, and only the higher index another path showed of that table
+/// tells the loss from a deletion.
+#[tokio::test]
+async fn a_key_alone_lost_in_a_rebuild_written_past_its_index_is_held() {
+    let _agent = AGENT.lock().await;
+    let consul = faults_consul().await;
+    tokio::task::spawn_blocking(|| restart(true, Duration::from_secs(1))).await.unwrap();
+    let (addr, restore) = (faults_addr(), "--consul-restore-grace=3s");
+    let Some(s) = Scene::with_args("alone-lost", &[&addr, GRACE, restore]).await else { return };
+    let (key, bulk) = (s.key("x"), s.key("bulk/"));
+    consul.put(&key, b"v1", None).await.unwrap();
+    for i in 0..100 {
+        consul.put(&format!("{bulk}{i:03}"), b"on", None).await.unwrap();
+    }
+    s.workload(DEPLOY, "web", json!({})).await;
+    s.workload(DEPLOY, "api", json!({})).await;
+    s.binding("alone", spec(json!([{"key": key, "optional": true}]), deploy("web"), "0s")).await;
+    s.binding("bulk", spec(json!([{"key": bulk, "recurse": true, "optional": true}]), deploy("api"), "0s")).await;
+    let baselined = s.wait_condition("alone", conditions::READY, "True", reason::BASELINED).await.status.unwrap();
+    let own = baselined.keys[0].modify_index.unwrap();
+    s.wait_condition("bulk", conditions::READY, "True", reason::BASELINED).await;
+    let before = s.generation("web").await;
+
+    // Frozen while the agent is rebuilt and written past the key's own index, below bulk's.
+    let pid = s.controller().pid().to_string();
+    let signal = |sig: &str| std::process::Command::new("kill").args([sig, &pid]).status().unwrap();
+    assert!(signal("-STOP").success());
+    tokio::task::spawn_blocking(|| restart(true, Duration::from_secs(1))).await.unwrap();
+    let elsewhere = s.key("elsewhere");
+    let mut index = 0;
+    for i in 0..200 {
+        consul.put(&elsewhere, i.to_string().as_bytes(), None).await.unwrap();
+        index = consul.get(&consul_kv::KvQuery::exact(&elsewhere), 0).await.unwrap().index;
+        if index > own + 5 {
+            break;
+        }
+    }
+    assert!(signal("-CONT").success());
+    assert!(index < own + 100, "the agent was written past bulk's index too: {index}");
+
+    let held = s.wait_message("alone", conditions::READY, "False", reason::CONSUL_INDEX_RESET).await;
+    assert!(held.contains(&format!("{key:?}")), "{held}");
+    tokio::time::sleep(Duration::from_secs(3) + SETTLE).await;
+    assert_eq!(s.generation("web").await, before, "a lost key was rolled out as a deletion\n{}", s.log());
+    s.finish().await;
+}
+
+/// The same loss while no controller ran: the status's highest recorded index of the binding's
+/// keys, all of one store, is a floor for the index a missing key answers.
+#[tokio::test]
+async fn a_key_lost_while_no_controller_ran_in_a_rebuild_written_past_its_index_is_held() {
+    let _agent = AGENT.lock().await;
+    let consul = faults_consul().await;
+    tokio::task::spawn_blocking(|| restart(true, Duration::from_secs(1))).await.unwrap();
+    let args = [faults_addr(), GRACE.into(), "--consul-restore-grace=3s".into()];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let Some(mut s) = Scene::with_args("first-read-lost", &args).await else { return };
+    let (key, bulk) = (s.key("x"), s.key("bulk/"));
+    consul.put(&key, b"v1", None).await.unwrap();
+    for i in 0..100 {
+        consul.put(&format!("{bulk}{i:03}"), b"on", None).await.unwrap();
+    }
+    s.workload(DEPLOY, "web", json!({})).await;
+    let keys = json!([{"key": key, "optional": true}, {"key": bulk, "recurse": true, "optional": true}]);
+    s.binding("app", spec(keys, deploy("web"), "0s")).await;
+    let baselined = s.wait_condition("app", conditions::READY, "True", reason::BASELINED).await.status.unwrap();
+    let own = baselined.keys[0].modify_index.unwrap();
+    let before = s.generation("web").await;
+
+    s.stop_controller().await;
+    tokio::task::spawn_blocking(|| restart(true, Duration::from_secs(1))).await.unwrap();
+    // The prefix keeps a key, so its index says nothing; the missing key answers the store's.
+    consul.put(&format!("{bulk}000"), b"on", None).await.unwrap();
+    let elsewhere = s.key("elsewhere");
+    let mut index = 0;
+    for i in 0..200 {
+        consul.put(&elsewhere, i.to_string().as_bytes(), None).await.unwrap();
+        index = consul.get(&consul_kv::KvQuery::exact(&elsewhere), 0).await.unwrap().index;
+        if index > own + 5 {
+            break;
+        }
+    }
+    assert!(index < own + 100, "the agent was written past bulk's index too: {index}");
+    s.start_controller(&args).await;
+
+    let held = s.wait_message("app", conditions::READY, "False", reason::CONSUL_INDEX_RESET).await;
+    assert!(held.contains(&format!("{key:?}")), "{held}");
+    tokio::time::sleep(Duration::from_secs(3) + SETTLE).await;
+    assert_eq!(s.generation("web").await, before, "a lost key was rolled out as a deletion\n{}", s.log());
+    s.finish().await;
+}

@@ -488,3 +488,38 @@ async fn a_config_map_one_target_references_rolls_that_target_alone() {
     assert_eq!(s.generation("api").await, api, "{}", s.log());
     s.finish().await;
 }
+
+/// A workload deleted and made again under its name while the content changed started with
+/// that content: the status's row of the workload before it is not its own, and nothing rolls.
+#[tokio::test]
+async fn a_workload_deleted_and_made_again_while_the_content_changed_rolls_nothing() {
+    let Some(s) = Scene::new("remade").await else { return };
+    let key = s.key("config");
+    s.put(&key, "v1").await;
+    s.workload(DEPLOY, "web", json!({})).await;
+    s.binding("cfg", spec(json!([{"key": &key}]), deploy("web"), "0s")).await;
+    s.wait_condition("cfg", conditions::READY, "True", reason::BASELINED).await;
+    s.put(&key, "v2").await;
+    s.wait_revisions(DEPLOY, "web", 2).await;
+
+    s.kubectl(&["delete", "deployment", "web", "--wait=true"]);
+    s.wait_condition("cfg", conditions::READY, "False", reason::TARGET_MISSING).await;
+    s.put(&key, "v3").await;
+    crate::support::wait("the binding to read v3", || async {
+        let status = s.get_binding("cfg").await.status.unwrap_or_default();
+        Ok(status.applied_checksum.as_deref() == Some(s.checksum_of(&key, b"v3").await.as_str()))
+    })
+    .await
+    .unwrap();
+    s.apply(workload(DEPLOY, "web", json!({}))).await.unwrap();
+    let status = s.wait_condition("cfg", conditions::READY, "True", reason::UP_TO_DATE).await.status.unwrap();
+    assert!(status.targets[0].uid.is_some(), "{status:?}");
+    tokio::time::sleep(SETTLE).await;
+    assert_eq!(s.generation("web").await, 1, "the new workload rolled for content it started with\n{}", s.log());
+
+    s.put(&key, "v4").await;
+    crate::support::wait("the change to roll", || async { Ok(s.generation("web").await > 1) }).await.unwrap();
+    tokio::time::sleep(SETTLE).await;
+    assert_eq!(s.generation("web").await, 2, "{}", s.log());
+    s.finish().await;
+}

@@ -784,3 +784,52 @@ async fn a_refused_key_missing_from_a_shared_read_is_read_alone_again_and_its_gr
     assert!(group.content(1).is_empty());
     assert_eq!(group.woken(), names(&["one", "two"]));
 }
+
+/// Issue 30: a key watched alone that goes missing answers its table's index. After a rebuilt
+/// cluster written past the key's own index before the watch read again, only an index some
+/// other answer showed of that table tells a loss from a deletion.
+#[tokio::test(start_paused = true)]
+async fn a_key_alone_missing_below_its_tables_highest_index_was_lost() {
+    let (runner, mut requests, woken) = runner(no_limits());
+    let (paths, cells) = cells(&[("app/x", false, &["one"]), ("bulk/", true, &["two"])]);
+    let roster = |i: usize| {
+        let roster = Roster::new(vec![paths[i].clone()], vec![cells[i].clone()], None, false);
+        watch::channel(Arc::new(roster))
+    };
+    let (_x, x) = roster(0);
+    let (_bulk, bulk) = roster(1);
+    tokio::spawn(runner.clone().run_group(KvQuery::exact("app/x"), x));
+    tokio::spawn(runner.clone().run_group(KvQuery::prefix("bulk/"), bulk));
+    let mut next = async |key: &str| loop {
+        let request = requests.recv().await.expect("the runner stopped");
+        if request.query.key == key {
+            return request;
+        }
+        // The other group's blocking query: never answered.
+        std::mem::forget(request);
+    };
+    next("app/x").await.reply(20, &[("app/x", "1", 20)]);
+    next("bulk/").await.reply(120, &[("bulk/a", "1", 120)]);
+    let blocking = next("app/x").await;
+    assert_eq!(blocking.index, 20);
+
+    // Gone, in a table whose index is 70 now: above the key's own 20, below the 120 seen.
+    blocking.reply(70, &[]);
+    let again = next("app/x").await;
+    assert_eq!(again.index, 0, "read again before it is believed");
+    again.reply(70, &[]);
+    next("app/x").await;
+    let KeyState::Ready(lost) = cells[0].state() else { panic!("not ready") };
+    assert!(lost.reset_hold && lost.entries.is_empty(), "a lost key was taken for a deletion");
+    assert!(woken.locked().iter().any(|b| b.name == "one"));
+
+    // From then on the table counts from 70: a deletion there is a deletion.
+    let (paths_z, cells_z) = self::cells(&[("app/z", false, &["four"])]);
+    let (_z, z) = watch::channel(Arc::new(Roster::new(paths_z, cells_z.clone(), None, false)));
+    tokio::spawn(runner.clone().run_group(KvQuery::exact("app/z"), z));
+    next("app/z").await.reply(75, &[("app/z", "1", 75)]);
+    next("app/z").await.reply(80, &[]);
+    next("app/z").await;
+    let KeyState::Ready(deleted) = cells_z[0].state() else { panic!("not ready") };
+    assert!(!deleted.reset_hold && deleted.entries.is_empty(), "a deletion after the reset was held");
+}
