@@ -76,6 +76,11 @@ impl<Id> Default for Relist<Id> {
 }
 
 impl<Id: Clone + Eq + std::hash::Hash> Relist<Id> {
+    /// The resource version of `id` as last listed or watched.
+    pub fn version(&self, id: &Id) -> Option<&str> {
+        self.versions.get(id).map(String::as_str)
+    }
+
     /// The objects a watcher event makes news of, with `id` naming each.
     pub fn event<K: Resource>(&mut self, event: &kube::runtime::watcher::Event<K>, id: impl Fn(&K) -> Id) -> Vec<Id> {
         use kube::runtime::watcher::Event;

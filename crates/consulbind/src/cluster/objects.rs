@@ -19,6 +19,7 @@ use kube::{
 };
 use tokio::sync::watch;
 
+use super::Relist;
 use crate::{
     Lock,
     checksum::{self, DIGEST_LEN, Field},
@@ -58,7 +59,8 @@ enum Listed {
 pub struct Objects {
     client: Client,
     key: checksum::Key,
-    versions: Arc<RwLock<HashMap<ObjectId, String>>>,
+    /// The resource version of every ConfigMap, then of every Secret.
+    versions: [Arc<RwLock<Relist<ObjectId>>>; 2],
     /// Digests of the objects that bindings read, by the version they were read at.
     digests: Arc<Mutex<HashMap<ObjectId, Arc<Digested>>>>,
     listed: [watch::Receiver<Listed>; 2],
@@ -81,16 +83,20 @@ impl Objects {
         namespace: Option<&str>,
         key: checksum::Key,
     ) -> (Self, impl Stream<Item = ObjectId> + Send + 'static) {
-        let versions: Arc<RwLock<HashMap<ObjectId, String>>> = Arc::default();
+        let versions: [Arc<RwLock<Relist<ObjectId>>>; 2] = Default::default();
         let digests: Arc<Mutex<HashMap<ObjectId, Arc<Digested>>>> = Arc::default();
         let (config_maps, config_maps_listed) = watch_kind(
             api::<PartialObjectMeta<ConfigMap>>(client, namespace),
             ObjectKind::ConfigMap,
-            &versions,
+            &versions[ObjectKind::ConfigMap as usize],
             &digests,
         );
-        let (secrets, secrets_listed) =
-            watch_kind(api::<PartialObjectMeta<Secret>>(client, namespace), ObjectKind::Secret, &versions, &digests);
+        let (secrets, secrets_listed) = watch_kind(
+            api::<PartialObjectMeta<Secret>>(client, namespace),
+            ObjectKind::Secret,
+            &versions[ObjectKind::Secret as usize],
+            &digests,
+        );
         let objects =
             Self { client: client.clone(), key, versions, digests, listed: [config_maps_listed, secrets_listed] };
         (objects, stream::select(config_maps, secrets))
@@ -104,7 +110,8 @@ impl Objects {
             Listed::NotYet => return Err(Unknown::Waiting),
             Listed::Failing(error) => return Err(Unknown::Failed(error)),
         }
-        let Some(version) = self.versions.read().unwrap().get(id).cloned() else { return Ok(None) };
+        let version = self.versions[id.0 as usize].read().unwrap().version(id).map(str::to_owned);
+        let Some(version) = version else { return Ok(None) };
         if let Some(known) = self.digests.locked().get(id).filter(|d| d.version == version) {
             return Ok(Some(known.clone()));
         }
@@ -182,11 +189,12 @@ where
     }
 }
 
-/// One kind's metadata watch: keeps `versions` current, and yields each object that changed.
+/// One kind's metadata watch: keeps `versions` current, and yields each object that changed,
+/// appeared or went (one gone at a re-list too), whose digests go with it.
 fn watch_kind<K>(
     api: Api<PartialObjectMeta<K>>,
     kind: ObjectKind,
-    versions: &Arc<RwLock<HashMap<ObjectId, String>>>,
+    versions: &Arc<RwLock<Relist<ObjectId>>>,
     digests: &Arc<Mutex<HashMap<ObjectId, Arc<Digested>>>>,
 ) -> (futures::stream::BoxStream<'static, ObjectId>, watch::Receiver<Listed>)
 where
@@ -195,51 +203,18 @@ where
     let (listed_tx, listed) = watch::channel(Listed::NotYet);
     let (versions, digests) = (versions.clone(), digests.clone());
     let id = move |meta: &PartialObjectMeta<K>| (kind, meta.namespace().unwrap_or_default(), meta.name_any());
-    // What a relist has seen so far; swapped in once it is complete.
-    let mut relist: Option<HashMap<ObjectId, String>> = None;
     let events = watcher::watcher(api, watcher::Config::default()).default_backoff();
     let touched = events.flat_map(move |event| {
-        let touched: Vec<ObjectId> = match event {
-            Ok(watcher::Event::Init) => {
-                relist = Some(HashMap::new());
-                Vec::new()
-            }
-            Ok(watcher::Event::InitApply(meta)) => {
-                if let Some(relist) = &mut relist {
-                    relist.insert(id(&meta), meta.resource_version().unwrap_or_default());
-                }
-                Vec::new()
-            }
-            Ok(watcher::Event::InitDone) => {
-                let fresh = relist.take().unwrap_or_default();
+        let touched = match event {
+            Ok(event) => {
                 let mut versions = versions.write().unwrap();
-                let ours = |o: &ObjectId| o.0 == kind;
-                // Whatever differs from before the relist: changed, new, or gone unseen.
-                let mut changed: Vec<ObjectId> =
-                    fresh.iter().filter(|(o, v)| versions.get(*o) != Some(*v)).map(|(o, _)| o.clone()).collect();
-                changed.extend(versions.keys().filter(|o| ours(o) && !fresh.contains_key(*o)).cloned());
-                versions.retain(|o, _| !ours(o));
-                versions.extend(fresh);
-                listed_tx.send_replace(Listed::Yes);
-                changed
-            }
-            Ok(watcher::Event::Apply(meta)) => {
-                let object = id(&meta);
-                let version = meta.resource_version().unwrap_or_default();
-                let mut versions = versions.write().unwrap();
-                match versions.get(&object) == Some(&version) {
-                    true => Vec::new(),
-                    false => {
-                        versions.insert(object.clone(), version);
-                        vec![object]
-                    }
+                let touched = versions.event(&event, id);
+                let gone = touched.iter().filter(|o| versions.version(o).is_none());
+                gone.for_each(|o| drop(digests.locked().remove(o)));
+                if matches!(event, watcher::Event::InitDone) {
+                    listed_tx.send_replace(Listed::Yes);
                 }
-            }
-            Ok(watcher::Event::Delete(meta)) => {
-                let object = id(&meta);
-                versions.write().unwrap().remove(&object);
-                digests.locked().remove(&object);
-                vec![object]
+                touched
             }
             Err(error) => {
                 tracing::warn!(%kind, %error, "watching the metadata of this kind failed; retrying");
