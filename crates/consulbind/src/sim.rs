@@ -1,9 +1,10 @@
 //! A deterministic simulator of the decision core. It runs the real watch-path state
 //! ([`Path`]), the real first-read comparison, plan, status and per-binding record against an
 //! in-memory Consul (indexes that go backwards in a wipe or a snapshot restore, tombstone
-//! reaping, outages, shared and solo reads), in-memory workloads and a ConfigMap (relabelled out
-//! of the targets and back, references added and dropped), and controller restarts that keep
-//! only the status. Time is Tokio's paused clock.
+//! reaping, outages, a path the token may no longer read, shared and solo reads), in-memory
+//! workloads and a ConfigMap (relabelled out of the targets and back, references added and
+//! dropped, a rollout undo, deleted and made again), and controller restarts that keep only
+//! the status. Time is Tokio's paused clock.
 //!
 //! Each seed makes one schedule; after every step the invariants are checked against a model
 //! that knows what happened, not what the controller concluded:
@@ -153,13 +154,15 @@ struct Sim {
     store: Store,
     snapshots: Vec<Store>,
     consul_up: bool,
+    /// The token may no longer read this path: Consul answers it 403.
+    denied: Option<usize>,
     controller: Option<Controller>,
     works: BTreeMap<&'static str, Work>,
     cm: BTreeMap<&'static str, &'static str>,
     /// Paths whose content the controller saw and that a wipe or restore emptied, with no
     /// go-ahead since.
     lost: Vec<bool>,
-    /// Each path was non-empty when the controller last read Consul.
+    /// Each path was non-empty when the controller's watch last read it.
     seen_content: Vec<bool>,
     /// A go-ahead was given since the watches last saw an index reset or the controller
     /// started: a ConsulIndexReset hold from before is released.
@@ -214,6 +217,7 @@ impl Sim {
             store,
             snapshots: Vec::new(),
             consul_up: true,
+            denied: None,
             controller: None,
             works,
             cm: BTreeMap::from([("k", "v1")]),
@@ -224,6 +228,11 @@ impl Sim {
             quiet_since: Instant::now(),
             started: Instant::now(),
         }
+    }
+
+    /// Every bound path can be read.
+    fn readable(&self) -> bool {
+        self.consul_up && self.denied.is_none()
     }
 
     fn note(&mut self, text: impl std::fmt::Display) {
@@ -257,6 +266,10 @@ impl Sim {
     fn deliver(&mut self, reaped: bool) {
         let (Some(controller), true) = (self.controller.as_mut(), self.consul_up) else { return };
         for (i, source) in self.spec.keys.iter().enumerate() {
+            if self.denied == Some(i) {
+                controller.paths[i].set_failed(reason::ACCESS_DENIED, "403 (Permission denied)");
+                continue;
+            }
             let entries = self.store.entries(source);
             let own = self.store.own_index(source);
             let path = &controller.paths[i];
@@ -283,6 +296,7 @@ impl Sim {
             }
             let own_index = (!grouped || vanished).then_some(own);
             path.set_answer(&entries, reset, own_index);
+            self.seen_content[i] = !entries.is_empty();
         }
     }
 
@@ -311,12 +325,15 @@ impl Sim {
                 .collect(),
         };
         let Some(consul) = read::consul_view(&spec, &states, u64::MAX) else { return };
-        // The go-ahead releases what the status showed as lost.
+        // The go-ahead releases what the status showed as lost. One given while Consul cannot
+        // be read says nothing of a loss the status could not show yet: that is held until a
+        // later go-ahead.
         if std::mem::take(&mut self.spec_edited) && !spec.suspend {
+            let read = matches!(consul, Consul::Ready(_));
             for (lost, shown) in self.lost.iter_mut().zip(&previous.keys) {
                 if shown.lost {
                     *lost = false;
-                    self.go_ahead = true;
+                    self.go_ahead |= read;
                 }
             }
         }
@@ -483,7 +500,7 @@ impl Sim {
     fn check_hold_shown(&mut self, ready: Option<&str>) {
         let lost: Vec<String> =
             self.spec.keys.iter().zip(&self.lost).filter(|(_, l)| **l).map(|(k, _)| k.key.clone()).collect();
-        if lost.is_empty() || !self.consul_up {
+        if lost.is_empty() || !self.readable() {
             return;
         }
         let expected = if self.spec.suspend { reason::SUSPENDED } else { reason::CONSUL_INDEX_RESET };
@@ -499,7 +516,7 @@ impl Sim {
     fn check_settled(&mut self) {
         let required = self.store.data.contains_key("app/x");
         if self.controller.is_none()
-            || !self.consul_up
+            || !self.readable()
             || self.spec.suspend
             || !required
             || self.lost.contains(&true)
@@ -526,7 +543,10 @@ impl Sim {
     }
 
     fn fail(&mut self, what: std::fmt::Arguments<'_>) {
-        panic!("invariant broken: {what}\nstatus: {:#?}\nsteps:\n{}", self.status, self.log);
+        panic!(
+            "invariant broken: {what}\nlost {:?}, go-ahead {}\nstatus: {:#?}\nsteps:\n{}",
+            self.lost, self.go_ahead, self.status, self.log
+        );
     }
 
     /// Lets `time` pass, reconciling when the binding asked to be.
@@ -541,8 +561,9 @@ impl Sim {
     }
 
     /// The store was replaced by a wipe or a restore. Where its index went backwards, each path
-    /// that held content the controller saw and is now empty is lost; where it went forward,
-    /// nobody can tell it from edits.
+    /// that held content the controller's watch saw, and its status too (so the targets may
+    /// carry it), and is now empty is lost; where it went forward, nobody can tell it from
+    /// edits.
     fn replaced(&mut self, store: Store) {
         let backwards = store.index < self.store.index;
         self.store = store;
@@ -550,9 +571,10 @@ impl Sim {
             return self.edited();
         }
         for (i, source) in self.spec.keys.iter().enumerate() {
+            let recorded = self.status.keys.get(i).is_some_and(|k| k.present);
             match self.store.matching(source).next() {
                 Some(_) => self.lost[i] = false,
-                None => self.lost[i] |= self.seen_content[i],
+                None => self.lost[i] |= self.seen_content[i] && recorded,
             }
         }
     }
@@ -645,7 +667,7 @@ impl Sim {
                 format!("suspend: {}", self.spec.suspend)
             }
             // Seen at once, with Consul read: a workload found without a stamp counts as today's.
-            66..72 if self.targets && self.consul_up && self.controller.is_some() => {
+            66..72 if self.targets && self.readable() && self.controller.is_some() => {
                 let api = self.works.get_mut("api").expect("api");
                 api.found = !api.found;
                 let found = api.found;
@@ -663,7 +685,7 @@ impl Sim {
             }
             // A reference change is recorded without a rollout where the binding has rolled out
             // what it read, and can see it: found, and Consul read.
-            72..77 if self.targets && self.works["api"].found && self.consul_up && self.settled() => {
+            72..77 if self.targets && self.works["api"].found && self.readable() && self.settled() => {
                 let api = self.works.get_mut("api").expect("api");
                 api.refs = !api.refs;
                 let refs = api.refs;
@@ -686,9 +708,21 @@ impl Sim {
                 work.undone = true;
                 format!("{name} rolled back")
             }
+            // An ACL policy change: the token may no longer read one bound path, or may again.
+            89..92 => {
+                let path = self.rng.usize(..self.spec.keys.len());
+                self.denied = match self.denied {
+                    Some(_) => None,
+                    None => Some(path),
+                };
+                match self.denied {
+                    Some(i) => format!("the token may no longer read {}", self.spec.keys[i].key),
+                    None => "the token's policy is granted again".into(),
+                }
+            }
             // Deleted and applied again from its manifest, without the binding's stamp; seen at
             // once with Consul read, as a workload found without a stamp counts as today's.
-            86..89 if self.targets && self.consul_up && self.controller.is_some() => {
+            86..89 if self.targets && self.readable() && self.controller.is_some() => {
                 let content = self.content(name);
                 let work = self.works.get_mut(name).expect("a simulated workload");
                 let (found, refs, uid) = (work.found, work.refs, work.uid + 1);
@@ -726,6 +760,7 @@ fn run(seed: u64, targets: bool) {
         }
         // The end: Consul answers, the controller runs, and time passes.
         sim.consul_up = true;
+        sim.denied = None;
         if sim.controller.is_none() {
             sim.start_controller();
         }
