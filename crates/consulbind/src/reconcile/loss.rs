@@ -46,15 +46,81 @@ pub fn spec_digest(spec: &ConsulBindingSpec) -> String {
     Sha256::digest(&json)[..8].iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// The keys a status written before keys were marked holds as lost: those its Ready message
+/// names, or, where that cannot be read, every one. Empty when it has marks or holds nothing.
+enum Unmarked {
+    None,
+    Named(Vec<String>),
+    All,
+}
+
+impl Unmarked {
+    fn of(status: &ConsulBindingStatus) -> Self {
+        if status.keys.iter().any(|k| k.lost) || !ready_says_lost(status) {
+            return Self::None;
+        }
+        let message = status.conditions.iter().find(|c| c.type_ == conditions::READY).map(|c| c.message.as_str());
+        match message.and_then(named_lost) {
+            Some(names) => Self::Named(names),
+            None => Self::All,
+        }
+    }
+
+    fn covers(&self, key: &str) -> bool {
+        match self {
+            Self::None => false,
+            Self::Named(names) => names.iter().any(|n| n == key),
+            Self::All => true,
+        }
+    }
+}
+
+/// The keys in a Ready message of [`hold`]'s (`… just as "a", "b" became empty; …`), each
+/// quoted as Rust's `{:?}` quotes it; `None` if it is not one.
+pub(super) fn named_lost(message: &str) -> Option<Vec<String>> {
+    let (_, rest) = message.split_once(") just as ")?;
+    let mut chars = rest.chars();
+    let mut names = Vec::new();
+    loop {
+        if chars.next()? != '"' {
+            return None;
+        }
+        let mut name = String::new();
+        loop {
+            match chars.next()? {
+                '"' => break,
+                '\\' => match chars.next()? {
+                    'n' => name.push('\n'),
+                    'r' => name.push('\r'),
+                    't' => name.push('\t'),
+                    '0' => name.push('\0'),
+                    'u' => {
+                        let code: String = chars.by_ref().skip(1).take_while(|c| *c != '}').collect();
+                        name.push(char::from_u32(u32::from_str_radix(&code, 16).ok()?)?);
+                    }
+                    escaped => name.push(escaped),
+                },
+                c => name.push(c),
+            }
+        }
+        names.push(name);
+        let rest = chars.as_str();
+        match rest.strip_prefix(", ") {
+            Some(more) => chars = more.chars(),
+            None => return rest.starts_with(" became empty").then_some(names),
+        }
+    }
+}
+
 /// Holds `plan` for the keys that are lost, and marks them in the status; unless the
 /// go-ahead released them or the targets carry the content already. Returns whether it held.
 pub fn hold(input: &Input<'_>, plan: &mut Plan, contents: &[KeyContent<'_>]) -> bool {
-    // A status written before keys were marked: every empty key may be the lost one.
-    let unmarked = !input.previous.keys.iter().any(|k| k.lost) && ready_says_lost(input.previous);
-    let mut marks: Vec<bool> = contents.iter().map(|c| lost(input, c, unmarked)).collect();
+    let unmarked = Unmarked::of(input.previous);
+    let mut marks: Vec<bool> = contents.iter().map(|c| lost(input, c, &unmarked)).collect();
     // The go-ahead releases what the last status showed as lost, not a loss found only now.
     if marks.contains(&true) && go_ahead(input) {
-        let shown = |c: &KeyContent<'_>| unmarked || recorded(input.previous, c).is_some_and(|k| k.lost);
+        let shown =
+            |c: &KeyContent<'_>| unmarked.covers(&c.source.key) || recorded(input.previous, c).is_some_and(|k| k.lost);
         marks.iter_mut().zip(contents).for_each(|(lost, c)| *lost &= !shown(c));
     }
     let names: Vec<&str> =
@@ -95,11 +161,13 @@ pub fn unread_keys(input: &Input<'_>) -> Vec<KeyStatus> {
 }
 
 /// Whether the key `content` is read for is lost (see the module's transitions).
-fn lost(input: &Input<'_>, content: &KeyContent<'_>, unmarked: bool) -> bool {
+fn lost(input: &Input<'_>, content: &KeyContent<'_>, unmarked: &Unmarked) -> bool {
     let recorded = recorded(input.previous, content);
     let had_content = recorded.is_some_and(|k| k.present);
     content.entries.is_empty()
-        && (recorded.is_some_and(|k| k.lost) || unmarked || (had_content && (content.reset_hold || input.restored)))
+        && (recorded.is_some_and(|k| k.lost)
+            || unmarked.covers(&content.source.key)
+            || (had_content && (content.reset_hold || input.restored)))
 }
 
 fn ready_reason(status: &ConsulBindingStatus) -> Option<&str> {

@@ -1049,6 +1049,42 @@ mod tests {
         assert!(plan.hold.is_none() && plan.roll.is_empty());
         assert_eq!(condition(&back, conditions::READY).status, "True");
         assert!(back.keys.iter().all(|k| !k.lost));
+
+        // Issue 30: a status of a release before the marks names the lost keys in its message
+        // alone. Only those hold: app/config back with other content rolls, app/never holds
+        // nothing.
+        let mut older = held.clone();
+        older.keys.iter_mut().for_each(|k| k.lost = false);
+        older.observed_spec = None;
+        let mut unreadable = older.clone();
+        unreadable.conditions.iter_mut().for_each(|c| c.message = "held".into());
+        static CHANGED: std::sync::LazyLock<Vec<KvEntry>> = std::sync::LazyLock::new(|| entry("v2"));
+        let (plan, _) = plan_and_status(&at(read(&CHANGED, false), &older));
+        assert!(plan.hold.is_none() && plan.roll == web(), "{:?}", plan.hold);
+        let (plan, _) = plan_and_status(&at(read(&[], false), &older));
+        let (_, message) = plan.hold.expect("the key the message names is still lost");
+        assert!(message.contains("app/config") && !message.contains("app/never"), "{message}");
+        // One whose message cannot be read holds every empty key, as before.
+        let (plan, _) = plan_and_status(&at(read(&CHANGED, false), &unreadable));
+        let (_, message) = plan.hold.expect("an unreadable message holds every empty key");
+        assert!(message.contains("app/never"), "{message}");
+    }
+
+    #[test]
+    fn the_keys_an_older_ready_message_names_are_read_back_as_quoted() {
+        let message = |names: &[&str]| {
+            format!(
+                "Consul's index went backwards (a snapshot restore or a rebuilt cluster?) just as {} became empty; \
+                 rollouts are held until the content is back. To roll out the empty content, change this binding's \
+                 spec",
+                quoted(names)
+            )
+        };
+        for names in [&["app/x"][..], &["a", "b/"], &[r#"we"ird, "key"#, "tab\there", "\u{378}\\"]] {
+            let named = loss::named_lost(&message(names));
+            assert_eq!(named.as_deref(), Some(&names.iter().map(|n| n.to_string()).collect::<Vec<_>>()[..]));
+        }
+        assert_eq!(loss::named_lost("held"), None);
     }
 
     #[tokio::test(start_paused = true)]

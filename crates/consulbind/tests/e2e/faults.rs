@@ -441,3 +441,39 @@ async fn a_key_lost_while_no_controller_ran_in_a_rebuild_written_past_its_index_
     assert_eq!(s.generation("web").await, before, "a lost key was rolled out as a deletion\n{}", s.log());
     s.finish().await;
 }
+
+/// A hold written by a release before each lost key was marked names the lost keys in its
+/// Ready message alone. After the upgrade only those hold: an optional key that was empty all
+/// along holds nothing, and the named key back with other content rolls once.
+#[tokio::test]
+async fn an_upgrade_during_a_hold_holds_only_the_keys_the_older_status_named() {
+    let Some(mut s) = Scene::with_args("upgrade-hold", &["--consul-restore-grace=3s"]).await else { return };
+    let (key, never) = (s.key("x"), s.key("never"));
+    s.put(&key, "v1").await;
+    s.workload(DEPLOY, "web", json!({})).await;
+    let keys = json!([{"key": key, "optional": true}, {"key": never, "optional": true}]);
+    s.binding("app", spec(keys, deploy("web"), "0s")).await;
+    s.wait_condition("app", conditions::READY, "True", reason::BASELINED).await;
+    let before = s.generation("web").await;
+    s.stop_controller().await;
+
+    // As that release left it: x lost in a reset, no marks, no observed spec; x came back
+    // meanwhile with other content.
+    let message = format!(
+        "Consul's index went backwards (a snapshot restore or a rebuilt cluster?) just as {key:?} became empty; \
+         rollouts are held until the content is back. To roll out the empty content, change this binding's spec"
+    );
+    let held = json!({"status": {"observedSpec": null, "conditions": [{"type": "Ready", "status": "False",
+        "reason": "ConsulIndexReset", "message": message, "lastTransitionTime": "2026-01-01T00:00:00Z"}]}});
+    s.bindings().patch_status("app", &PatchParams::default(), &Patch::Merge(&held)).await.unwrap();
+    s.put(&key, "v2").await;
+    s.start_controller(&["--consul-restore-grace=3s"]).await;
+
+    let rolled = || async { Ok(s.generation("web").await > before) };
+    wait_for("the change to roll after the restore grace", Duration::from_secs(30), rolled).await.unwrap();
+    let status = s.wait_condition("app", conditions::READY, "True", reason::UP_TO_DATE).await.status.unwrap();
+    assert!(status.keys.iter().all(|k| !k.lost), "{:?}", status.keys);
+    tokio::time::sleep(SETTLE).await;
+    assert_eq!(s.generation("web").await, before + 1, "{}", s.log());
+    s.finish().await;
+}
