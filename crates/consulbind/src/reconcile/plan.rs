@@ -1330,6 +1330,58 @@ mod tests {
         assert_eq!(plan.roll, web());
     }
 
+    /// A release before per-target checksums gave every target the binding's checksum. After
+    /// the upgrade each carries what it reads: nothing rolls, and a ConfigMap only api reads
+    /// rolls api alone.
+    #[tokio::test(start_paused = true)]
+    async fn rows_of_one_checksum_for_every_target_are_read_as_what_each_target_reads() {
+        let spec = ConsulBindingSpec { include_target_references: true, ..spec(false) };
+        let source = ObjectSource { name: "app".into(), keys: None, optional: false };
+        let digested = |value: &str| Digested {
+            version: "1".into(),
+            entries: vec![("a".into(), checksum::Field::Data, checksum::digest(&KEY, value.as_bytes()))],
+        };
+        let (one, two) = (digested("1"), digested("2"));
+        let api: Workload = (WorkloadKind::Deployment, "api".into());
+        let found = vec![api.clone(), web()[0].clone()];
+        let uses: BTreeMap<Workload, References> = BTreeMap::from([(
+            api.clone(),
+            References::from([((ObjectKind::ConfigMap, "app".into()), Use { keys: None, optional: false })]),
+        )]);
+        let entries = entry("v1");
+        let at = |previous, data, live| {
+            let object =
+                ObjectContent { kind: ObjectKind::ConfigMap, source: &source, referenced: true, data: Some(data) };
+            let input =
+                Input { objects: Ok(vec![object]), uses: &uses, live, ..input(&spec, previous, &entries, &found) };
+            plan_and_status(&input)
+        };
+        let fresh = ConsulBindingStatus::default();
+        let (_, baseline) = at(&fresh, &one, &NO_LIVE);
+        let applied = baseline.applied_checksum.clone().unwrap();
+        // As the older release wrote it, after a rollout: both rows and stamps the binding's.
+        let mut older = baseline.clone();
+        older.targets.iter_mut().for_each(|t| t.checksum = applied.clone());
+        let live: BTreeMap<Workload, Live> =
+            found.iter().map(|w| (w.clone(), Live { value: applied.clone(), owned: true })).collect();
+        let (plan, upgraded) = at(&older, &one, &live);
+        assert!(plan.roll.is_empty(), "an upgrade rolled {:?}", plan.roll);
+        assert_eq!(
+            upgraded.targets,
+            baseline
+                .targets
+                .iter()
+                .map(|t| consulbind_api::TargetStatus {
+                    stamp: Some(applied.clone()).filter(|a| *a != t.checksum),
+                    ..t.clone()
+                })
+                .collect::<Vec<_>>()
+        );
+        assert_eq!(upgraded.target_summary.as_deref(), Some("2/2"));
+        let (plan, _) = at(&upgraded, &two, &live);
+        assert_eq!(plan.roll, [api]);
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_config_map_is_part_of_the_content_and_a_missing_one_holds() {
         let (_, consul_only) = step(&spec(false), &Default::default(), &entry("v1"), &web());
