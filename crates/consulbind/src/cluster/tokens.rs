@@ -82,9 +82,11 @@ pub const MAX_TOKEN_KEYS: usize = 16;
 const TOO_LARGE: &[u8] = b"\xff";
 
 /// Keeps what could be a token: the first keys, and their values up to a token's size, a longer
-/// one as a marker, so that a binding naming it hears why it cannot be used.
+/// one as a marker, so that a binding naming it hears why it cannot be used. Labels go too: the
+/// watch selects by label on the server, and a tenant may put thousands on a Secret.
 fn keep_token_sized(secret: &mut Secret) {
     secret.string_data = None;
+    secret.metadata.labels = None;
     if let Some(data) = &mut secret.data {
         while data.len() > MAX_TOKEN_KEYS {
             data.pop_last();
@@ -112,13 +114,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_labelled_secret_keeps_token_sized_values_of_its_first_keys_only() {
+    fn a_labelled_secret_keeps_token_sized_values_of_its_first_keys_only_and_no_labels() {
         let mut data: std::collections::BTreeMap<String, ByteString> =
             (0..40).map(|i| (format!("k{i:02}"), ByteString(vec![b'v'; 10]))).collect();
         data.insert("k00".into(), ByteString(vec![b'x'; 8 << 20]));
         data.insert("k01".into(), ByteString(vec![b't'; MAX_TOKEN_BYTES]));
         let mut secret = Secret { data: Some(data), ..Secret::default() };
+        let labels = (0..2500).map(|i| (format!("label-{i}"), "x".repeat(400)));
+        secret.metadata.labels = Some(labels.collect());
         keep_token_sized(&mut secret);
+        assert_eq!(secret.metadata.labels, None, "labels a tenant set are cached");
         let data = secret.data.as_ref().unwrap();
         assert_eq!(data.len(), MAX_TOKEN_KEYS);
         assert_eq!(data["k00"].0, TOO_LARGE);

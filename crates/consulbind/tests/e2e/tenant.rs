@@ -506,3 +506,27 @@ async fn many_token_scopes_in_one_namespace_leave_another_its_own_watch() {
     quiet.finish().await;
     busy.finish().await;
 }
+
+/// Labels a tenant puts on its token Secrets are not kept: the watch selects by label on the
+/// server, and the cache needs only the token. 16 Secrets with about 800 KB of labels each:
+/// resident memory grew by 22 MiB when they were kept, and by 8 MiB (the reads' buffers) when not.
+#[tokio::test]
+async fn labels_a_tenant_puts_on_token_secrets_are_not_kept() {
+    let Some(s) = Scene::new("token-labels").await else { return };
+    let before = rss_kib(s.controller().pid());
+    let prefix = format!("{}.example", ["a".repeat(60), "b".repeat(60), "c".repeat(60)].join("."));
+    let mut labels: serde_json::Map<String, serde_json::Value> =
+        (0..2500).map(|i| (format!("{prefix}/label-{i:04}-{}", "x".repeat(40)), json!("y".repeat(63)))).collect();
+    labels.insert("consulbind.dev/token".into(), json!("true"));
+    for i in 0..16 {
+        let secret = json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": format!("token-{i}"), "labels": labels}, "stringData": {"token": "t"}});
+        s.apply(secret).await.unwrap();
+    }
+    // Past the controller's periodic trim of freed memory.
+    tokio::time::sleep(std::time::Duration::from_secs(15)).await;
+    let after = rss_kib(s.controller().pid());
+    eprintln!("resident memory: {before} KiB before, {after} KiB after 16 labelled Secrets");
+    assert!(after < before + (14 << 10), "resident memory went from {before} KiB to {after} KiB");
+    s.finish().await;
+}
