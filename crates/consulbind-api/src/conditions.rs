@@ -33,8 +33,9 @@ pub mod reason {
     /// A bound prefix holds more keys or bytes than the controller's limits.
     pub const PREFIX_TOO_LARGE: &str = "PrefixTooLarge";
     /// A binding's sources exceed the controller's limits: its keys and prefixes hold more bytes
-    /// together than `--max-binding-bytes`, or its targets reference more ConfigMaps and
-    /// Secrets than a binding may read that way.
+    /// together than `--max-binding-bytes`, a bound ConfigMap or Secret has more data keys than
+    /// `--max-object-keys`, or its targets reference more ConfigMaps and Secrets than a binding
+    /// may read that way.
     pub const BINDING_TOO_LARGE: &str = "BindingTooLarge";
     /// In `DryRun` mode: the targets would have been rolled, and were not.
     pub const DRY_RUN: &str = "DryRun";

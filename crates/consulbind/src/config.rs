@@ -85,6 +85,11 @@ pub struct Config {
     #[arg(long, env = "CONSULBIND_MAX_BINDING_BYTES", default_value_t = 32 << 20)]
     pub max_binding_bytes: u64,
 
+    /// The most data keys a bound ConfigMap or Secret may have: the controller keeps a digest
+    /// of each. Past it, its bindings show `BindingTooLarge` and roll nothing.
+    #[arg(long, env = "CONSULBIND_MAX_OBJECT_KEYS", default_value_t = 4096)]
+    pub max_object_keys: usize,
+
     /// Report what every binding would roll, and roll nothing, whatever `spec.rollout.mode`
     /// says: for a first install in a production cluster.
     #[arg(long, env = "CONSULBIND_DRY_RUN", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]

@@ -110,7 +110,8 @@ pub async fn run(config: Config, shutdown: signal::Receiver<bool>) -> Result<(),
     for (scope, wakes) in scopes.into_iter().zip(receivers) {
         let (workloads, touched) = Workloads::start(&client, scope.as_deref());
         let (tokens, secrets_touched) = Tokens::start(&client, scope.as_deref());
-        let (objects, objects_touched) = Objects::start(&client, scope.as_deref(), checksum_key.clone());
+        let (objects, objects_touched) =
+            Objects::start(&client, scope.as_deref(), checksum_key.clone(), config.max_object_keys);
         let (policy, namespaces_touched) = Policy::start(&client, scope.as_deref(), default_prefixes.clone());
         let (reader, writer) = reflector::store::<ConsulBinding>();
         let ctx = Arc::new(Context {

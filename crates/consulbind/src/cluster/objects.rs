@@ -64,6 +64,8 @@ pub struct Objects {
     /// Digests of the objects that bindings read, by the version they were read at.
     digests: Arc<Mutex<HashMap<ObjectId, Arc<Digested>>>>,
     listed: [watch::Receiver<Listed>; 2],
+    /// The most data keys of a bound object: each costs a digest in the cache.
+    max_keys: usize,
 }
 
 /// Why an object's data is not known.
@@ -73,6 +75,8 @@ pub enum Unknown {
     Waiting,
     /// A person must act: the controller may not list or read this kind, for example.
     Failed(String),
+    /// It has more data keys than a bound object may have.
+    TooLarge(String),
 }
 
 impl Objects {
@@ -82,6 +86,7 @@ impl Objects {
         client: &Client,
         namespace: Option<&str>,
         key: checksum::Key,
+        max_keys: usize,
     ) -> (Self, impl Stream<Item = ObjectId> + Send + 'static) {
         let versions: [Arc<RwLock<Relist<ObjectId>>>; 2] = Default::default();
         let digests: Arc<Mutex<HashMap<ObjectId, Arc<Digested>>>> = Arc::default();
@@ -97,8 +102,8 @@ impl Objects {
             &versions[ObjectKind::Secret as usize],
             &digests,
         );
-        let objects =
-            Self { client: client.clone(), key, versions, digests, listed: [config_maps_listed, secrets_listed] };
+        let listed = [config_maps_listed, secrets_listed];
+        let objects = Self { client: client.clone(), key, versions, digests, listed, max_keys };
         (objects, stream::select(config_maps, secrets))
     }
 
@@ -128,6 +133,14 @@ impl Objects {
             }
         };
         let digested = match fetched {
+            Ok(Some(digested)) if digested.entries.len() > self.max_keys => {
+                return Err(Unknown::TooLarge(format!(
+                    "{kind} {name:?} has {} data keys, more than the {} (--max-object-keys) a bound object may \
+                     have; bind fewer keys with larger values, or ask for a higher limit",
+                    digested.entries.len(),
+                    self.max_keys
+                )));
+            }
             Ok(Some(digested)) => Arc::new(digested),
             // Deleted since the watch saw it: its deletion wakes the binding again.
             Ok(None) => return Ok(None),

@@ -175,6 +175,7 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
             // The caches list within moments, and their first list wakes the binding.
             Err(Unknown::Waiting) => return Ok(Action::requeue(Duration::from_secs(1))),
             Err(Unknown::Failed(message)) => Err((conditions::reason::OBJECT_UNREADABLE, message)),
+            Err(Unknown::TooLarge(message)) => Err((conditions::reason::BINDING_TOO_LARGE, message)),
         },
         Err(message) => Err((conditions::reason::BINDING_TOO_LARGE, message.clone())),
     };

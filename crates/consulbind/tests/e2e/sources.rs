@@ -493,7 +493,7 @@ async fn a_config_map_one_target_references_rolls_that_target_alone() {
 /// that content: the status's row of the workload before it is not its own, and nothing rolls.
 #[tokio::test]
 async fn a_workload_deleted_and_made_again_while_the_content_changed_rolls_nothing() {
-    let Some(s) = Scene::new("remade").await else { return };
+    let Some(s) = Scene::new("remade-changed").await else { return };
     let key = s.key("config");
     s.put(&key, "v1").await;
     s.workload(DEPLOY, "web", json!({})).await;
@@ -521,5 +521,43 @@ async fn a_workload_deleted_and_made_again_while_the_content_changed_rolls_nothi
     crate::support::wait("the change to roll", || async { Ok(s.generation("web").await > 1) }).await.unwrap();
     tokio::time::sleep(SETTLE).await;
     assert_eq!(s.generation("web").await, 2, "{}", s.log());
+    s.finish().await;
+}
+
+/// A ConfigMap with more data keys than `--max-object-keys` is refused with a reason naming it,
+/// rolls nothing, and takes nothing from the binding beside it; back within the limit it is
+/// read, and its next change rolls.
+#[tokio::test]
+async fn a_config_map_over_the_key_limit_is_refused_and_rolls_nothing() {
+    let Some(s) = Scene::with_args("object-keys", &["--max-object-keys=100"]).await else { return };
+    let many: serde_json::Map<String, Value> = (0..150).map(|i| (format!("k{i:03}"), json!("1"))).collect();
+    s.apply(config_map("many", json!({}), Value::Object(many.clone()))).await.unwrap();
+    s.apply(config_map("few", json!({}), json!({"a": "1"}))).await.unwrap();
+    s.workload(DEPLOY, "web", json!({})).await;
+    s.workload(DEPLOY, "api", json!({})).await;
+    let binding = |name: &str, target: &str| json!({"configMaps": [{"name": name}], "targets": deploy(target), "rollout": {"quietPeriod": "0s"}});
+    s.binding("many", binding("many", "web")).await;
+    s.binding("few", binding("few", "api")).await;
+    let message = s.wait_message("many", conditions::READY, "False", reason::BINDING_TOO_LARGE).await;
+    assert!(message.contains(r#"ConfigMap "many""#) && message.contains("--max-object-keys"), "{message}");
+    s.wait_condition("few", conditions::READY, "True", reason::BASELINED).await;
+    let events = s.events_for("many").await;
+    assert!(events.iter().any(|(r, _)| r == reason::BINDING_TOO_LARGE), "{events:?}");
+
+    let mut changed = many.clone();
+    changed.insert("k000".into(), json!("2"));
+    s.apply(config_map("many", json!({}), Value::Object(changed))).await.unwrap();
+    assert_eq!(settled_revisions(&s).await, 1, "a refused ConfigMap rolled its target");
+    s.apply(config_map("few", json!({}), json!({"a": "2"}))).await.unwrap();
+    s.wait_revisions(DEPLOY, "api", 2).await;
+
+    // Within the limit: read as its first content, then its changes roll.
+    let within: serde_json::Map<String, Value> = (0..50).map(|i| (format!("k{i:03}"), json!("1"))).collect();
+    s.apply(config_map("many", json!({}), Value::Object(within.clone()))).await.unwrap();
+    s.wait_condition("many", conditions::READY, "True", reason::BASELINED).await;
+    let mut within = within;
+    within.insert("k000".into(), json!("3"));
+    s.apply(config_map("many", json!({}), Value::Object(within))).await.unwrap();
+    s.wait_revisions(DEPLOY, "web", 2).await;
     s.finish().await;
 }
