@@ -37,6 +37,9 @@ pub mod reason {
     /// `--max-object-keys`, or its targets reference more ConfigMaps and Secrets than a binding
     /// may read that way.
     pub const BINDING_TOO_LARGE: &str = "BindingTooLarge";
+    /// The namespace has more bindings than the controller serves in one
+    /// (`--max-bindings-per-namespace`); the oldest are served.
+    pub const TOO_MANY_BINDINGS: &str = "TooManyBindings";
     /// In `DryRun` mode: the targets would have been rolled, and were not.
     pub const DRY_RUN: &str = "DryRun";
     /// A target's kind is not served by the cluster (Argo Rollouts not installed), or not to

@@ -85,6 +85,12 @@ pub struct Config {
     #[arg(long, env = "CONSULBIND_MAX_BINDING_BYTES", default_value_t = 32 << 20)]
     pub max_binding_bytes: u64,
 
+    /// The most ConsulBindings of one namespace served, the oldest first: one namespace cannot
+    /// multiply the controller's watches and writes past it. The others show
+    /// `TooManyBindings` until older ones are deleted.
+    #[arg(long, env = "CONSULBIND_MAX_BINDINGS_PER_NAMESPACE", default_value_t = 5000)]
+    pub max_bindings_per_namespace: usize,
+
     /// The most data keys a bound ConfigMap or Secret may have: the controller keeps a digest
     /// of each. Past it, its bindings show `BindingTooLarge` and roll nothing.
     #[arg(long, env = "CONSULBIND_MAX_OBJECT_KEYS", default_value_t = 4096)]

@@ -130,6 +130,13 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
             return Ok(Action::await_change());
         }
     };
+    if let Some(message) = read::beyond_namespace_share(ctx, binding) {
+        ctx.unsubscribe(&oref);
+        let status = report::not_served(binding, &previous, conditions::reason::TOO_MANY_BINDINGS, &message);
+        report::status(ctx, binding, &previous, &status).await?;
+        // Served once older bindings go.
+        return Ok(Action::requeue(RETRY));
+    }
     let mut contents = Vec::new();
     let mut queries = Vec::new();
     let mut in_turns = None;

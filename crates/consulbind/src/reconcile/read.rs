@@ -8,6 +8,7 @@ use consulbind_api::{
     ConsulBinding, ConsulBindingSpec, ConsulBindingStatus, KeySource, MAX_DELAY, MAX_QUIET_PERIOD, ObjectKind,
     ObjectSource, parse_duration,
 };
+use kube::ResourceExt as _;
 
 use super::{
     context::Context,
@@ -342,6 +343,32 @@ fn trust(stamps: &mut BTreeMap<Workload, (Version, String)>, resolved: &mut Reso
         }
         behind
     });
+}
+
+/// Why `binding` is not served, when its namespace has more bindings than the controller serves
+/// in one: the oldest are (by creation time, then name), so a new one cannot push out another.
+pub fn beyond_namespace_share(ctx: &Context, binding: &ConsulBinding) -> Option<String> {
+    let limit = ctx.max_bindings_per_namespace;
+    let bindings = ctx.bindings.state();
+    if bindings.len() <= limit {
+        return None;
+    }
+    let namespace = binding.namespace();
+    let key = |b: &ConsulBinding| (b.metadata.creation_timestamp.clone(), b.name_any());
+    let mut ranks: Vec<_> = bindings.iter().filter(|b| b.namespace() == namespace).map(|b| key(b)).collect();
+    if ranks.len() <= limit {
+        return None;
+    }
+    ranks.sort_unstable();
+    let rank = ranks.iter().position(|r| *r == key(binding))?;
+    (rank >= limit).then(|| {
+        format!(
+            "this namespace has {} ConsulBindings, more than the {limit} the controller serves in one namespace \
+             (--max-bindings-per-namespace); the oldest {limit} are served, and this one once older ones are \
+             deleted, or the limit is raised",
+            ranks.len()
+        )
+    })
 }
 
 /// The binding's status: the one this replica last wrote for this very object, else the cached one.

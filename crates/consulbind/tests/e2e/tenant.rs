@@ -530,3 +530,36 @@ async fn labels_a_tenant_puts_on_token_secrets_are_not_kept() {
     assert!(after < before + (14 << 10), "resident memory went from {before} KiB to {after} KiB");
     s.finish().await;
 }
+
+/// A namespace gets at most `--max-bindings-per-namespace` bindings served, the oldest: the
+/// next shows `TooManyBindings`, watches nothing and rolls nothing, and is served once an older
+/// one is deleted.
+#[tokio::test]
+async fn bindings_beyond_the_namespace_limit_wait_their_turn() {
+    let Some(s) = Scene::with_args("binding-limit", &["--max-bindings-per-namespace=2"]).await else { return };
+    for name in ["a", "b", "c"] {
+        let key = s.key(name);
+        s.put(&key, "v1").await;
+        s.workload(DEPLOY, name, json!({})).await;
+        s.binding(name, spec(json!([{"key": key}]), deploy(name), "0s")).await;
+        // Created in order, a second apart: the oldest are served.
+        tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    }
+    s.wait_condition("a", conditions::READY, "True", reason::BASELINED).await;
+    s.wait_condition("b", conditions::READY, "True", reason::BASELINED).await;
+    let message = s.wait_message("c", conditions::READY, "False", reason::TOO_MANY_BINDINGS).await;
+    assert!(message.contains("--max-bindings-per-namespace"), "{message}");
+    let events = s.events_for("c").await;
+    assert!(events.iter().any(|(r, _)| r == reason::TOO_MANY_BINDINGS), "{events:?}");
+    assert!(!watched(&s, &s.key("c")).await, "a binding beyond the limit is watched");
+    s.put(&s.key("c"), "v2").await;
+    tokio::time::sleep(crate::support::SETTLE).await;
+    assert_eq!(s.revisions(DEPLOY, "c").await, 1, "a binding beyond the limit rolled its target");
+
+    // An older one goes: c is served, with what its target runs as the baseline.
+    s.bindings().delete("a", &Default::default()).await.unwrap();
+    s.wait_condition("c", conditions::READY, "True", reason::BASELINED).await;
+    s.put(&s.key("c"), "v3").await;
+    s.wait_revisions(DEPLOY, "c", 2).await;
+    s.finish().await;
+}
