@@ -321,6 +321,31 @@ async fn data_lost_while_no_controller_ran_is_held_when_paths_share_a_read() {
     s.finish().await;
 }
 
+/// Writes key `x`, then 100 keys under `bulk/`, so that the agent's index ends about 100 above
+/// the key's own.
+async fn key_then_bulk(consul: &Consul, s: &Scene) -> (String, String) {
+    let (key, bulk) = (s.key("x"), s.key("bulk/"));
+    consul.put(&key, b"v1", None).await.unwrap();
+    for i in 0..100 {
+        consul.put(&format!("{bulk}{i:03}"), b"on", None).await.unwrap();
+    }
+    (key, bulk)
+}
+
+/// Writes elsewhere until the agent's index is past `own`; returns the index reached.
+async fn write_past(consul: &Consul, s: &Scene, own: u64) -> u64 {
+    let elsewhere = s.key("elsewhere");
+    let mut index = 0;
+    for i in 0..200 {
+        consul.put(&elsewhere, i.to_string().as_bytes(), None).await.unwrap();
+        index = consul.get(&consul_kv::KvQuery::exact(&elsewhere), 0).await.unwrap().index;
+        if index > own + 5 {
+            break;
+        }
+    }
+    index
+}
+
 /// Writes elsewhere, to lift the agent's index well above where a rebuilt agent starts.
 async fn lift_index(consul: &Consul, s: &Scene) {
     for i in 0..60 {
@@ -359,11 +384,7 @@ async fn a_key_alone_lost_in_a_rebuild_written_past_its_index_is_held() {
     tokio::task::spawn_blocking(|| restart(true, Duration::from_secs(1))).await.unwrap();
     let (addr, restore) = (faults_addr(), "--consul-restore-grace=3s");
     let Some(s) = Scene::with_args("alone-lost", &[&addr, GRACE, restore]).await else { return };
-    let (key, bulk) = (s.key("x"), s.key("bulk/"));
-    consul.put(&key, b"v1", None).await.unwrap();
-    for i in 0..100 {
-        consul.put(&format!("{bulk}{i:03}"), b"on", None).await.unwrap();
-    }
+    let (key, bulk) = key_then_bulk(&consul, &s).await;
     s.workload(DEPLOY, "web", json!({})).await;
     s.workload(DEPLOY, "api", json!({})).await;
     s.binding("alone", spec(json!([{"key": key, "optional": true}]), deploy("web"), "0s")).await;
@@ -378,15 +399,7 @@ async fn a_key_alone_lost_in_a_rebuild_written_past_its_index_is_held() {
     let signal = |sig: &str| std::process::Command::new("kill").args([sig, &pid]).status().unwrap();
     assert!(signal("-STOP").success());
     tokio::task::spawn_blocking(|| restart(true, Duration::from_secs(1))).await.unwrap();
-    let elsewhere = s.key("elsewhere");
-    let mut index = 0;
-    for i in 0..200 {
-        consul.put(&elsewhere, i.to_string().as_bytes(), None).await.unwrap();
-        index = consul.get(&consul_kv::KvQuery::exact(&elsewhere), 0).await.unwrap().index;
-        if index > own + 5 {
-            break;
-        }
-    }
+    let index = write_past(&consul, &s, own).await;
     assert!(signal("-CONT").success());
     assert!(index < own + 100, "the agent was written past bulk's index too: {index}");
 
@@ -407,11 +420,7 @@ async fn a_key_lost_while_no_controller_ran_in_a_rebuild_written_past_its_index_
     let args = [faults_addr(), GRACE.into(), "--consul-restore-grace=3s".into()];
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let Some(mut s) = Scene::with_args("first-read-lost", &args).await else { return };
-    let (key, bulk) = (s.key("x"), s.key("bulk/"));
-    consul.put(&key, b"v1", None).await.unwrap();
-    for i in 0..100 {
-        consul.put(&format!("{bulk}{i:03}"), b"on", None).await.unwrap();
-    }
+    let (key, bulk) = key_then_bulk(&consul, &s).await;
     s.workload(DEPLOY, "web", json!({})).await;
     let keys = json!([{"key": key, "optional": true}, {"key": bulk, "recurse": true, "optional": true}]);
     s.binding("app", spec(keys, deploy("web"), "0s")).await;
@@ -423,15 +432,7 @@ async fn a_key_lost_while_no_controller_ran_in_a_rebuild_written_past_its_index_
     tokio::task::spawn_blocking(|| restart(true, Duration::from_secs(1))).await.unwrap();
     // The prefix keeps a key, so its index says nothing; the missing key answers the store's.
     consul.put(&format!("{bulk}000"), b"on", None).await.unwrap();
-    let elsewhere = s.key("elsewhere");
-    let mut index = 0;
-    for i in 0..200 {
-        consul.put(&elsewhere, i.to_string().as_bytes(), None).await.unwrap();
-        index = consul.get(&consul_kv::KvQuery::exact(&elsewhere), 0).await.unwrap().index;
-        if index > own + 5 {
-            break;
-        }
-    }
+    let index = write_past(&consul, &s, own).await;
     assert!(index < own + 100, "the agent was written past bulk's index too: {index}");
     s.start_controller(&args).await;
 

@@ -351,6 +351,26 @@ async fn a_template_over_the_reference_limit_is_refused_without_a_rollout_and_ot
     s.finish().await;
 }
 
+/// Deployment `web` in the selector `tier=config`, its template reading ConfigMap `extra`.
+fn web_reading_extra() -> Value {
+    let mut web = workload(DEPLOY, "web", json!({"tier": "config"}));
+    web["spec"]["template"]["spec"]["containers"][0]["envFrom"] = json!([{"configMapRef": {"name": "extra"}}]);
+    web
+}
+
+/// Labels `web` back into binding `cfg`'s selector, and waits until `cfg` targets both
+/// workloads again, is up to date, and has had time to make a wrong rollout.
+async fn relabel_web_back(s: &Scene) {
+    s.kubectl(&["label", "deployment", "web", "tier=config"]);
+    crate::support::wait("the binding to find web again", || async {
+        Ok(s.get_binding("cfg").await.status.unwrap_or_default().targets.len() == 2)
+    })
+    .await
+    .unwrap();
+    s.wait_condition("cfg", conditions::READY, "True", reason::UP_TO_DATE).await;
+    tokio::time::sleep(SETTLE).await;
+}
+
 /// A workload whose template came to reference a ConfigMap after a rollout (recorded without a
 /// rollout of the binding's), relabelled out of the selector and back, rolls nothing, and
 /// neither does the target beside it: the status remembers what its stamp stands for after
@@ -375,8 +395,7 @@ async fn a_rebased_workload_relabelled_out_of_the_selector_and_back_rolls_nothin
     let api = s.generation("api").await;
 
     // The template now reads ConfigMap extra: that change is its own rollout.
-    let mut web = workload(DEPLOY, "web", json!({"tier": "config"}));
-    web["spec"]["template"]["spec"]["containers"][0]["envFrom"] = json!([{"configMapRef": {"name": "extra"}}]);
+    let web = web_reading_extra();
     s.apply(web).await.unwrap();
     crate::support::wait("the binding to read the new reference", || async {
         let status = s.get_binding("cfg").await.status.unwrap_or_default();
@@ -398,14 +417,7 @@ async fn a_rebased_workload_relabelled_out_of_the_selector_and_back_rolls_nothin
     .await
     .unwrap();
     tokio::time::sleep(std::time::Duration::from_secs(4)).await;
-    s.kubectl(&["label", "deployment", "web", "tier=config"]);
-    crate::support::wait("the binding to find its target again", || async {
-        Ok(s.get_binding("cfg").await.status.unwrap_or_default().targets.len() == 2)
-    })
-    .await
-    .unwrap();
-    s.wait_condition("cfg", conditions::READY, "True", reason::UP_TO_DATE).await;
-    tokio::time::sleep(SETTLE).await;
+    relabel_web_back(&s).await;
     assert_eq!(s.generation("web").await, carried, "relabelled back, it rolled with no change\n{}", s.log());
     assert_eq!(s.generation("api").await, api, "a workload found again rolled another\n{}", s.log());
     // Looked at again from its status alone, as after a restart.
@@ -433,8 +445,7 @@ async fn a_config_map_one_target_references_rolls_that_target_alone() {
     let key = s.key("config");
     s.put(&key, "v1").await;
     s.apply(config_map("extra", json!({}), json!({"x": "1"}))).await.unwrap();
-    let mut web = workload(DEPLOY, "web", json!({"tier": "config"}));
-    web["spec"]["template"]["spec"]["containers"][0]["envFrom"] = json!([{"configMapRef": {"name": "extra"}}]);
+    let web = web_reading_extra();
     s.apply(web).await.unwrap();
     s.wait_revisions(DEPLOY, "web", 1).await;
     s.workload(DEPLOY, "api", json!({"tier": "config"})).await;
@@ -476,14 +487,7 @@ async fn a_config_map_one_target_references_rolls_that_target_alone() {
     })
     .await
     .unwrap();
-    s.kubectl(&["label", "deployment", "web", "tier=config"]);
-    crate::support::wait("the binding to find web again", || async {
-        Ok(s.get_binding("cfg").await.status.unwrap_or_default().targets.len() == 2)
-    })
-    .await
-    .unwrap();
-    s.wait_condition("cfg", conditions::READY, "True", reason::UP_TO_DATE).await;
-    tokio::time::sleep(SETTLE).await;
+    relabel_web_back(&s).await;
     assert_eq!(s.generation("web").await, web, "{}", s.log());
     assert_eq!(s.generation("api").await, api, "{}", s.log());
     s.finish().await;
