@@ -218,24 +218,7 @@ impl Env {
 
         let pki = self.path("pki");
         let apiserver = self.daemon("kube-apiserver");
-        apiserver.ensure_started(Command::new(&tools.kube_apiserver).args([
-            format!("--etcd-servers={client_url}"),
-            "--bind-address=127.0.0.1".to_owned(),
-            format!("--secure-port={}", port(APISERVER_PORT)),
-            // 1.20 still serves an unauthenticated port 8080 unless told not to.
-            "--insecure-port=0".to_owned(),
-            // Advertise loopback instead of guessing a host address, which may not exist. Endpoints
-            // can't hold a loopback address, so nothing maintains those of the `kubernetes` Service.
-            "--advertise-address=127.0.0.1".to_owned(),
-            "--endpoint-reconciler-type=none".to_owned(),
-            format!("--cert-dir={}", pki.display()),
-            format!("--token-auth-file={}", self.path("tokens.csv").display()),
-            "--authorization-mode=RBAC".to_owned(),
-            format!("--service-account-key-file={}", pki.join("sa.pub").display()),
-            format!("--service-account-signing-key-file={}", pki.join("sa.key").display()),
-            "--service-account-issuer=https://kubernetes.default.svc".to_owned(),
-            "--service-cluster-ip-range=10.0.0.0/24".to_owned(),
-        ]))?;
+        apiserver.ensure_started(&mut self.apiserver_command(tools, port(APISERVER_PORT)))?;
         apiserver.wait_ready("ready (/readyz)", Duration::from_secs(180), || self.apiserver_ready(&tools.kubectl))?;
 
         let controller_manager = self.daemon("kube-controller-manager");
@@ -265,11 +248,59 @@ impl Env {
         })
     }
 
+    /// A kube-apiserver on `port` over the environment's etcd, with its certificates and tokens.
+    fn apiserver_command(&self, tools: &Tools, port: u16) -> Command {
+        let pki = self.path("pki");
+        let mut cmd = Command::new(&tools.kube_apiserver);
+        cmd.args([
+            format!("--etcd-servers=http://127.0.0.1:{}", self::port(ETCD_PORT)),
+            "--bind-address=127.0.0.1".to_owned(),
+            format!("--secure-port={port}"),
+            // 1.20 still serves an unauthenticated port 8080 unless told not to.
+            "--insecure-port=0".to_owned(),
+            // Advertise loopback instead of guessing a host address, which may not exist. Endpoints
+            // can't hold a loopback address, so nothing maintains those of the `kubernetes` Service.
+            "--advertise-address=127.0.0.1".to_owned(),
+            "--endpoint-reconciler-type=none".to_owned(),
+            format!("--cert-dir={}", pki.display()),
+            format!("--token-auth-file={}", self.path("tokens.csv").display()),
+            "--authorization-mode=RBAC".to_owned(),
+            format!("--service-account-key-file={}", pki.join("sa.pub").display()),
+            format!("--service-account-signing-key-file={}", pki.join("sa.key").display()),
+            "--service-account-issuer=https://kubernetes.default.svc".to_owned(),
+            "--service-cluster-ip-range=10.0.0.0/24".to_owned(),
+        ]);
+        cmd
+    }
+
+    /// Starts or stops a second kube-apiserver on the same etcd, on the next port. A client whose
+    /// watches it served comes back to a fresh watch cache: resuming from an older resource
+    /// version is refused (410 Gone), and the client lists again.
+    pub fn second_apiserver(&self, up: bool) -> Result<()> {
+        let daemon = self.daemon("kube-apiserver-2");
+        if !up {
+            return daemon.stop();
+        }
+        let tools = provision::tools()?;
+        let port = port(APISERVER_PORT) + 1;
+        daemon.ensure_started(&mut self.apiserver_command(&tools, port))?;
+        daemon.wait_ready("ready (/readyz)", Duration::from_secs(180), || {
+            let server = format!("--server=https://127.0.0.1:{port}");
+            capture(self.kubectl(&tools.kubectl).args([
+                server.as_str(),
+                "get",
+                "--raw=/readyz",
+                "--request-timeout=5s",
+            ]))
+            .is_ok_and(|body| body.trim() == "ok")
+        })
+    }
+
     /// Stops the processes `up` started, by their recorded pids. Data stays for the next `up`.
     pub fn down(&self) -> Result<()> {
         let mut failed = Vec::new();
         // Controllers of the demo and the benchmark, then the servers in reverse start order.
-        let controllers = [self.daemon("controller"), self.daemon("bench-controller")];
+        let controllers = [self.daemon("controller"), self.daemon("bench-controller"), self.daemon("kube-apiserver-2")];
         for daemon in controllers.into_iter().chain(self.daemons().into_iter().rev()) {
             if let Err(e) = daemon.stop() {
                 eprintln!("{e:#}");

@@ -199,6 +199,13 @@ enum EnvAction {
         #[arg(long, default_value_t = 0)]
         down: u64,
     },
+    /// Start (or with --stop, stop) a second kube-apiserver on the same etcd, on the port after the
+    /// first: a client of it sees its watches refused with 410 Gone when it comes back, and lists
+    /// again.
+    SecondApiserver {
+        #[arg(long)]
+        stop: bool,
+    },
     /// Freeze a Consul agent (SIGSTOP) and thaw it (SIGCONT) after a while: its connections stay
     /// open and nothing answers, as in a long pause of the agent or its machine.
     ConsulHang {
@@ -232,6 +239,7 @@ fn run(command: Command) -> Result<()> {
             EnvAction::ConsulRestart { agent, empty, down } => {
                 env.restart_consul(&agent, empty, Duration::from_secs(down))
             }
+            EnvAction::SecondApiserver { stop } => env.second_apiserver(!stop),
             EnvAction::ConsulHang { agent, seconds } => env.hang_consul(&agent, Duration::from_secs(seconds)),
         },
         Command::Test { args } => test::all(&env, &args),

@@ -225,6 +225,7 @@ where
                 let gone = touched.iter().filter(|o| versions.version(o).is_none());
                 gone.for_each(|o| drop(digests.locked().remove(o)));
                 if matches!(event, watcher::Event::InitDone) {
+                    tracing::debug!(%kind, news = touched.len(), "listed");
                     listed_tx.send_replace(Listed::Yes);
                 }
                 touched

@@ -5,6 +5,7 @@ mod faults;
 mod image;
 mod operations;
 mod rbac;
+mod relist;
 mod rollouts;
 mod scale;
 mod sources;
