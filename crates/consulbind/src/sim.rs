@@ -141,12 +141,19 @@ struct Controller {
     grouped: Vec<bool>,
     record: Record,
     wake_at: Option<Instant>,
+    /// Its caches list again, in pages, after the API server came back: until the last page they
+    /// hold what they listed before, and the binding waits (as `cluster::listing` makes it).
+    listing: bool,
 }
 
 struct Sim {
     rng: fastrand::Rng,
     /// Schedules relabel the selector target and change its references too.
     targets: bool,
+    /// Schedules take the controller's API server away and bring it back.
+    api_faults: bool,
+    /// The controller's API server is away: it can neither read nor write.
+    api_away: bool,
     log: String,
     spec: ConsulBindingSpec,
     generation: i64,
@@ -176,7 +183,8 @@ struct Sim {
 }
 
 impl Sim {
-    fn new(seed: u64, targets: bool) -> Self {
+    fn new(seed: u64, kind: Kind) -> Self {
+        let targets = kind != Kind::Consul;
         let mut rng = fastrand::Rng::with_seed(seed);
         let quiet = ["0s", "1s", "2s", "5s"][rng.usize(..4)];
         let spec = ConsulBindingSpec {
@@ -210,6 +218,8 @@ impl Sim {
         Self {
             rng,
             targets,
+            api_faults: kind == Kind::Api,
+            api_away: false,
             log: String::new(),
             spec,
             generation: 1,
@@ -228,6 +238,20 @@ impl Sim {
             quiet_since: Instant::now(),
             started: Instant::now(),
         }
+    }
+
+    /// The controller's caches show the cluster as it is: its API server is there and no re-list
+    /// is under way. What is "seen at once" needs it.
+    fn sees_cluster(&self) -> bool {
+        !self.api_away && self.controller.as_ref().is_none_or(|c| !c.listing)
+    }
+
+    /// The controller reconciles: it can reach its API server, and no cache is part-way
+    /// through a list. (Decided on a mix of old and new, a Consul change that came meanwhile
+    /// rolled a workload whose pods then read the new ConfigMap, and rolled it again once the
+    /// ConfigMap's cache had listed: seed 132 of the API schedules.)
+    fn decides(&self) -> bool {
+        self.sees_cluster()
     }
 
     /// Every bound path can be read.
@@ -257,6 +281,7 @@ impl Sim {
             grouped,
             record: Record::default(),
             wake_at: None,
+            listing: false,
         });
         self.deliver(false);
     }
@@ -303,6 +328,9 @@ impl Sim {
     /// One reconcile of the binding, as the controller's reconcile makes it, with every stamp
     /// landing.
     async fn reconcile(&mut self) {
+        if !self.decides() {
+            return;
+        }
         let Some(mut controller) = self.controller.take() else { return };
         self.reconcile_with(&mut controller).await;
         self.controller = Some(controller);
@@ -344,7 +372,7 @@ impl Sim {
             .filter(|(_, w)| w.found)
             .map(|(name, _)| (WorkloadKind::Deployment, name.to_string()))
             .collect();
-        let live: BTreeMap<Workload, Live> = self
+        let mut live: BTreeMap<Workload, Live> = self
             .works
             .iter()
             .filter(|(_, w)| w.found)
@@ -359,6 +387,7 @@ impl Sim {
                 ((WorkloadKind::Deployment, name.to_string()), version)
             })
             .collect();
+        read::trust_stamps(&mut controller.record.stamps, &versions, &mut live);
         let cm = References::from([((ObjectKind::ConfigMap, "cm".into()), Use { keys: None, optional: false })]);
         let uses: BTreeMap<Workload, References> = self
             .works
@@ -424,7 +453,8 @@ impl Sim {
             self.lost.fill(false);
         }
         for w in &plan.roll {
-            self.stamp(&w.1, plan.values[w].clone());
+            let version = self.stamp(&w.1, plan.values[w].clone());
+            controller.record.stamps.insert(w.clone(), (version, plan.values[w].clone()));
         }
         let outcome = Outcome { rolled: plan.roll.clone(), failed: Vec::new() };
         let status = status::status(&input, &plan, &outcome, &Time(Timestamp::UNIX_EPOCH));
@@ -454,7 +484,8 @@ impl Sim {
         self.check_hold_shown(ready.as_deref());
     }
 
-    fn stamp(&mut self, name: &str, value: String) {
+    /// Writes the stamp; returns the workload's version after it.
+    fn stamp(&mut self, name: &str, value: String) -> Version {
         let content = self.content(name);
         let lost: Vec<String> =
             self.spec.keys.iter().zip(&self.lost).filter(|(_, l)| **l).map(|(k, _)| k.key.clone()).collect();
@@ -477,6 +508,7 @@ impl Sim {
         work.runs = content.clone();
         work.stamped_with = content;
         work.undone = false;
+        Version { uid: format!("{name}-{}", work.uid), generation: work.generation }
     }
 
     /// The last status rolled out what it read.
@@ -516,6 +548,7 @@ impl Sim {
     fn check_settled(&mut self) {
         let required = self.store.data.contains_key("app/x");
         if self.controller.is_none()
+            || !self.sees_cluster()
             || !self.readable()
             || self.spec.suspend
             || !required
@@ -552,7 +585,9 @@ impl Sim {
     /// Lets `time` pass, reconciling when the binding asked to be.
     async fn pass(&mut self, time: Duration) {
         let until = Instant::now() + time;
-        while let Some(at) = self.controller.as_ref().and_then(|c| c.wake_at).filter(|at| *at <= until) {
+        // Nothing runs while the API server is away; the reconcile after it comes back will.
+        let wake = |sim: &Self| sim.controller.as_ref().and_then(|c| c.wake_at).filter(|at| *at <= until && sim.decides());
+        while let Some(at) = wake(self) {
             tokio::time::advance(at.saturating_duration_since(Instant::now())).await;
             self.reconcile().await;
         }
@@ -611,6 +646,13 @@ impl Sim {
     }
 
     async fn step(&mut self) {
+        // A re-list under way ends (its last page), and wakes the binding.
+        if self.controller.as_ref().is_some_and(|c| c.listing) && !self.api_away && self.rng.bool() {
+            self.controller.as_mut().expect("a controller").listing = false;
+            self.note("the caches have listed again");
+            self.quiet_since = Instant::now();
+            self.reconcile().await;
+        }
         let roll = self.rng.u32(..100);
         let key = KEYS[self.rng.usize(..KEYS.len())];
         let value = VALUES[self.rng.usize(..VALUES.len())];
@@ -667,7 +709,7 @@ impl Sim {
                 format!("suspend: {}", self.spec.suspend)
             }
             // Seen at once, with Consul read: a workload found without a stamp counts as today's.
-            66..72 if self.targets && self.readable() && self.controller.is_some() => {
+            66..72 if self.targets && self.readable() && self.controller.is_some() && self.sees_cluster() => {
                 let api = self.works.get_mut("api").expect("api");
                 api.found = !api.found;
                 let found = api.found;
@@ -685,7 +727,7 @@ impl Sim {
             }
             // A reference change is recorded without a rollout where the binding has rolled out
             // what it read, and can see it: found, and Consul read.
-            72..77 if self.targets && self.works["api"].found && self.readable() && self.settled() => {
+            72..77 if self.targets && self.works["api"].found && self.readable() && self.settled() && self.sees_cluster() => {
                 let api = self.works.get_mut("api").expect("api");
                 api.refs = !api.refs;
                 let refs = api.refs;
@@ -722,12 +764,22 @@ impl Sim {
             }
             // Deleted and applied again from its manifest, without the binding's stamp; seen at
             // once with Consul read, as a workload found without a stamp counts as today's.
-            86..89 if self.targets && self.readable() && self.controller.is_some() => {
+            86..89 if self.targets && self.readable() && self.controller.is_some() && self.sees_cluster() => {
                 let content = self.content(name);
                 let work = self.works.get_mut(name).expect("a simulated workload");
                 let (found, refs, uid) = (work.found, work.refs, work.uid + 1);
                 *work = Work { refs, uid, ..Work::new(content, found) };
                 format!("{name} deleted and made again")
+            }
+            // The API server goes away: the caches keep what they listed, and nothing can be read
+            // or written. When it is back, they list again, in pages: until the last page, the
+            // binding reads what they held.
+            92..96 if self.api_faults => {
+                self.api_away = !self.api_away;
+                if let (false, Some(controller)) = (self.api_away, self.controller.as_mut()) {
+                    controller.listing = true;
+                }
+                format!("the API server is {}", if self.api_away { "away" } else { "back; the caches list again" })
             }
             _ => {
                 let time = Duration::from_secs(self.rng.u64(1..60));
@@ -748,11 +800,22 @@ impl Sim {
     }
 }
 
+/// What a schedule's steps may do.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// Consul's faults, restarts, the go-ahead and suspend.
+    Consul,
+    /// And the targets relabelled, their references changed, undone, deleted and made again.
+    Targets,
+    /// And the controller's API server away and back, its caches re-listing in pages.
+    Api,
+}
+
 /// Runs the schedule of `seed`; panics with its steps when an invariant breaks.
-fn run(seed: u64, targets: bool) {
+fn run(seed: u64, kind: Kind) {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().unwrap();
     runtime.block_on(async {
-        let mut sim = Sim::new(seed, targets);
+        let mut sim = Sim::new(seed, kind);
         sim.start_controller();
         sim.reconcile().await;
         for _ in 0..STEPS {
@@ -761,6 +824,10 @@ fn run(seed: u64, targets: bool) {
         // The end: Consul answers, the controller runs, and time passes.
         sim.consul_up = true;
         sim.denied = None;
+        sim.api_away = false;
+        if let Some(controller) = sim.controller.as_mut() {
+            controller.listing = false;
+        }
         if sim.controller.is_none() {
             sim.start_controller();
         }
@@ -770,13 +837,13 @@ fn run(seed: u64, targets: bool) {
     });
 }
 
-fn run_seeds(targets: bool) {
+fn run_seeds(kind: Kind) {
     if let Some(seed) = std::env::var("CONSULBIND_SIM_SEED").ok().and_then(|s| s.parse().ok()) {
-        return run(seed, targets);
+        return run(seed, kind);
     }
     let seeds: u64 = std::env::var("CONSULBIND_SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(500);
     for seed in 0..seeds {
-        if let Err(panic) = std::panic::catch_unwind(|| run(seed, targets)) {
+        if let Err(panic) = std::panic::catch_unwind(|| run(seed, kind)) {
             eprintln!("seed {seed} failed; replay it with CONSULBIND_SIM_SEED={seed}");
             std::panic::resume_unwind(panic);
         }
@@ -786,7 +853,7 @@ fn run_seeds(targets: bool) {
 /// Consul's faults, restarts, the go-ahead and suspend, with the targets fixed.
 #[test]
 fn schedules_of_consul_faults_keep_every_invariant() {
-    run_seeds(false);
+    run_seeds(Kind::Consul);
 }
 
 /// With the selector target relabelled and its references changed as well. Each target
@@ -794,5 +861,12 @@ fn schedules_of_consul_faults_keep_every_invariant() {
 /// that one target added or dropped rolled the others for nothing (seed 376).
 #[test]
 fn schedules_with_target_changes_keep_every_invariant() {
-    run_seeds(true);
+    run_seeds(Kind::Targets);
+}
+
+/// With the controller's API server away and back as well: while its caches list again, the
+/// binding reads what they held before, and the end of the re-list wakes it.
+#[test]
+fn schedules_with_the_api_server_away_keep_every_invariant() {
+    run_seeds(Kind::Api);
 }

@@ -59,6 +59,52 @@ pub fn strip<K: Resource>(obj: &mut K) {
     meta.finalizers = None;
 }
 
+/// How many of this process's caches are part-way through a list.
+static LISTING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Some cache is part-way through a list: until its last page its store holds what it listed
+/// before, and the others may already hold what is there now. A decision made on that mix can
+/// roll a workload for a change its pods already read.
+pub fn listing() -> bool {
+    LISTING.load(std::sync::atomic::Ordering::Relaxed) > 0
+}
+
+/// One watch's part in [`listing`]: from the start of a list to its last page, or to an error,
+/// which leaves the store as it was (a list that keeps failing must not hold every binding).
+#[derive(Default)]
+pub struct Listing {
+    on: bool,
+}
+
+impl Listing {
+    pub fn event<K, E>(&mut self, event: &Result<kube::runtime::watcher::Event<K>, E>) {
+        use kube::runtime::watcher::Event;
+        let on = match event {
+            Ok(Event::Init) => true,
+            Ok(Event::InitApply(_)) => self.on,
+            _ => false,
+        };
+        self.set(on);
+    }
+
+    fn set(&mut self, on: bool) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if on != self.on {
+            match on {
+                true => LISTING.fetch_add(1, Relaxed),
+                false => LISTING.fetch_sub(1, Relaxed),
+            };
+            self.on = on;
+        }
+    }
+}
+
+impl Drop for Listing {
+    fn drop(&mut self) {
+        self.set(false);
+    }
+}
+
 /// Which objects of a watched cache are news to the bindings, by resource version. A re-list
 /// (after the watch was down) reports what changed, appeared or went meanwhile, and only at its
 /// end, once the reflector's store holds what it listed: a binding woken earlier would read the
@@ -155,5 +201,26 @@ mod tests {
         assert!(feed(Event::InitApply(secret("c", "1"))).is_empty());
         assert_eq!(feed(Event::InitDone), ["b", "c"]);
         assert_eq!(feed(Event::Delete(secret("c", "1"))), ["c"]);
+    }
+
+    /// The only test that touches the process-wide count: no live watch runs in unit tests.
+    #[test]
+    fn a_cache_lists_from_its_start_to_its_last_page_or_an_error() {
+        let (mut a, mut b) = (Listing::default(), Listing::default());
+        let event = |e: Event<Secret>| Ok::<_, ()>(e);
+        assert!(!listing());
+        a.event(&event(Event::Init));
+        b.event(&event(Event::Init));
+        a.event(&event(Event::InitApply(secret("a", "1"))));
+        assert!(listing(), "part-way through its first page");
+        a.event(&event(Event::InitDone));
+        assert!(listing(), "the other has not listed yet");
+        b.event(&Err::<Event<Secret>, ()>(()));
+        assert!(!listing(), "a list that failed leaves the store as it was");
+        b.event(&event(Event::Init));
+        a.event(&event(Event::Apply(secret("a", "2"))));
+        assert!(listing());
+        drop(b);
+        assert!(!listing(), "a watch that ends lists no more");
     }
 }

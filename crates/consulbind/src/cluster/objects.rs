@@ -217,7 +217,9 @@ where
     let (versions, digests) = (versions.clone(), digests.clone());
     let id = move |meta: &PartialObjectMeta<K>| (kind, meta.namespace().unwrap_or_default(), meta.name_any());
     let events = watcher::watcher(api, watcher::Config::default()).default_backoff();
+    let mut listing = super::Listing::default();
     let touched = events.flat_map(move |event| {
+        listing.event(&event);
         let touched = match event {
             Ok(event) => {
                 let mut versions = versions.write().unwrap();

@@ -71,8 +71,9 @@ impl Policy {
         }
         let (store, writer) = reflector::store();
         let events = watcher(api, config).default_backoff().modify(keep_rule);
-        let mut relist = super::Relist::default();
+        let (mut relist, mut listing) = (super::Relist::default(), super::Listing::default());
         let touched = reflector::reflector(writer, events).flat_map(move |event| {
+            listing.event(&event);
             let touched = match event {
                 Ok(event) => relist.event(&event, |ns: &PartialObjectMeta<Namespace>| ns.name_any()),
                 Err(error) => {

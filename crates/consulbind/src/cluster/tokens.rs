@@ -39,8 +39,9 @@ impl Tokens {
             super::strip(secret);
             keep_token_sized(secret);
         });
-        let mut relist = super::Relist::default();
+        let (mut relist, mut listing) = (super::Relist::default(), super::Listing::default());
         let touched = reflector::reflector(writer, events).flat_map(move |event| {
+            listing.event(&event);
             let touched = match event {
                 Ok(event) => relist.event(&event, |s: &Secret| (s.namespace().unwrap_or_default(), s.name_any())),
                 Err(error) => {

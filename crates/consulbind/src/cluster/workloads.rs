@@ -222,8 +222,10 @@ where
         None => events.default_backoff().boxed(),
     };
     let stream = stream.map_ok(|event| event_of(event, live_meta));
+    let mut listing = super::Listing::default();
     let stream = reflector::reflector(writer, stream)
         .flat_map(move |event| {
+            listing.event(&event);
             if let Some(served) = &served {
                 let now = match &event {
                     Ok(watcher::Event::InitDone) => Some(Served::Yes),

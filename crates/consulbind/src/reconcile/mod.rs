@@ -187,6 +187,11 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
         Err(message) => Err((conditions::reason::BINDING_TOO_LARGE, message.clone())),
     };
 
+    // A cache part-way through a list may show a mix of old and new: decide once it has listed.
+    if crate::cluster::listing() {
+        return Ok(Action::requeue(Duration::from_millis(500)));
+    }
+
     // Plan.
     // Only this replica's first read can show a restore made while no replica watched: later
     // resets are the watches' to see, and content the binding shares with others may lag

@@ -335,11 +335,20 @@ pub fn trust_own_stamps(ctx: &Context, binding: &BindingRef, resolved: &mut Reso
 /// the cache has caught up with, those of workloads no longer found, and those of a workload
 /// made again under the same name (another uid), which carries nothing of the old stamp.
 fn trust(stamps: &mut BTreeMap<Workload, (Version, String)>, resolved: &mut Resolved) {
+    trust_stamps(stamps, &resolved.versions, &mut resolved.live);
+}
+
+/// [`trust`] over the cached versions and annotations alone.
+pub fn trust_stamps(
+    stamps: &mut BTreeMap<Workload, (Version, String)>,
+    versions: &BTreeMap<Workload, Version>,
+    live: &mut BTreeMap<Workload, Live>,
+) {
     stamps.retain(|workload, (stamped, value)| {
-        let Some(cached) = resolved.versions.get(workload) else { return false };
+        let Some(cached) = versions.get(workload) else { return false };
         let behind = cached.uid == stamped.uid && cached.generation < stamped.generation;
         if behind {
-            resolved.live.insert(workload.clone(), Live { value: value.clone(), owned: true });
+            live.insert(workload.clone(), Live { value: value.clone(), owned: true });
         }
         behind
     });
