@@ -3,12 +3,14 @@
 //! in-memory Consul (indexes that go backwards in a wipe or a snapshot restore, tombstone
 //! reaping, outages, a path the token may no longer read, shared and solo reads), in-memory
 //! workloads and a ConfigMap (relabelled out of the targets and back, references added and
-//! dropped, a rollout undo, deleted and made again), and controller restarts that keep only
-//! the status. Time is Tokio's paused clock.
+//! dropped, a rollout undo, deleted and made again), the API server away and back with caches
+//! that list again in pages, a second binding on one workload, and controller restarts that
+//! keep only the status. Time is Tokio's paused clock.
 //!
 //! Each seed makes one schedule; after every step the invariants are checked against a model
 //! that knows what happened, not what the controller concluded:
-//! - a workload is rolled only if the content changed since it last started;
+//! - a workload is rolled only if the content changed since it last started, so one change is
+//!   one new generation whatever the number of bindings on it;
 //! - content lost in a wipe or a restore is never rolled out before the go-ahead;
 //! - once content is stable and nothing holds, every target runs the current content;
 //! - content held as lost shows as such, naming the key.
@@ -97,7 +99,8 @@ impl Store {
 type Content = (BTreeMap<&'static str, &'static str>, Option<BTreeMap<&'static str, &'static str>>);
 
 struct Work {
-    live: Option<Live>,
+    /// Each binding's annotation on its template.
+    live: [Option<Live>; 2],
     generation: i64,
     runs: Content,
     /// Found by the binding's targets (a selector target: relabelled in and out).
@@ -106,8 +109,9 @@ struct Work {
     refs: bool,
     /// Made again under its name this many times.
     uid: u32,
-    /// The binding's stamps on its template, in order: a rollout undo puts back an older one.
-    stamps: Vec<String>,
+    /// The bindings' annotations on its template after each stamp, in order: a rollout undo
+    /// puts back an older template.
+    stamps: Vec<[Option<String>; 2]>,
     /// What it ran when last stamped (or made).
     stamped_with: Content,
     /// A rollout undo put back an older template since: as documented, it is rolled at the
@@ -119,7 +123,7 @@ impl Work {
     fn new(runs: Content, found: bool) -> Self {
         let stamped_with = runs.clone();
         Self {
-            live: None,
+            live: [None, None],
             generation: 1,
             runs,
             found,
@@ -141,6 +145,8 @@ struct Controller {
     grouped: Vec<bool>,
     record: Record,
     wake_at: Option<Instant>,
+    /// The other binding's record and wake, swapped in while it reconciles.
+    other: (Record, Option<Instant>),
     /// Its caches list again, in pages, after the API server came back: until the last page they
     /// hold what they listed before, and the binding waits (as `cluster::listing` makes it).
     listing: bool,
@@ -177,6 +183,14 @@ struct Sim {
     /// The spec changed since the controller last reconciled: the go-ahead, for the losses the
     /// status shows, once it reconciles with rollouts not suspended.
     spec_edited: bool,
+    /// A second binding on `web` alone, reading the same keys with the same rollout policy, as a
+    /// second team's: its spec, generation, status and pending go-ahead, swapped in while it
+    /// reconciles ([`Sim::active`] says which is in).
+    other: Option<(ConsulBindingSpec, i64, ConsulBindingStatus, bool)>,
+    active: usize,
+    /// Stamps planned in one round of reconciles, by workload, written as one template change
+    /// each: bindings woken by one change stamp a workload in one write (see `reconcile::desk`).
+    batch: BTreeMap<&'static str, Vec<(usize, String)>>,
     /// When anything but time last happened.
     quiet_since: Instant,
     started: Instant,
@@ -215,6 +229,14 @@ impl Sim {
         let content = (store.content(), None);
         let works = BTreeMap::from([("web", Work::new(content.clone(), true)), ("api", Work::new(content, true))]);
         let n = spec.keys.len();
+        let other = (kind == Kind::Shared).then(|| {
+            let spec = ConsulBindingSpec {
+                targets: vec![spec.targets[0].clone()],
+                include_target_references: false,
+                ..spec.clone()
+            };
+            (spec, 1, ConsulBindingStatus::default(), false)
+        });
         Self {
             rng,
             targets,
@@ -235,6 +257,9 @@ impl Sim {
             seen_content: vec![false; n],
             go_ahead: false,
             spec_edited: false,
+            other,
+            active: 0,
+            batch: BTreeMap::new(),
             quiet_since: Instant::now(),
             started: Instant::now(),
         }
@@ -281,6 +306,7 @@ impl Sim {
             grouped,
             record: Record::default(),
             wake_at: None,
+            other: (Record::default(), None),
             listing: false,
         });
         self.deliver(false);
@@ -333,7 +359,39 @@ impl Sim {
         }
         let Some(mut controller) = self.controller.take() else { return };
         self.reconcile_with(&mut controller).await;
+        if self.other.is_some() {
+            self.swap(&mut controller);
+            self.reconcile_with(&mut controller).await;
+            self.swap(&mut controller);
+        }
+        self.write_stamps();
         self.controller = Some(controller);
+    }
+
+    /// Puts the other binding in (or back out): its spec, status and memory.
+    fn swap(&mut self, controller: &mut Controller) {
+        let Some((spec, generation, status, edited)) = self.other.as_mut() else { return };
+        std::mem::swap(&mut self.spec, spec);
+        std::mem::swap(&mut self.generation, generation);
+        std::mem::swap(&mut self.status, status);
+        std::mem::swap(&mut self.spec_edited, edited);
+        std::mem::swap(&mut controller.record, &mut controller.other.0);
+        std::mem::swap(&mut controller.wake_at, &mut controller.other.1);
+        self.active ^= 1;
+    }
+
+    /// The other binding's spec gets the same edit, as one commit to a GitOps repository makes.
+    fn mirror(&mut self) {
+        let Some((spec, generation, _, edited)) = self.other.as_mut() else { return };
+        spec.rollout = self.spec.rollout.clone();
+        spec.suspend = self.spec.suspend;
+        *generation += 1;
+        *edited = self.spec_edited;
+    }
+
+    /// Workload `name` is a target of the active binding.
+    fn targeted(&self, name: &str) -> bool {
+        self.works[name].found && (self.active == 0 || name == "web")
     }
 
     async fn reconcile_with(&mut self, controller: &mut Controller) {
@@ -369,30 +427,40 @@ impl Sim {
         let found: Vec<Workload> = self
             .works
             .iter()
-            .filter(|(_, w)| w.found)
+            .filter(|(name, _)| self.targeted(name))
             .map(|(name, _)| (WorkloadKind::Deployment, name.to_string()))
             .collect();
         let mut live: BTreeMap<Workload, Live> = self
             .works
             .iter()
-            .filter(|(_, w)| w.found)
-            .filter_map(|(name, w)| Some(((WorkloadKind::Deployment, name.to_string()), w.live.clone()?)))
+            .filter(|(name, _)| self.targeted(name))
+            .filter_map(|(name, w)| Some(((WorkloadKind::Deployment, name.to_string()), w.live[self.active].clone()?)))
             .collect();
         let versions: BTreeMap<Workload, Version> = self
             .works
             .iter()
-            .filter(|(_, w)| w.found)
+            .filter(|(name, _)| self.targeted(name))
             .map(|(name, w)| {
                 let version = Version { uid: format!("{name}-{}", w.uid), generation: w.generation };
                 ((WorkloadKind::Deployment, name.to_string()), version)
             })
             .collect();
         read::trust_stamps(&mut controller.record.stamps, &versions, &mut live);
+        let other = self.active ^ 1;
+        let peers: BTreeMap<Workload, Vec<String>> = self
+            .works
+            .iter()
+            .filter(|(name, _)| self.targeted(name))
+            .filter_map(|(name, w)| {
+                let peer = w.live[other].as_ref().filter(|l| l.owned && self.other.is_some())?;
+                Some(((WorkloadKind::Deployment, name.to_string()), vec![peer.checksum().to_owned()]))
+            })
+            .collect();
         let cm = References::from([((ObjectKind::ConfigMap, "cm".into()), Use { keys: None, optional: false })]);
         let uses: BTreeMap<Workload, References> = self
             .works
             .iter()
-            .filter(|(_, w)| w.found && w.refs)
+            .filter(|(name, w)| self.targeted(name) && w.refs && spec.include_target_references)
             .map(|(name, _)| ((WorkloadKind::Deployment, name.to_string()), cm.clone()))
             .collect();
         let references = uses.values().next().cloned().unwrap_or_default();
@@ -438,6 +506,7 @@ impl Sim {
             objects: Ok(read::object_contents(&objects)),
             found: &found,
             live: &live,
+            peers: &peers,
             uses: &uses,
             versions: &versions,
             missing: &[],
@@ -484,11 +553,29 @@ impl Sim {
         self.check_hold_shown(ready.as_deref());
     }
 
-    /// Writes the stamp; returns the workload's version after it.
+    /// Plans the active binding's stamp on `name`, written with the round's others; returns the
+    /// workload's version after that write.
     fn stamp(&mut self, name: &str, value: String) -> Version {
-        let content = self.content(name);
         let lost: Vec<String> =
             self.spec.keys.iter().zip(&self.lost).filter(|(_, l)| **l).map(|(k, _)| k.key.clone()).collect();
+        if !lost.is_empty() {
+            self.fail(format_args!("rolled {name} with {lost:?} lost and no go-ahead"));
+        }
+        let name = *self.works.keys().find(|n| **n == name).expect("a simulated workload");
+        self.batch.entry(name).or_default().push((self.active, value));
+        let work = &self.works[name];
+        Version { uid: format!("{name}-{}", work.uid), generation: work.generation + 1 }
+    }
+
+    /// Each workload stamped in the round gets one template change, with every binding's stamp.
+    fn write_stamps(&mut self) {
+        for (name, stamps) in std::mem::take(&mut self.batch) {
+            self.write(name, stamps);
+        }
+    }
+
+    fn write(&mut self, name: &str, stamps: Vec<(usize, String)>) {
+        let content = self.content(name);
         let work = &self.works[name];
         let (undone, undo_alone) = (work.undone, work.undone && work.stamped_with == content);
         let unchanged = work.runs == content;
@@ -498,17 +585,15 @@ impl Sim {
         if !undone && unchanged {
             self.fail(format_args!("rolled {name} without a change of its content"));
         }
-        if !lost.is_empty() {
-            self.fail(format_args!("rolled {name} with {lost:?} lost and no go-ahead"));
-        }
         let work = self.works.get_mut(name).expect("a simulated workload");
-        work.live = Some(Live { value: value.clone(), owned: true });
+        for (binding, value) in stamps {
+            work.live[binding] = Some(Live { value, owned: true });
+        }
         work.generation += 1;
-        work.stamps.push(value);
+        work.stamps.push(work.live.clone().map(|l| l.map(|l| l.value)));
         work.runs = content.clone();
         work.stamped_with = content;
         work.undone = false;
-        Version { uid: format!("{name}-{}", work.uid), generation: work.generation }
     }
 
     /// The last status rolled out what it read.
@@ -586,7 +671,11 @@ impl Sim {
     async fn pass(&mut self, time: Duration) {
         let until = Instant::now() + time;
         // Nothing runs while the API server is away; the reconcile after it comes back will.
-        let wake = |sim: &Self| sim.controller.as_ref().and_then(|c| c.wake_at).filter(|at| *at <= until && sim.decides());
+        let wake = |sim: &Self| {
+            let controller = sim.controller.as_ref()?;
+            let at = [controller.wake_at, controller.other.1].into_iter().flatten().min()?;
+            (at <= until && sim.decides()).then_some(at)
+        };
         while let Some(at) = wake(self) {
             tokio::time::advance(at.saturating_duration_since(Instant::now())).await;
             self.reconcile().await;
@@ -700,12 +789,14 @@ impl Sim {
                 if changed {
                     self.generation += 1;
                     self.spec_edited = true;
+                    self.mirror();
                 }
                 format!("spec edited (maxDelay {max})")
             }
             62..66 => {
                 self.spec.suspend = !self.spec.suspend;
                 self.generation += 1;
+                self.mirror();
                 format!("suspend: {}", self.spec.suspend)
             }
             // Seen at once, with Consul read: a workload found without a stamp counts as today's.
@@ -719,7 +810,7 @@ impl Sim {
                 let rows = self.status.targets.iter().chain(&self.status.former_targets);
                 let known = rows.filter(|t| t.name == "api").any(|t| t.uid.as_ref().is_none_or(|u| *u == uid));
                 let api = self.works.get_mut("api").expect("api");
-                if found && api.live.is_none() && !known {
+                if found && api.live[0].is_none() && !known {
                     let content = self.content("api");
                     self.works.get_mut("api").expect("api").runs = content;
                 }
@@ -727,7 +818,13 @@ impl Sim {
             }
             // A reference change is recorded without a rollout where the binding has rolled out
             // what it read, and can see it: found, and Consul read.
-            72..77 if self.targets && self.works["api"].found && self.readable() && self.settled() && self.sees_cluster() => {
+            72..77
+                if self.targets
+                    && self.works["api"].found
+                    && self.readable()
+                    && self.settled()
+                    && self.sees_cluster() =>
+            {
                 let api = self.works.get_mut("api").expect("api");
                 api.refs = !api.refs;
                 let refs = api.refs;
@@ -743,8 +840,8 @@ impl Sim {
             82..86 if self.targets && self.works[name].stamps.len() > 1 => {
                 let content = self.content(name);
                 let work = self.works.get_mut(name).expect("a simulated workload");
-                let value = work.stamps[self.rng.usize(..work.stamps.len() - 1)].clone();
-                work.live = Some(Live { value, owned: false });
+                let values = work.stamps[self.rng.usize(..work.stamps.len() - 1)].clone();
+                work.live = values.map(|v| Some(Live { value: v?, owned: false }));
                 work.generation += 1;
                 work.runs = content;
                 work.undone = true;
@@ -809,6 +906,8 @@ enum Kind {
     Targets,
     /// And the controller's API server away and back, its caches re-listing in pages.
     Api,
+    /// The target changes, with a second binding on one of the workloads.
+    Shared,
 }
 
 /// Runs the schedule of `seed`; panics with its steps when an invariant breaks.
@@ -869,4 +968,11 @@ fn schedules_with_target_changes_keep_every_invariant() {
 #[test]
 fn schedules_with_the_api_server_away_keep_every_invariant() {
     run_seeds(Kind::Api);
+}
+
+/// With the target changes, and a second binding on `web` reading the same keys: a change both
+/// read is one template change of `web`, not one per binding.
+#[test]
+fn schedules_with_two_bindings_on_a_workload_keep_every_invariant() {
+    run_seeds(Kind::Shared);
 }

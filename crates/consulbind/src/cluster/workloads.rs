@@ -75,6 +75,8 @@ pub struct Resolved {
     pub found: Vec<Workload>,
     /// The binding's annotation on each found workload that has it.
     pub live: BTreeMap<Workload, Live>,
+    /// The checksums other bindings stamped on each found workload with their own writes.
+    pub peers: BTreeMap<Workload, Vec<String>>,
     /// The uid and generation of each found workload, as cached.
     pub versions: BTreeMap<Workload, Version>,
     pub missing: Vec<String>,
@@ -169,6 +171,8 @@ impl Workloads {
         }
         let live = found.iter().filter_map(|(w, s)| Some((w.clone(), s.live.clone()?))).collect();
         let versions = found.iter().map(|(w, s)| (w.clone(), s.version.clone())).collect();
+        let peers = found.iter().filter(|(_, s)| !s.peers.is_empty()).map(|(w, s)| (w.clone(), s.peers.clone()));
+        let peers = peers.collect();
         let mut references = References::new();
         for (id, used) in found.values().flat_map(|s| &s.references) {
             references::add(&mut references, id, used);
@@ -176,7 +180,7 @@ impl Workloads {
         let uses =
             found.iter().filter(|(_, s)| !s.references.is_empty()).map(|(w, s)| (w.clone(), s.references.clone()));
         let uses = uses.collect();
-        Resolved { found: found.into_keys().collect(), live, versions, missing, unserved, references, uses }
+        Resolved { found: found.into_keys().collect(), live, peers, versions, missing, unserved, references, uses }
     }
 }
 
@@ -481,6 +485,8 @@ struct Selected {
     name: String,
     /// What it carries.
     live: Option<Live>,
+    /// The checksums other bindings stamped with their own writes.
+    peers: Vec<String>,
     version: Version,
     /// The workload it takes its template from, if any.
     workload_ref: Option<String>,
@@ -488,11 +494,19 @@ struct Selected {
     references: References,
 }
 
-fn selected<K: Resource>(obj: &PartialObjectMeta<K>, live: Option<Live>, with_references: bool) -> Selected {
+fn selected<K: Resource>(obj: &PartialObjectMeta<K>, annotation: &str, with_references: bool) -> Selected {
     let annotations = obj.annotations();
+    let owned = |key: &str| annotations.contains_key(&format!("{OWNED}{key}"));
+    let live = annotations.get(annotation).map(|value| Live { value: value.clone(), owned: owned(annotation) });
+    let peers = annotations
+        .iter()
+        .filter(|(key, _)| key.starts_with(names::ANNOTATION_PREFIX) && *key != annotation && owned(key))
+        .map(|(_, value)| Live { value: value.clone(), owned: true }.checksum().to_owned())
+        .collect();
     Selected {
         name: obj.name_any(),
         live,
+        peers,
         version: Version::of(obj),
         workload_ref: annotations.get(WORKLOAD_REF).cloned(),
         references: if with_references { references::decode(annotations) } else { References::new() },
@@ -509,14 +523,9 @@ fn select<K>(
 where
     K: Resource<DynamicType = ()> + Clone,
 {
-    let live = |obj: &PartialObjectMeta<K>| {
-        let annotations = obj.annotations();
-        let value = annotations.get(annotation)?.clone();
-        Some(Live { value, owned: annotations.contains_key(&format!("{OWNED}{annotation}")) })
-    };
     if let Some(name) = &target.name {
         let key = ObjectRef::<PartialObjectMeta<K>>::new(name).within(namespace);
-        return store.get(&key).map(|obj| vec![selected(&obj, live(&obj), references)]).unwrap_or_default();
+        return store.get(&key).map(|obj| vec![selected(&obj, annotation, references)]).unwrap_or_default();
     }
     let Some(selector) = target.selector.clone().and_then(|s| Selector::try_from(s).ok()) else {
         return Vec::new();
@@ -525,7 +534,7 @@ where
         .state()
         .iter()
         .filter(|obj| obj.namespace().as_deref() == Some(namespace) && selector.matches(obj.labels()))
-        .map(|obj| selected(obj, live(obj), references))
+        .map(|obj| selected(obj, annotation, references))
         .collect();
     found.sort_by(|a, b| a.name.cmp(&b.name));
     found

@@ -230,6 +230,7 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
         objects: objects.as_ref().map(|objects| read::object_contents(objects)).map_err(Clone::clone),
         found: &resolved.found,
         live: &resolved.live,
+        peers: &resolved.peers,
         uses: &resolved.uses,
         versions: &resolved.versions,
         missing: &resolved.missing,
