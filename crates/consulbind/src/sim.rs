@@ -183,6 +183,9 @@ struct Sim {
     /// The spec changed since the controller last reconciled: the go-ahead, for the losses the
     /// status shows, once it reconciles with rollouts not suspended.
     spec_edited: bool,
+    /// The watches saw an index reset since the controller last reconciled (it could not, with
+    /// the API server away): the status does not show what it lost, so no go-ahead covers it.
+    reset_unshown: bool,
     /// A second binding on `web` alone, reading the same keys with the same rollout policy, as a
     /// second team's: its spec, generation, status and pending go-ahead, swapped in while it
     /// reconciles ([`Sim::active`] says which is in).
@@ -257,6 +260,7 @@ impl Sim {
             seen_content: vec![false; n],
             go_ahead: false,
             spec_edited: false,
+            reset_unshown: false,
             other,
             active: 0,
             batch: BTreeMap::new(),
@@ -338,6 +342,7 @@ impl Sim {
             }
             controller.seen[i] = Some(index);
             self.go_ahead &= !reset;
+            self.reset_unshown |= reset;
             // A key that vanishes from a shared read is read alone, with its own index.
             let vanished = before == Some(false) && entries.is_empty();
             // Emptied in an answer whose index did not go backwards: no one can tell a loss
@@ -365,6 +370,7 @@ impl Sim {
             self.swap(&mut controller);
         }
         self.write_stamps();
+        self.reset_unshown &= !self.readable();
         self.controller = Some(controller);
     }
 
@@ -419,7 +425,7 @@ impl Sim {
             for (lost, shown) in self.lost.iter_mut().zip(&previous.keys) {
                 if shown.lost {
                     *lost = false;
-                    self.go_ahead |= read;
+                    self.go_ahead |= read && !self.reset_unshown;
                 }
             }
         }
