@@ -503,7 +503,7 @@ impl Sim {
         let (restore, restored) = controller.record.restore(held, found_restored, reset, now, GRACE);
         let ready = matches!(consul, Consul::Ready(_));
         let input = Input {
-            key: &KEY,
+            key: &KEY.scoped("ns", ["", "", ""]),
             spec: &spec,
             window,
             generation: Some(self.generation),

@@ -1,7 +1,8 @@
 //! The content checksum stamped on workloads and shown in the status.
 //!
-//! It is `v2:` and an HMAC-SHA-256 in lowercase hex, keyed by the cluster's checksum [`Key`],
-//! over this encoding:
+//! It is `v3:` and an HMAC-SHA-256 in lowercase hex, keyed by the [`Key::scoped`] key of where
+//! the data lives (the binding's namespace, and the Consul datacenter, namespace and partition
+//! its spec names), derived from the cluster's checksum [`Key`], over this encoding:
 //!
 //! ```text
 //! "consulbind-checksum-v2\0"
@@ -16,11 +17,14 @@
 //! ```
 //!
 //! So the controller keeps a digest of each value, never the value. Without the key, a checksum
-//! cannot be checked against a guessed value. Indexes, flags and the order of the spec's lists
-//! play no part. Changing any of this would roll every bound workload on upgrade, so the format
-//! is pinned by test vectors. Earlier releases stamped [`v1`] (the same encoding over the values
-//! themselves) and, before the key, [`legacy`]; a binding that still carries one is read once
-//! more with its values to recognise it.
+//! cannot be checked against a guessed value; and since the key is bound to where the data
+//! lives, the same Secret data in another namespace, or the same key in another datacenter, has
+//! another checksum, so one namespace's status cannot confirm a guess about another's. Indexes,
+//! flags and the order of the spec's lists play no part. Changing any of this would roll every
+//! bound workload on upgrade, so the format is pinned by test vectors. Earlier releases stamped
+//! `v2:` (the same under the cluster's key itself, recognised from the same digests), [`v1`]
+//! (the same encoding over the values themselves) and, before the key, [`legacy`]; a binding
+//! that still carries one of the last two is read once more with its values to recognise it.
 
 pub mod key;
 
@@ -31,8 +35,11 @@ use sha2::{Digest, Sha256};
 const HEADER_V1: &[u8] = b"consulbind-checksum-v1\0";
 const HEADER: &[u8] = b"consulbind-checksum-v2\0";
 const VALUE_DOMAIN: &[u8] = b"consulbind-value\0";
+const SCOPE_DOMAIN: &[u8] = b"consulbind-scope\0";
 /// Marks a checksum of the current format.
-pub const PREFIX: &str = "v2:";
+pub const PREFIX: &str = "v3:";
+/// Marks a checksum under the cluster's key itself, as releases before scoped keys stamped.
+pub const PREFIX_V2: &str = "v2:";
 
 /// The length of a value's [`digest`].
 pub const DIGEST_LEN: usize = 32;
@@ -136,30 +143,60 @@ fn encode(header: &[u8], sources: &[Source<'_>]) -> Vec<u8> {
     out
 }
 
-/// The secret that keys every checksum of a cluster.
+/// The secret that keys every checksum of a cluster: the cluster's key, which also keys the
+/// digests of values, and for checksums the key of one scope derived from it.
 #[derive(Clone)]
-pub struct Key([u8; KEY_LEN]);
+pub struct Key {
+    bytes: [u8; KEY_LEN],
+    scope: Option<[u8; KEY_LEN]>,
+}
 
 pub const KEY_LEN: usize = 32;
 
 impl Key {
     pub const fn new(bytes: [u8; KEY_LEN]) -> Self {
-        Self(bytes)
+        Self { bytes, scope: None }
+    }
+
+    /// The key of checksums of data in Kubernetes namespace `namespace` and, for Consul, in
+    /// `consul` (the datacenter, namespace and partition a spec names, empty where it names
+    /// none). Digests of values stay under the cluster's key, which every scope shares.
+    pub fn scoped(&self, namespace: &str, consul: [&str; 3]) -> Self {
+        let mut mac = self.mac();
+        mac.update(SCOPE_DOMAIN);
+        for part in std::iter::once(namespace).chain(consul) {
+            mac.update(&(part.len() as u64).to_be_bytes());
+            mac.update(part.as_bytes());
+        }
+        Self { bytes: self.bytes, scope: Some(mac.finalize().into_bytes().into()) }
+    }
+
+    /// The cluster's key, for the checksums of the format before scopes.
+    pub fn unscoped(&self) -> Self {
+        Self::new(self.bytes)
     }
 
     /// A fresh random key, from the kernel's generator.
     pub fn generate() -> std::io::Result<Self> {
         let mut bytes = [0; KEY_LEN];
         std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom")?, &mut bytes)?;
-        Ok(Self(bytes))
+        Ok(Self::new(bytes))
     }
 
     pub fn bytes(&self) -> &[u8; KEY_LEN] {
-        &self.0
+        &self.bytes
     }
 
     fn mac(&self) -> Hmac<Sha256> {
-        Hmac::<Sha256>::new_from_slice(&self.0).expect("HMAC takes keys of any length")
+        Hmac::<Sha256>::new_from_slice(&self.bytes).expect("HMAC takes keys of any length")
+    }
+
+    /// The MAC of checksums: the scope's key, or the cluster's.
+    fn checksum_mac(&self) -> (Hmac<Sha256>, &'static str) {
+        match &self.scope {
+            Some(scope) => (Hmac::<Sha256>::new_from_slice(scope).expect("any length"), PREFIX),
+            None => (self.mac(), PREFIX_V2),
+        }
     }
 }
 
@@ -179,9 +216,9 @@ pub fn digest(key: &Key, value: &[u8]) -> [u8; DIGEST_LEN] {
 
 /// The checksum of sources whose values are already [`digest`]s.
 pub fn from_digests(key: &Key, sources: &[Source<'_>]) -> String {
-    let mut mac = key.mac();
+    let (mut mac, prefix) = key.checksum_mac();
     mac.update(&encode(HEADER, sources));
-    format!("{PREFIX}{}", hex(&mac.finalize().into_bytes()))
+    format!("{prefix}{}", hex(&mac.finalize().into_bytes()))
 }
 
 /// The checksum of sources with their values.
@@ -220,6 +257,11 @@ pub fn is_current(value: &str) -> bool {
     value.starts_with(PREFIX)
 }
 
+/// Whether a value is of the format before scopes, which the same digests can recognise.
+pub fn is_v2(value: &str) -> bool {
+    value.starts_with(PREFIX_V2)
+}
+
 /// What releases before per-value digests stamped, for recognising such values once.
 pub fn v1(key: &Key, sources: &[Source<'_>]) -> String {
     let mut mac = key.mac();
@@ -238,7 +280,7 @@ fn hex(bytes: &[u8]) -> String {
 
 /// The first hex digits of a checksum, for columns and messages.
 pub fn short(checksum: &str) -> &str {
-    let hex = checksum.strip_prefix(PREFIX).unwrap_or(checksum);
+    let hex = checksum.strip_prefix(PREFIX).or_else(|| checksum.strip_prefix(PREFIX_V2)).unwrap_or(checksum);
     hex.get(..12).unwrap_or(hex)
 }
 
@@ -270,6 +312,22 @@ mod tests {
         assert_eq!(legacy(&vector()), "b14a888965cdb9657b5b5370cd112364a9b33a0f4e36dd7023c686add0556d26");
     }
 
+    /// The same content in another namespace (or Consul datacenter) has another checksum, and
+    /// digests stay those of the cluster's key.
+    #[test]
+    fn pinned_test_vectors_of_scoped_keys() {
+        // Computed independently from the documented format (Python's hmac, key bytes 0..=31).
+        let team_a = key().scoped("team-a", ["dc1", "", ""]);
+        let team_b = key().scoped("team-b", ["dc1", "", ""]);
+        assert_eq!(checksum(&team_a, &vector()), "v3:551ecf59944a5cd993c365ed0404a120ee15a80aeb2b9ad528ca58c0f6e40919");
+        assert_eq!(checksum(&team_b, &vector()), "v3:15522a4b269e8a690e405018d97c81d403295d8ad5c748d30d1d6b3a803fe877");
+        assert_ne!(checksum(&key().scoped("team-a", ["dc2", "", ""]), &vector()), checksum(&team_a, &vector()));
+        assert_ne!(checksum(&key().scoped("team-a", ["dc1", "", "p"]), &vector()), checksum(&team_a, &vector()));
+        assert_eq!(digest(&team_a, b"on"), digest(&key(), b"on"));
+        assert_eq!(checksum(&team_a.unscoped(), &vector()), checksum(&key(), &vector()));
+        assert!(is_current(&checksum(&team_a, &vector())) && is_v2(&checksum(&key(), &vector())));
+    }
+
     #[test]
     fn a_checksum_of_digests_is_the_checksum_of_the_values() {
         let d = |v: &[u8]| digest(&key(), v);
@@ -283,8 +341,8 @@ mod tests {
             },
         ];
         assert_eq!(from_digests(&key(), &digested), checksum(&key(), &vector()));
-        assert!(is_current(&checksum(&key(), &vector())));
-        assert!(!is_current(&v1(&key(), &vector())) && !is_current(&legacy(&vector())));
+        assert!(is_v2(&checksum(&key(), &vector())));
+        assert!(!is_v2(&v1(&key(), &vector())) && !is_v2(&legacy(&vector())));
         assert_eq!(short(&checksum(&key(), &vector())), "56f935c8a3ed");
         assert_eq!(short("c50a65401a32ead7"), "c50a65401a32");
     }

@@ -220,8 +220,12 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
         let (restore, restored) = record.restore(held, found_restored, reset, started, ctx.restore_grace);
         (restore, restored && matches!(consul, Consul::Ready(_)))
     });
+    let consul_scope = spec.consul.as_ref().map_or(["", "", ""], |c| {
+        [c.datacenter.as_deref(), c.namespace.as_deref(), c.partition.as_deref()].map(Option::unwrap_or_default)
+    });
+    let key = ctx.checksum_key.scoped(&namespace, consul_scope);
     let input = Input {
-        key: &ctx.checksum_key,
+        key: &key,
         spec,
         window,
         generation: binding.metadata.generation,
@@ -252,7 +256,12 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
         false => None,
     };
     let input = match &upgraded {
-        Some(upgraded) => Input { previous: &upgraded.previous, live: &upgraded.live, ..input },
+        Some(upgraded) => Input { previous: &upgraded.previous, live: &upgraded.live, peers: &upgraded.peers, ..input },
+        None => input,
+    };
+    let rescoped = upgrade::rescoped(&input);
+    let input = match &rescoped {
+        Some(upgraded) => Input { previous: &upgraded.previous, live: &upgraded.live, peers: &upgraded.peers, ..input },
         None => input,
     };
     let plan = ctx.states.update(&oref, |record| plan::plan(&input, &mut record.pending, Instant::now()));

@@ -44,6 +44,7 @@ pub struct ObjectContent<'a> {
 }
 
 /// What the Consul side looks like for this binding.
+#[derive(Clone)]
 pub enum Consul<'a> {
     Ready(Vec<KeyContent<'a>>),
     /// The keys cannot be read; the reason is one of [`reason`].
@@ -53,6 +54,7 @@ pub enum Consul<'a> {
     },
 }
 
+#[derive(Clone)]
 pub struct Input<'a> {
     pub spec: &'a ConsulBindingSpec,
     /// Keys every checksum.
@@ -1415,6 +1417,75 @@ mod tests {
         assert_eq!(upgraded.target_summary.as_deref(), Some("2/2"));
         let (plan, _) = at(&upgraded, &two, &live);
         assert_eq!(plan.roll, [api]);
+    }
+
+    /// Checksums of a release before scoped keys, in the status and on the workloads, are read
+    /// as the scoped checksums of the same content: nothing rolls on upgrade, the status shows
+    /// only scoped checksums, and a later change rolls what reads it.
+    #[tokio::test(start_paused = true)]
+    async fn checksums_under_the_clusters_key_are_read_as_the_scoped_ones_of_the_same_content() {
+        let spec = ConsulBindingSpec { include_target_references: true, ..spec(false) };
+        let source = ObjectSource { name: "app".into(), keys: None, optional: false };
+        let digested = |value: &str| Digested {
+            version: "1".into(),
+            entries: vec![("a".into(), checksum::Field::Data, checksum::digest(&KEY, value.as_bytes()))],
+        };
+        let (one, two) = (digested("1"), digested("2"));
+        let api: Workload = (WorkloadKind::Deployment, "api".into());
+        let found = vec![api.clone(), web()[0].clone()];
+        let uses: BTreeMap<Workload, References> = BTreeMap::from([(
+            api.clone(),
+            References::from([((ObjectKind::ConfigMap, "app".into()), Use { keys: None, optional: false })]),
+        )]);
+        let entries = entry("v1");
+        let scoped = KEY.scoped("team-a", ["", "", ""]);
+        let at = |key, previous, data, live| {
+            let object =
+                ObjectContent { kind: ObjectKind::ConfigMap, source: &source, referenced: true, data: Some(data) };
+            let input =
+                Input { key, objects: Ok(vec![object]), uses: &uses, live, ..input(&spec, previous, &entries, &found) };
+            let upgraded = super::super::upgrade::rescoped(&input);
+            let input = match &upgraded {
+                Some(u) => Input { previous: &u.previous, live: &u.live, peers: &u.peers, ..input },
+                None => input,
+            };
+            plan_and_status(&input)
+        };
+        let fresh = ConsulBindingStatus::default();
+        // What the release before wrote, after a rollout: its checksums, and its own stamps.
+        let (_, older) = at(&KEY, &fresh, &one, &NO_LIVE);
+        let stamps = |status: &ConsulBindingStatus| -> BTreeMap<Workload, Live> {
+            let rows = status.targets.iter();
+            rows.map(|t| ((t.kind, t.name.clone()), Live { value: t.checksum.clone(), owned: true })).collect()
+        };
+        let live = stamps(&older);
+        assert!(checksum::is_v2(older.applied_checksum.as_deref().unwrap()));
+
+        let (plan, upgraded) = at(&scoped, &older, &one, &live);
+        assert!(plan.roll.is_empty(), "an upgrade rolled {:?}", plan.roll);
+        let (_, fresh_scoped) = at(&scoped, &fresh, &one, &NO_LIVE);
+        assert_eq!(upgraded.applied_checksum, fresh_scoped.applied_checksum);
+        let rows = |s: &ConsulBindingStatus| s.targets.iter().map(|t| t.checksum.clone()).collect::<Vec<_>>();
+        assert_eq!(rows(&upgraded), rows(&fresh_scoped));
+        assert!(
+            upgraded
+                .keys
+                .iter()
+                .map(|k| &k.checksum)
+                .chain(upgraded.objects.iter().map(|o| &o.checksum))
+                .all(|c| checksum::is_current(c))
+        );
+        assert_eq!(condition(&upgraded, conditions::READY).reason, condition(&older, conditions::READY).reason);
+
+        // The workloads keep the old stamps until what they read changes: api, alone.
+        let (plan, _) = at(&scoped, &upgraded, &one, &live);
+        assert!(plan.roll.is_empty());
+        let (plan, rolled) = at(&scoped, &upgraded, &two, &live);
+        assert_eq!(plan.roll, [api]);
+        assert!(checksum::is_current(&rolled.targets[0].checksum));
+        // Content other than the old checksums': a v2 row of it is no match.
+        let (plan, _) = at(&scoped, &older, &two, &live);
+        assert_eq!(plan.roll, [found[0].clone()]);
     }
 
     #[tokio::test(start_paused = true)]

@@ -1,12 +1,12 @@
 //! Checksums of older formats, read as the current checksum of the same content, so that an
 //! upgrade of the controller rolls nothing.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use consul_kv::KvEntry;
 use consulbind_api::ConsulBindingStatus;
 
-use super::plan::{Consul, Input, KeyContent, source};
+use super::plan::{Consul, Input, KeyContent, Plan, source};
 use crate::{
     checksum::{self, Source},
     cluster::{Live, Workload},
@@ -17,6 +17,7 @@ use crate::{
 pub struct Upgraded {
     pub previous: ConsulBindingStatus,
     pub live: BTreeMap<Workload, Live>,
+    pub peers: BTreeMap<Workload, Vec<String>>,
 }
 
 /// The values read for [`upgrade`] are not the content the watches hold.
@@ -31,7 +32,7 @@ pub struct ChangedMeanwhile;
 /// value on it stands for content without them, which is a change. (One that only references
 /// them through its targets is upgraded like a Consul-only binding, and then rebased.)
 pub fn older_values(input: &Input<'_>) -> bool {
-    let older = |value: &str| !checksum::is_current(value);
+    let older = |value: &str| !checksum::is_current(value) && !checksum::is_v2(value);
     matches!(input.consul, Consul::Ready(_))
         && input.spec.objects().next().is_none()
         && (input.previous.applied_checksum.as_deref().is_some_and(older)
@@ -54,7 +55,8 @@ pub fn upgrade(input: &Input<'_>, values: &[Vec<KvEntry>]) -> Result<Option<Upgr
         return Err(ChangedMeanwhile);
     }
     let older = [checksum::v1(input.key, &sources), checksum::legacy(&sources)];
-    let mut upgraded = Upgraded { previous: input.previous.clone(), live: input.live.clone() };
+    let mut upgraded =
+        Upgraded { previous: input.previous.clone(), live: input.live.clone(), peers: input.peers.clone() };
     let mut found = false;
     let mut read = |value: &mut String| {
         if older.contains(value) {
@@ -73,4 +75,72 @@ pub fn upgrade(input: &Input<'_>, values: &[Vec<KvEntry>]) -> Result<Option<Upgr
         }
     }
     Ok(found.then_some(upgraded))
+}
+
+/// Where the status or a workload holds checksums under the cluster's key itself, as releases
+/// before scoped keys stamped, what they mean in the scope's: two plans that decide nothing
+/// compute what each format makes of the content read now, from the same digests.
+pub fn rescoped(input: &Input<'_>) -> Option<Upgraded> {
+    if !unscoped_values(input) {
+        return None;
+    }
+    let key = input.key.unscoped();
+    let unscoped = super::plan::plan(&Input { key: &key, ..input.clone() }, &mut None, tokio::time::Instant::now());
+    let scoped = super::plan::plan(input, &mut None, tokio::time::Instant::now());
+    Some(rescope(input, &unscoped, &scoped))
+}
+
+/// Whether the status, or a workload by a binding's own stamp, holds a checksum under the
+/// cluster's key itself.
+fn unscoped_values(input: &Input<'_>) -> bool {
+    let previous = input.previous;
+    let rows = previous.targets.iter().chain(&previous.former_targets).map(|t| t.checksum.as_str());
+    let keys = previous.keys.iter().map(|k| k.checksum.as_str());
+    let objects = previous.objects.iter().map(|o| o.checksum.as_str());
+    let applied = previous.applied_checksum.iter().chain(previous.dry_run.iter().map(|d| &d.checksum));
+    let live = input.live.values().filter(|l| l.owned).map(Live::checksum);
+    let peers = input.peers.values().flatten().map(String::as_str);
+    applied.map(String::as_str).chain(rows).chain(keys).chain(objects).chain(live).chain(peers).any(checksum::is_v2)
+}
+
+/// Each checksum under the cluster's key that is one of the content read now stands for the
+/// scoped checksum of the same content, so the upgrade to scoped keys rolls nothing; others
+/// stay as they are, and differ from everything now. `unscoped` and `scoped` are plans of this
+/// very input under the cluster's key and under the scope's.
+fn rescope(input: &Input<'_>, unscoped: &Plan, scoped: &Plan) -> Upgraded {
+    let mut map: HashMap<&str, &str> = HashMap::new();
+    if let (Some(before), Some(now)) = (&unscoped.desired, &scoped.desired) {
+        map.insert(before, now);
+    }
+    for (workload, before) in &unscoped.content {
+        if let Some(now) = scoped.content.get(workload) {
+            map.insert(before, now);
+        }
+    }
+    for (before, now) in unscoped.keys.iter().zip(&scoped.keys) {
+        map.insert(&before.checksum, &now.checksum);
+    }
+    for (before, now) in unscoped.objects.iter().zip(&scoped.objects) {
+        map.insert(&before.checksum, &now.checksum);
+    }
+    let read = |value: &mut String| {
+        if let Some(now) = map.get(value.as_str()) {
+            *value = (*now).to_owned();
+        }
+    };
+    let mut previous = input.previous.clone();
+    previous.applied_checksum.iter_mut().for_each(read);
+    previous.dry_run.iter_mut().for_each(|d| read(&mut d.checksum));
+    previous.targets.iter_mut().chain(&mut previous.former_targets).for_each(|t| read(&mut t.checksum));
+    previous.keys.iter_mut().for_each(|k| read(&mut k.checksum));
+    previous.objects.iter_mut().for_each(|o| read(&mut o.checksum));
+    let mut live = input.live.clone();
+    for stamp in live.values_mut().filter(|l| l.owned) {
+        if let Some(now) = map.get(stamp.checksum()) {
+            stamp.value = stamp.value.replacen(stamp.checksum(), now, 1);
+        }
+    }
+    let mut peers = input.peers.clone();
+    peers.values_mut().flatten().for_each(read);
+    Upgraded { previous, live, peers }
 }

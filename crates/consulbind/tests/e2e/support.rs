@@ -228,14 +228,20 @@ impl Scene {
         self.rollouts().get(name).await.unwrap().metadata.generation.unwrap_or_default()
     }
 
-    /// The checksum the controller stamps for `value` under one exact `key`: keyed with the
-    /// cluster's checksum key, which the first controller made.
+    /// The checksum the controller stamps for `value` under one exact `key`, for a binding of
+    /// this namespace that names no Consul datacenter, namespace or partition.
     pub async fn checksum_of(&self, key: &str, value: &[u8]) -> String {
         checksum::checksum(&self.checksum_key().await, &[checksum::Source::Key { key, value: Some(value) }])
     }
 
-    /// The cluster's checksum key, which the first controller made.
+    /// The key of the checksums of bindings of this namespace that name no Consul datacenter,
+    /// namespace or partition.
     pub async fn checksum_key(&self) -> checksum::Key {
+        self.cluster_checksum_key().await.scoped(&self.ns, ["", "", ""])
+    }
+
+    /// The cluster's checksum key, which the first controller made.
+    pub async fn cluster_checksum_key(&self) -> checksum::Key {
         let secrets = Api::<Secret>::namespaced(self.client.clone(), SYSTEM_NS);
         let secret = secrets.get(CHECKSUM_KEY_SECRET).await.expect("the checksum key Secret");
         let bytes = secret.data.unwrap()[checksum::key::DATA_KEY].0.clone();

@@ -209,6 +209,53 @@ async fn an_upgrade_from_checksums_over_values_rolls_nothing_and_rewrites_the_st
     upgrade_from("upgrade-v1", checksum::v1).await;
 }
 
+/// Checksums under the cluster's key itself, as releases before scoped keys stamped.
+#[tokio::test]
+async fn an_upgrade_from_checksums_under_the_clusters_key_rolls_nothing_and_rewrites_the_status() {
+    upgrade_from("upgrade-v2", checksum::checksum).await;
+}
+
+/// Checksums are bound to where the data lives. A user who may not read Secret `db` in another
+/// namespace binds a Secret of the same name with a guessed value in their own: its checksum
+/// differs from the other namespace's even where the guess is right. So does the same key read
+/// with the agent's datacenter named.
+#[tokio::test]
+async fn the_same_data_in_another_namespace_or_datacenter_has_another_checksum() {
+    let Some(victim) = Scene::new("scope-victim").await else { return };
+    let Some(tenant) = Scene::new("scope-tenant").await else { return };
+    let secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "db"},
+        "stringData": {"password": "hunter2"}});
+    let bound = json!({"secrets": [{"name": "db"}], "targets": deploy("web"), "rollout": {"quietPeriod": "0s"}});
+    for s in [&victim, &tenant] {
+        s.apply(secret.clone()).await.unwrap();
+        s.workload(DEPLOY, "web", json!({})).await;
+        s.binding("cfg", bound.clone()).await;
+    }
+    let seen = victim.wait_condition("cfg", conditions::READY, "True", reason::BASELINED).await.status.unwrap();
+    let guess = tenant.wait_condition("cfg", conditions::READY, "True", reason::BASELINED).await.status.unwrap();
+    assert_ne!(seen.objects[0].checksum, guess.objects[0].checksum);
+    assert_ne!(seen.applied_checksum, guess.applied_checksum);
+    let entries = Some(vec![("password", checksum::Field::Data, b"hunter2".as_slice())]);
+    let db = [checksum::Source::Object { kind: consulbind_api::ObjectKind::Secret, name: "db", entries }];
+    assert_eq!(seen.objects[0].checksum, checksum::checksum(&victim.checksum_key().await, &db), "the victim's scope");
+    assert_eq!(guess.objects[0].checksum, checksum::checksum(&tenant.checksum_key().await, &db));
+
+    let key = tenant.key("config");
+    tenant.put(&key, "v1").await;
+    tenant.workload(DEPLOY, "api", json!({})).await;
+    tenant.binding("agents-own", spec(json!([{"key": key}]), deploy("api"), "0s")).await;
+    let mut named = spec(json!([{"key": key}]), deploy("api"), "0s");
+    named["consul"] = json!({"datacenter": "dc1"});
+    tenant.binding("dc1", named).await;
+    let own = tenant.wait_condition("agents-own", conditions::READY, "True", reason::BASELINED).await.status.unwrap();
+    let dc1 = tenant.wait_condition("dc1", conditions::READY, "True", reason::BASELINED).await.status.unwrap();
+    assert_eq!(own.keys[0].present, dc1.keys[0].present);
+    assert_ne!(own.applied_checksum, dc1.applied_checksum);
+    assert_eq!(own.applied_checksum, Some(tenant.checksum_of(&key, b"v1").await));
+    victim.finish().await;
+    tenant.finish().await;
+}
+
 /// A binding whose status and workload carry what an older release stamped, `older` of the
 /// content.
 async fn upgrade_from(scene: &str, older: fn(&checksum::Key, &[checksum::Source<'_>]) -> String) {
@@ -221,7 +268,7 @@ async fn upgrade_from(scene: &str, older: fn(&checksum::Key, &[checksum::Source<
     s.stop_controller().await;
 
     // What the older release left behind: its stamp (a rollout) and its status.
-    let legacy = older(&s.checksum_key().await, &[checksum::Source::Key { key: &key, value: Some(b"v1") }]);
+    let legacy = older(&s.cluster_checksum_key().await, &[checksum::Source::Key { key: &key, value: Some(b"v1") }]);
     let patch = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
         "spec": {"template": {"metadata": {"annotations": {names::annotation_key("cfg"): legacy}}}}});
     let pp = PatchParams::apply(&names::field_manager("cfg")).force();
@@ -230,7 +277,10 @@ async fn upgrade_from(scene: &str, older: fn(&checksum::Key, &[checksum::Source<
         .await
         .unwrap();
     s.wait_revisions(DEPLOY, "web", 2).await;
-    let status = json!({"status": {"appliedChecksum": legacy, "shortChecksum": &legacy[..12],
+    // Its per-key checksums too: the same content, in its format.
+    let mut keys = serde_json::to_value(s.get_binding("cfg").await.status.unwrap().keys).unwrap();
+    keys[0]["checksum"] = json!(legacy);
+    let status = json!({"status": {"appliedChecksum": legacy, "shortChecksum": &legacy[..12], "keys": keys,
         "targets": [{"kind": "Deployment", "name": "web", "checksum": legacy}]}});
     s.bindings().patch_status("cfg", &PatchParams::default(), &Patch::Merge(&status)).await.unwrap();
 
