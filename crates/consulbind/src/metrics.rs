@@ -64,6 +64,7 @@ pub struct Metrics {
     pub change_to_rollout: Histogram,
     rollout_stages: Family<StageLabels, Histogram, fn() -> Histogram>,
     pub leader: Gauge,
+    pub object_digests: Gauge,
 }
 
 impl Metrics {
@@ -82,6 +83,7 @@ impl Metrics {
             change_to_rollout: seconds(),
             rollout_stages: Family::new_with_constructor(fine_seconds as fn() -> Histogram),
             leader: Gauge::default(),
+            object_digests: Gauge::default(),
         };
         let r = registry.sub_registry_with_prefix("consulbind");
         r.register("reconciles", "Reconciles by result", metrics.reconciles.clone());
@@ -94,6 +96,11 @@ impl Metrics {
             metrics.consul_request_duration.clone(),
         );
         r.register("consul_watches", "Distinct Consul keys and prefixes watched", metrics.consul_watches.clone());
+        r.register(
+            "object_digests",
+            "ConfigMaps and Secrets whose data digests are kept, as of the last reconcile",
+            metrics.object_digests.clone(),
+        );
         r.register(
             "consul_watch_groups",
             "Blocking Consul queries that serve the watched keys",

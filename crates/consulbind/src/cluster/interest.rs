@@ -22,6 +22,8 @@ pub struct Interest {
     secrets: HashMap<(String, String), Vec<BindingRef>>,
     objects: HashMap<ObjectId, Vec<BindingRef>>,
     by_binding: HashMap<BindingRef, Registered>,
+    /// Objects that lost their last binding, for [`Interest::take_freed`].
+    freed: Vec<ObjectId>,
 }
 
 #[derive(Default)]
@@ -100,8 +102,21 @@ impl Interest {
             remove_from(&mut self.secrets, key, binding);
         }
         for key in old.objects {
-            remove_from(&mut self.objects, key, binding);
+            remove_from(&mut self.objects, key.clone(), binding);
+            if !self.objects.contains_key(&key) {
+                self.freed.push(key);
+            }
         }
+    }
+
+    /// The ConfigMaps and Secrets that no binding reads any more, since the last call: what the
+    /// caches keep of them can go.
+    pub fn take_freed(&mut self) -> Vec<ObjectId> {
+        let mut freed = std::mem::take(&mut self.freed);
+        freed.retain(|o| !self.objects.contains_key(o));
+        freed.sort();
+        freed.dedup();
+        freed
     }
 
     /// Forgets every binding for which `keep` is false.
@@ -248,5 +263,24 @@ mod tests {
         assert!(interest.object(&id(ConfigMap, "a", "app")).is_empty());
         interest.remove(&other_ns);
         assert!(interest.objects.is_empty());
+    }
+
+    #[test]
+    fn an_object_is_freed_when_its_last_binding_stops_reading_it() {
+        let mut interest = Interest::default();
+        let (a, b) = (BindingRef::new("a").within("ns"), BindingRef::new("b").within("ns"));
+        let spec = ConsulBindingSpec::default();
+        let cm = |name: &'static str| [(ObjectKind::ConfigMap, name)];
+        interest.set(&a, &spec, &[], cm("shared"));
+        interest.set(&b, &spec, &[], cm("shared"));
+        interest.set(&a, &spec, &[], cm("shared"));
+        assert!(interest.take_freed().is_empty(), "read again by the binding that set it");
+        interest.set(&a, &spec, &[], cm("own"));
+        assert!(interest.take_freed().is_empty(), "b still reads it");
+        interest.remove(&b);
+        assert_eq!(interest.take_freed(), [(ObjectKind::ConfigMap, "ns".to_owned(), "shared".to_owned())]);
+        interest.retain(|_| false);
+        assert_eq!(interest.take_freed(), [(ObjectKind::ConfigMap, "ns".to_owned(), "own".to_owned())]);
+        assert!(interest.take_freed().is_empty());
     }
 }

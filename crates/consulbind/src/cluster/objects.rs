@@ -107,6 +107,20 @@ impl Objects {
         (objects, stream::select(config_maps, secrets))
     }
 
+    /// Drops what is kept of objects no binding reads any more.
+    pub fn forget(&self, objects: &[ObjectId]) {
+        if objects.is_empty() {
+            return;
+        }
+        let mut digests = self.digests.locked();
+        objects.iter().for_each(|o| drop(digests.remove(o)));
+    }
+
+    /// How many objects' digests are kept.
+    pub fn digested(&self) -> usize {
+        self.digests.locked().len()
+    }
+
     /// The digests of an object's data, `Ok(None)` when it does not exist.
     pub async fn read(&self, id: &ObjectId) -> Result<Option<Arc<Digested>>, Unknown> {
         let listed = self.listed[id.0 as usize].borrow().clone();

@@ -63,7 +63,15 @@ impl Context {
     pub fn retain(&self, keep: impl Fn(&BindingRef) -> bool) {
         self.watches.retain(&keep);
         self.interest.locked().retain(&keep);
+        self.forget_unread();
         self.states.reset(&keep);
+    }
+
+    /// Drops the digests of the ConfigMaps and Secrets that no binding reads any more.
+    pub fn forget_unread(&self) {
+        let freed = self.interest.locked().take_freed();
+        self.objects.forget(&freed);
+        self.metrics.object_digests.set(self.objects.digested() as i64);
     }
 
     /// Stops watching for a binding that cannot be served now, keeping its record.
@@ -71,5 +79,6 @@ impl Context {
         self.desk.planned(binding);
         self.watches.release(binding);
         self.interest.locked().remove(binding);
+        self.forget_unread();
     }
 }

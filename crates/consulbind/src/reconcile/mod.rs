@@ -177,7 +177,7 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
     ctx.interest.locked().set(&oref, spec, &resolved.found, listed);
     // Read after the interest is recorded, so that a change from here on wakes the binding.
     let objects = match &bound {
-        Ok(bound) => match read::objects(ctx, &namespace, bound).await {
+        Ok(bound) => match read::objects(ctx, &namespace, bound).await.inspect(|_| ctx.forget_unread()) {
             Ok(objects) => Ok(objects),
             // The caches list within moments, and their first list wakes the binding.
             Err(Unknown::Waiting) => return Ok(Action::requeue(Duration::from_secs(1))),

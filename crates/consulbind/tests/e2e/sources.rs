@@ -565,3 +565,32 @@ async fn a_config_map_over_the_key_limit_is_refused_and_rolls_nothing() {
     s.wait_revisions(DEPLOY, "web", 2).await;
     s.finish().await;
 }
+
+/// What the controller keeps of a ConfigMap (the digests of its data) goes once no binding reads
+/// it: after the spec stops naming it, and after the binding is deleted.
+#[tokio::test]
+async fn the_digests_of_a_config_map_no_binding_reads_any_more_are_dropped() {
+    let Some(s) = Scene::new("digests-dropped").await else { return };
+    let key = s.key("config");
+    s.put(&key, "v1").await;
+    s.apply(config_map("app", json!({}), json!({"a": "1", "b": "2", "c": "3"}))).await.unwrap();
+    s.workload(DEPLOY, "web", json!({})).await;
+    let digests = || async { s.controller().metric("consulbind_object_digests").await };
+    let kept = |want: f64| {
+        let digests = &digests;
+        move || async move { Ok(digests().await == Some(want)) }
+    };
+    let with_config_map = json!({"keys": [{"key": &key}], "configMaps": [{"name": "app"}], "targets": deploy("web"),
+        "rollout": {"quietPeriod": "0s"}});
+    s.binding("cfg", with_config_map.clone()).await;
+    s.wait_condition("cfg", conditions::READY, "True", reason::BASELINED).await;
+    crate::support::wait("the ConfigMap's digests to be kept", kept(1.0)).await.unwrap();
+
+    s.binding("cfg", spec(json!([{"key": &key}]), deploy("web"), "0s")).await;
+    crate::support::wait("the digests to go with the spec's ConfigMap", kept(0.0)).await.unwrap();
+    s.binding("cfg", with_config_map).await;
+    crate::support::wait("the digests to be read again", kept(1.0)).await.unwrap();
+    s.bindings().delete("cfg", &Default::default()).await.unwrap();
+    crate::support::wait("the digests to go with the binding", kept(0.0)).await.unwrap();
+    s.finish().await;
+}
