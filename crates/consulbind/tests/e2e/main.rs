@@ -477,7 +477,7 @@ async fn a_target_leaving_during_the_quiet_period_does_not_delay_the_others() {
     s.apply(api).await.unwrap();
     s.wait_revisions(DEPLOY, "api", 1).await;
     let targets = json!([{"kind": "Deployment", "selector": {"matchLabels": {"tier": "quiet"}}}]);
-    let mut binding = spec(json!([{"key": key}]), targets, "10s");
+    let mut binding = spec(json!([{"key": key}]), targets, "12s");
     binding["includeTargetReferences"] = json!(true);
     s.binding("cfg", binding).await;
     s.wait_condition("cfg", conditions::READY, "True", reason::BASELINED).await;
@@ -486,14 +486,14 @@ async fn a_target_leaving_during_the_quiet_period_does_not_delay_the_others() {
     let changed = tokio::time::Instant::now();
     s.put(&key, "2").await;
     s.wait_condition("cfg", conditions::READY, "False", reason::PENDING).await;
-    tokio::time::sleep_until(changed + std::time::Duration::from_secs(5)).await;
+    tokio::time::sleep_until(changed + std::time::Duration::from_secs(6)).await;
     s.kubectl(&["label", "deployment", "api", "tier-"]);
     let rolled = || async { Ok(deployment_generation(&s, "web").await > before) };
     support::wait("web to roll", rolled).await.unwrap();
-    // Rolled at 10 s; with its quiet period restarted when api left, it would be at 15 s.
+    // Rolled at 12 s; with its quiet period restarted when api left, it would be at 18 s.
     let took = changed.elapsed();
     assert!(
-        took < std::time::Duration::from_secs(13),
+        took < std::time::Duration::from_secs(16),
         "web rolled {took:?} after the change: the quiet period restarted"
     );
     assert_eq!(deployment_generation(&s, "api").await, api_before, "api left before the quiet period ended");
