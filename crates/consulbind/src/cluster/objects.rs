@@ -233,11 +233,10 @@ where
     let events = watcher::watcher(api, watcher::Config::default()).default_backoff();
     let mut listing = super::Listing::default();
     let touched = events.flat_map(move |event| {
-        listing.event(&event);
-        let touched = match event {
+        let touched = match &event {
             Ok(event) => {
                 let mut versions = versions.write().unwrap();
-                let touched = versions.event(&event, id);
+                let touched = versions.event(event, id);
                 let gone = touched.iter().filter(|o| versions.version(o).is_none());
                 gone.for_each(|o| drop(digests.locked().remove(o)));
                 if matches!(event, watcher::Event::InitDone) {
@@ -254,6 +253,8 @@ where
                 Vec::new()
             }
         };
+        // Once the versions hold what was listed.
+        listing.event(&event);
         stream::iter(touched)
     });
     (touched.boxed(), listed)

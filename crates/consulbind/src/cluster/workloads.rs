@@ -75,8 +75,6 @@ pub struct Resolved {
     pub found: Vec<Workload>,
     /// The binding's annotation on each found workload that has it.
     pub live: BTreeMap<Workload, Live>,
-    /// The checksums other bindings stamped on each found workload with their own writes.
-    pub peers: BTreeMap<Workload, Vec<String>>,
     /// The uid and generation of each found workload, as cached.
     pub versions: BTreeMap<Workload, Version>,
     pub missing: Vec<String>,
@@ -171,8 +169,6 @@ impl Workloads {
         }
         let live = found.iter().filter_map(|(w, s)| Some((w.clone(), s.live.clone()?))).collect();
         let versions = found.iter().map(|(w, s)| (w.clone(), s.version.clone())).collect();
-        let peers = found.iter().filter(|(_, s)| !s.peers.is_empty()).map(|(w, s)| (w.clone(), s.peers.clone()));
-        let peers = peers.collect();
         let mut references = References::new();
         for (id, used) in found.values().flat_map(|s| &s.references) {
             references::add(&mut references, id, used);
@@ -180,7 +176,7 @@ impl Workloads {
         let uses =
             found.iter().filter(|(_, s)| !s.references.is_empty()).map(|(w, s)| (w.clone(), s.references.clone()));
         let uses = uses.collect();
-        Resolved { found: found.into_keys().collect(), live, peers, versions, missing, unserved, references, uses }
+        Resolved { found: found.into_keys().collect(), live, versions, missing, unserved, references, uses }
     }
 }
 
@@ -485,8 +481,6 @@ struct Selected {
     name: String,
     /// What it carries.
     live: Option<Live>,
-    /// The checksums other bindings stamped with their own writes.
-    peers: Vec<String>,
     version: Version,
     /// The workload it takes its template from, if any.
     workload_ref: Option<String>,
@@ -498,15 +492,9 @@ fn selected<K: Resource>(obj: &PartialObjectMeta<K>, annotation: &str, with_refe
     let annotations = obj.annotations();
     let owned = |key: &str| annotations.contains_key(&format!("{OWNED}{key}"));
     let live = annotations.get(annotation).map(|value| Live { value: value.clone(), owned: owned(annotation) });
-    let peers = annotations
-        .iter()
-        .filter(|(key, _)| key.starts_with(names::ANNOTATION_PREFIX) && *key != annotation && owned(key))
-        .map(|(_, value)| Live { value: value.clone(), owned: true }.checksum().to_owned())
-        .collect();
     Selected {
         name: obj.name_any(),
         live,
-        peers,
         version: Version::of(obj),
         workload_ref: annotations.get(WORKLOAD_REF).cloned(),
         references: if with_references { references::decode(annotations) } else { References::new() },

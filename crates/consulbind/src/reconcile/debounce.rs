@@ -14,7 +14,7 @@ pub struct Window {
 /// A change that has been seen but not yet rolled out.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Pending {
-    /// What each workload behind is to receive.
+    /// What each target is to receive.
     wants: BTreeMap<String, String>,
     first_seen: Instant,
     last_change: Instant,
@@ -28,10 +28,10 @@ pub enum Decision {
 }
 
 impl Pending {
-    /// Records what each workload behind is to receive, as seen at `now`, and decides whether
-    /// the content has settled. A new checksum for a workload restarts the quiet period; one
-    /// joining or leaving those behind does not (a target found or gone is no content change);
-    /// the maximum counts from the first change.
+    /// Records what each target is to receive, as seen at `now`, and decides whether the
+    /// content has settled. A new checksum for a target seen before restarts the quiet period;
+    /// a target found or gone does not (that is no content change); the maximum counts from the
+    /// first change.
     pub fn observe<'a, W: ToString>(
         pending: &mut Option<Pending>,
         wants: impl IntoIterator<Item = (W, &'a str)>,
@@ -130,5 +130,16 @@ mod tests {
         assert_eq!(Pending::observe(&mut pending, [("new", "n1"), ("web", "w1")], Instant::now(), WINDOW), due);
         advance(Duration::from_secs(3)).await;
         assert_eq!(Pending::observe(&mut pending, [("web", "w1")], Instant::now(), WINDOW), Decision::RollNow);
+    }
+
+    /// What one target reads changed while another waits: the quiet period starts again.
+    #[tokio::test(start_paused = true)]
+    async fn a_change_of_any_targets_content_restarts_the_quiet_period() {
+        let mut pending = None;
+        Pending::observe(&mut pending, [("api", "a1"), ("web", "w1")], Instant::now(), WINDOW);
+        advance(Duration::from_secs(4)).await;
+        let now = Instant::now();
+        let again = Pending::observe(&mut pending, [("api", "a1"), ("web", "w2")], now, WINDOW);
+        assert_eq!(again, Decision::WaitUntil(now + Duration::from_secs(5)));
     }
 }

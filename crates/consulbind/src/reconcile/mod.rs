@@ -169,6 +169,11 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
             }
         }
     };
+    // A cache part-way through a list may show a mix of old and new: decide once it has listed
+    // (looked at again below, after the reads that follow wait).
+    if crate::cluster::listing() {
+        return Ok(Action::requeue(Duration::from_millis(500)));
+    }
     let annotation = names::annotation_key(&oref.name);
     let mut resolved = ctx.workloads.resolve(&namespace, &spec.targets, &annotation, spec.include_target_references);
     read::trust_own_stamps(ctx, &oref, &mut resolved);
@@ -187,7 +192,6 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
         Err(message) => Err((conditions::reason::BINDING_TOO_LARGE, message.clone())),
     };
 
-    // A cache part-way through a list may show a mix of old and new: decide once it has listed.
     if crate::cluster::listing() {
         return Ok(Action::requeue(Duration::from_millis(500)));
     }
@@ -234,7 +238,6 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
         objects: objects.as_ref().map(|objects| read::object_contents(objects)).map_err(Clone::clone),
         found: &resolved.found,
         live: &resolved.live,
-        peers: &resolved.peers,
         uses: &resolved.uses,
         versions: &resolved.versions,
         missing: &resolved.missing,
@@ -256,12 +259,12 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
         false => None,
     };
     let input = match &upgraded {
-        Some(upgraded) => Input { previous: &upgraded.previous, live: &upgraded.live, peers: &upgraded.peers, ..input },
+        Some(upgraded) => Input { previous: &upgraded.previous, live: &upgraded.live, ..input },
         None => input,
     };
     let rescoped = upgrade::rescoped(&input);
     let input = match &rescoped {
-        Some(upgraded) => Input { previous: &upgraded.previous, live: &upgraded.live, peers: &upgraded.peers, ..input },
+        Some(upgraded) => Input { previous: &upgraded.previous, live: &upgraded.live, ..input },
         None => input,
     };
     let plan = ctx.states.update(&oref, |record| plan::plan(&input, &mut record.pending, Instant::now()));

@@ -69,8 +69,6 @@ pub struct Input<'a> {
     pub found: &'a [Workload],
     /// What the found workloads carry in the binding's pod-template annotation.
     pub live: &'a BTreeMap<Workload, Live>,
-    /// The checksums other bindings stamped on each target with their own writes.
-    pub peers: &'a BTreeMap<Workload, Vec<String>>,
     /// The uid and generation of each found workload.
     pub versions: &'a BTreeMap<Workload, Version>,
     /// The ConfigMaps and Secrets each found workload's pod template references, for those with any.
@@ -245,12 +243,6 @@ pub fn plan(input: &Input<'_>, pending: &mut Option<Pending>, now: Instant) -> P
         let runs = match input.live.get(w) {
             // A stamp of the current content is never behind, whatever it was rebased to since.
             Some(live) if live.owned && live.checksum() == want => continue,
-            // Another binding that reads the same restarted its pods with this very content:
-            // its stamp stands for ours, and a second write would restart them for nothing.
-            _ if input.peers.get(w).is_some_and(|peers| peers.iter().any(|p| p == want)) => {
-                plan.rebased.push(w.clone());
-                continue;
-            }
             Some(live) if live.owned => Some(carried.stands_for(w, live)),
             // New workloads start with the current content, so they are only rolled when asked to;
             // one found before without a stamp runs what the status recorded when it was found.
@@ -288,7 +280,9 @@ pub fn plan(input: &Input<'_>, pending: &mut Option<Pending>, now: Instant) -> P
         Some(grace) => Window { quiet: input.window.quiet.max(grace), max: input.window.max.max(grace) },
         None => input.window,
     };
-    let wants = behind.iter().map(|w| (format!("{}/{}", w.0, w.1), plan.content[w].as_str()));
+    // Every target's, so that a change of what one reads restarts the quiet period while another
+    // waits; a target found or gone changes none of the others'.
+    let wants = input.found.iter().map(|w| (format!("{}/{}", w.0, w.1), plan.content[w].as_str()));
     match Pending::observe(pending, wants, now, window) {
         // With nothing to roll, a dry run records the content like any other mode.
         Decision::RollNow if dry_run => {
@@ -488,7 +482,6 @@ mod tests {
 
     const KEY: checksum::Key = checksum::Key::new([42; checksum::KEY_LEN]);
     static NO_LIVE: BTreeMap<Workload, Live> = BTreeMap::new();
-    static NO_PEERS: BTreeMap<Workload, Vec<String>> = BTreeMap::new();
     static NO_USES: BTreeMap<Workload, References> = BTreeMap::new();
     static NO_VERSIONS: BTreeMap<Workload, Version> = BTreeMap::new();
 
@@ -510,7 +503,6 @@ mod tests {
             objects: Ok(Vec::new()),
             found,
             live: &NO_LIVE,
-            peers: &NO_PEERS,
             uses: &NO_USES,
             versions: &NO_VERSIONS,
             missing: &[],
@@ -730,30 +722,6 @@ mod tests {
         let entries = entry("v3");
         let change = Input { live: &old, ..input(&spec, &status, &entries, &found) };
         assert_eq!(plan_and_status(&change).0.roll, found);
-    }
-
-    /// Simulator, schedules with two bindings on a workload, seed 94: another binding reading the
-    /// same keys had already restarted the workload with the new content (its own stamp, the
-    /// same checksum); this binding, whose restore grace was longer, rolled it again at its end.
-    #[tokio::test(start_paused = true)]
-    async fn a_workload_another_binding_restarted_with_this_content_is_not_rolled_again() {
-        let spec = spec(false);
-        let found = web();
-        let (_, baseline) = step(&spec, &Default::default(), &entry("v1"), &found);
-        let entries = entry("v2");
-        let peers = |owned: bool| {
-            let peer = checksum_of("v2");
-            BTreeMap::from([(found[0].clone(), if owned { vec![peer] } else { Vec::new() })])
-        };
-        let (with_peer, without) = (peers(true), peers(false));
-        let carried = Input { peers: &with_peer, ..input(&spec, &baseline, &entries, &found) };
-        let (plan, status) = plan_and_status(&carried);
-        assert!(plan.roll.is_empty(), "rolled a workload that already runs this content");
-        assert_eq!(status.targets[0].checksum, checksum_of("v2"));
-        assert_eq!(condition(&status, conditions::READY).reason, reason::UP_TO_DATE);
-        // A peer's stamp put back by a rollout undo is not its own write: it says nothing.
-        let undone = Input { peers: &without, ..input(&spec, &baseline, &entries, &found) };
-        assert_eq!(plan_and_status(&undone).0.roll, found);
     }
 
     #[tokio::test(start_paused = true)]
@@ -1446,7 +1414,7 @@ mod tests {
                 Input { key, objects: Ok(vec![object]), uses: &uses, live, ..input(&spec, previous, &entries, &found) };
             let upgraded = super::super::upgrade::rescoped(&input);
             let input = match &upgraded {
-                Some(u) => Input { previous: &u.previous, live: &u.live, peers: &u.peers, ..input },
+                Some(u) => Input { previous: &u.previous, live: &u.live, ..input },
                 None => input,
             };
             plan_and_status(&input)

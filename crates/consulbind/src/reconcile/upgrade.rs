@@ -17,7 +17,6 @@ use crate::{
 pub struct Upgraded {
     pub previous: ConsulBindingStatus,
     pub live: BTreeMap<Workload, Live>,
-    pub peers: BTreeMap<Workload, Vec<String>>,
 }
 
 /// The values read for [`upgrade`] are not the content the watches hold.
@@ -55,8 +54,7 @@ pub fn upgrade(input: &Input<'_>, values: &[Vec<KvEntry>]) -> Result<Option<Upgr
         return Err(ChangedMeanwhile);
     }
     let older = [checksum::v1(input.key, &sources), checksum::legacy(&sources)];
-    let mut upgraded =
-        Upgraded { previous: input.previous.clone(), live: input.live.clone(), peers: input.peers.clone() };
+    let mut upgraded = Upgraded { previous: input.previous.clone(), live: input.live.clone() };
     let mut found = false;
     let mut read = |value: &mut String| {
         if older.contains(value) {
@@ -99,8 +97,7 @@ fn unscoped_values(input: &Input<'_>) -> bool {
     let objects = previous.objects.iter().map(|o| o.checksum.as_str());
     let applied = previous.applied_checksum.iter().chain(previous.dry_run.iter().map(|d| &d.checksum));
     let live = input.live.values().filter(|l| l.owned).map(Live::checksum);
-    let peers = input.peers.values().flatten().map(String::as_str);
-    applied.map(String::as_str).chain(rows).chain(keys).chain(objects).chain(live).chain(peers).any(checksum::is_v2)
+    applied.map(String::as_str).chain(rows).chain(keys).chain(objects).chain(live).any(checksum::is_v2)
 }
 
 /// Each checksum under the cluster's key that is one of the content read now stands for the
@@ -128,19 +125,24 @@ fn rescope(input: &Input<'_>, unscoped: &Plan, scoped: &Plan) -> Upgraded {
             *value = (*now).to_owned();
         }
     };
+    // A stamp is a checksum, with a `~n` counter when forced: the rows' stamps stay equal to
+    // the annotations they were copied from.
+    let read_stamp = |value: &mut String| {
+        let checksum = value.split_once('~').map_or(value.as_str(), |(c, _)| c);
+        if let Some(now) = map.get(checksum) {
+            *value = value.replacen(checksum, now, 1);
+        }
+    };
     let mut previous = input.previous.clone();
     previous.applied_checksum.iter_mut().for_each(read);
     previous.dry_run.iter_mut().for_each(|d| read(&mut d.checksum));
-    previous.targets.iter_mut().chain(&mut previous.former_targets).for_each(|t| read(&mut t.checksum));
+    for row in previous.targets.iter_mut().chain(&mut previous.former_targets) {
+        read(&mut row.checksum);
+        row.stamp.iter_mut().for_each(read_stamp);
+    }
     previous.keys.iter_mut().for_each(|k| read(&mut k.checksum));
     previous.objects.iter_mut().for_each(|o| read(&mut o.checksum));
     let mut live = input.live.clone();
-    for stamp in live.values_mut().filter(|l| l.owned) {
-        if let Some(now) = map.get(stamp.checksum()) {
-            stamp.value = stamp.value.replacen(stamp.checksum(), now, 1);
-        }
-    }
-    let mut peers = input.peers.clone();
-    peers.values_mut().flatten().for_each(read);
-    Upgraded { previous, live, peers }
+    live.values_mut().filter(|l| l.owned).for_each(|l| read_stamp(&mut l.value));
+    Upgraded { previous, live }
 }
