@@ -1335,41 +1335,75 @@ mod tests {
         assert_eq!(plan.roll, web());
     }
 
+    /// Two targets, `api` and `web`, of a binding that reads Consul key `v1` and, through
+    /// `api`'s template alone, ConfigMap `app` with data `one` or `two`.
+    struct ApiReadsApp {
+        spec: ConsulBindingSpec,
+        source: ObjectSource,
+        one: Digested,
+        two: Digested,
+        api: Workload,
+        found: Vec<Workload>,
+        uses: BTreeMap<Workload, References>,
+        entries: Vec<KvEntry>,
+    }
+
+    impl ApiReadsApp {
+        fn new() -> Self {
+            let digested = |value: &str| Digested {
+                version: "1".into(),
+                entries: vec![("a".into(), checksum::Field::Data, checksum::digest(&KEY, value.as_bytes()))],
+            };
+            let api: Workload = (WorkloadKind::Deployment, "api".into());
+            let app = ((ObjectKind::ConfigMap, "app".into()), Use { keys: None, optional: false });
+            Self {
+                spec: ConsulBindingSpec { include_target_references: true, ..spec(false) },
+                source: ObjectSource { name: "app".into(), keys: None, optional: false },
+                one: digested("1"),
+                two: digested("2"),
+                found: vec![api.clone(), web()[0].clone()],
+                uses: BTreeMap::from([(api.clone(), References::from([app]))]),
+                api,
+                entries: entry("v1"),
+            }
+        }
+
+        /// What the binding sees with `previous`, `app`'s `data` and `live` stamps.
+        fn input<'a>(
+            &'a self,
+            key: &'a checksum::Key,
+            previous: &'a ConsulBindingStatus,
+            data: &'a Digested,
+            live: &'a BTreeMap<Workload, Live>,
+        ) -> Input<'a> {
+            let object =
+                ObjectContent { kind: ObjectKind::ConfigMap, source: &self.source, referenced: true, data: Some(data) };
+            Input {
+                key,
+                objects: Ok(vec![object]),
+                uses: &self.uses,
+                live,
+                ..input(&self.spec, previous, &self.entries, &self.found)
+            }
+        }
+    }
+
     /// A release before per-target checksums gave every target the binding's checksum. After
     /// the upgrade each carries what it reads: nothing rolls, and a ConfigMap only api reads
     /// rolls api alone.
     #[tokio::test(start_paused = true)]
     async fn rows_of_one_checksum_for_every_target_are_read_as_what_each_target_reads() {
-        let spec = ConsulBindingSpec { include_target_references: true, ..spec(false) };
-        let source = ObjectSource { name: "app".into(), keys: None, optional: false };
-        let digested = |value: &str| Digested {
-            version: "1".into(),
-            entries: vec![("a".into(), checksum::Field::Data, checksum::digest(&KEY, value.as_bytes()))],
-        };
-        let (one, two) = (digested("1"), digested("2"));
-        let api: Workload = (WorkloadKind::Deployment, "api".into());
-        let found = vec![api.clone(), web()[0].clone()];
-        let uses: BTreeMap<Workload, References> = BTreeMap::from([(
-            api.clone(),
-            References::from([((ObjectKind::ConfigMap, "app".into()), Use { keys: None, optional: false })]),
-        )]);
-        let entries = entry("v1");
-        let at = |previous, data, live| {
-            let object =
-                ObjectContent { kind: ObjectKind::ConfigMap, source: &source, referenced: true, data: Some(data) };
-            let input =
-                Input { objects: Ok(vec![object]), uses: &uses, live, ..input(&spec, previous, &entries, &found) };
-            plan_and_status(&input)
-        };
+        let t = ApiReadsApp::new();
+        let at = |previous, data, live| plan_and_status(&t.input(&KEY, previous, data, live));
         let fresh = ConsulBindingStatus::default();
-        let (_, baseline) = at(&fresh, &one, &NO_LIVE);
+        let (_, baseline) = at(&fresh, &t.one, &NO_LIVE);
         let applied = baseline.applied_checksum.clone().unwrap();
         // As the older release wrote it, after a rollout: both rows and stamps the binding's.
         let mut older = baseline.clone();
         older.targets.iter_mut().for_each(|t| t.checksum = applied.clone());
         let live: BTreeMap<Workload, Live> =
-            found.iter().map(|w| (w.clone(), Live { value: applied.clone(), owned: true })).collect();
-        let (plan, upgraded) = at(&older, &one, &live);
+            t.found.iter().map(|w| (w.clone(), Live { value: applied.clone(), owned: true })).collect();
+        let (plan, upgraded) = at(&older, &t.one, &live);
         assert!(plan.roll.is_empty(), "an upgrade rolled {:?}", plan.roll);
         assert_eq!(
             upgraded.targets,
@@ -1383,8 +1417,8 @@ mod tests {
                 .collect::<Vec<_>>()
         );
         assert_eq!(upgraded.target_summary.as_deref(), Some("2/2"));
-        let (plan, _) = at(&upgraded, &two, &live);
-        assert_eq!(plan.roll, [api]);
+        let (plan, _) = at(&upgraded, &t.two, &live);
+        assert_eq!(plan.roll, std::slice::from_ref(&t.api));
     }
 
     /// Checksums of a release before scoped keys, in the status and on the workloads, are read
@@ -1392,26 +1426,10 @@ mod tests {
     /// only scoped checksums, and a later change rolls what reads it.
     #[tokio::test(start_paused = true)]
     async fn checksums_under_the_clusters_key_are_read_as_the_scoped_ones_of_the_same_content() {
-        let spec = ConsulBindingSpec { include_target_references: true, ..spec(false) };
-        let source = ObjectSource { name: "app".into(), keys: None, optional: false };
-        let digested = |value: &str| Digested {
-            version: "1".into(),
-            entries: vec![("a".into(), checksum::Field::Data, checksum::digest(&KEY, value.as_bytes()))],
-        };
-        let (one, two) = (digested("1"), digested("2"));
-        let api: Workload = (WorkloadKind::Deployment, "api".into());
-        let found = vec![api.clone(), web()[0].clone()];
-        let uses: BTreeMap<Workload, References> = BTreeMap::from([(
-            api.clone(),
-            References::from([((ObjectKind::ConfigMap, "app".into()), Use { keys: None, optional: false })]),
-        )]);
-        let entries = entry("v1");
+        let t = ApiReadsApp::new();
         let scoped = KEY.scoped("team-a", ["", "", ""]);
         let at = |key, previous, data, live| {
-            let object =
-                ObjectContent { kind: ObjectKind::ConfigMap, source: &source, referenced: true, data: Some(data) };
-            let input =
-                Input { key, objects: Ok(vec![object]), uses: &uses, live, ..input(&spec, previous, &entries, &found) };
+            let input = t.input(key, previous, data, live);
             let upgraded = super::super::upgrade::rescoped(&input);
             let input = match &upgraded {
                 Some(u) => Input { previous: &u.previous, live: &u.live, ..input },
@@ -1421,7 +1439,7 @@ mod tests {
         };
         let fresh = ConsulBindingStatus::default();
         // What the release before wrote, after a rollout: its checksums, and its own stamps.
-        let (_, older) = at(&KEY, &fresh, &one, &NO_LIVE);
+        let (_, older) = at(&KEY, &fresh, &t.one, &NO_LIVE);
         let stamps = |status: &ConsulBindingStatus| -> BTreeMap<Workload, Live> {
             let rows = status.targets.iter();
             rows.map(|t| ((t.kind, t.name.clone()), Live { value: t.checksum.clone(), owned: true })).collect()
@@ -1429,9 +1447,9 @@ mod tests {
         let live = stamps(&older);
         assert!(checksum::is_v2(older.applied_checksum.as_deref().unwrap()));
 
-        let (plan, upgraded) = at(&scoped, &older, &one, &live);
+        let (plan, upgraded) = at(&scoped, &older, &t.one, &live);
         assert!(plan.roll.is_empty(), "an upgrade rolled {:?}", plan.roll);
-        let (_, fresh_scoped) = at(&scoped, &fresh, &one, &NO_LIVE);
+        let (_, fresh_scoped) = at(&scoped, &fresh, &t.one, &NO_LIVE);
         assert_eq!(upgraded.applied_checksum, fresh_scoped.applied_checksum);
         let rows = |s: &ConsulBindingStatus| s.targets.iter().map(|t| t.checksum.clone()).collect::<Vec<_>>();
         assert_eq!(rows(&upgraded), rows(&fresh_scoped));
@@ -1446,14 +1464,14 @@ mod tests {
         assert_eq!(condition(&upgraded, conditions::READY).reason, condition(&older, conditions::READY).reason);
 
         // The workloads keep the old stamps until what they read changes: api, alone.
-        let (plan, _) = at(&scoped, &upgraded, &one, &live);
+        let (plan, _) = at(&scoped, &upgraded, &t.one, &live);
         assert!(plan.roll.is_empty());
-        let (plan, rolled) = at(&scoped, &upgraded, &two, &live);
-        assert_eq!(plan.roll, [api]);
+        let (plan, rolled) = at(&scoped, &upgraded, &t.two, &live);
+        assert_eq!(plan.roll, std::slice::from_ref(&t.api));
         assert!(checksum::is_current(&rolled.targets[0].checksum));
         // Content other than the old checksums': a v2 row of it is no match.
-        let (plan, _) = at(&scoped, &older, &two, &live);
-        assert_eq!(plan.roll, [found[0].clone()]);
+        let (plan, _) = at(&scoped, &older, &t.two, &live);
+        assert_eq!(plan.roll, [t.found[0].clone()]);
     }
 
     #[tokio::test(start_paused = true)]

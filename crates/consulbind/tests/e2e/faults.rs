@@ -28,17 +28,7 @@ fn restart(empty: bool, down: Duration) {
 
 /// `cargo xtask env <args>` on the fault tests' own agent.
 fn xtask(args: &[&str]) {
-    let xtask =
-        std::env::var("CONSULBIND_XTASK").expect("CONSULBIND_XTASK names the xtask binary; run `cargo xtask e2e`");
-    let mut cmd = std::process::Command::new(xtask);
-    cmd.arg("env").args(args).arg("--agent=consul-faults");
-    let out = cmd.output().expect("running xtask");
-    assert!(
-        out.status.success(),
-        "consul-restart: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    crate::support::xtask_env(&[args, &["--agent=consul-faults"]].concat());
 }
 
 async fn faults_consul() -> Consul {

@@ -14,17 +14,7 @@ const FILLER: usize = 600;
 
 /// `cargo xtask env second-apiserver [--stop]`.
 fn second_apiserver(up: bool) {
-    let xtask =
-        std::env::var("CONSULBIND_XTASK").expect("CONSULBIND_XTASK names the xtask binary; run `cargo xtask e2e`");
-    let mut cmd = std::process::Command::new(xtask);
-    cmd.args(["env", "second-apiserver"]).args((!up).then_some("--stop"));
-    let out = cmd.output().expect("running xtask");
-    assert!(
-        out.status.success(),
-        "second-apiserver: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    crate::support::xtask_env(if up { &["second-apiserver"] } else { &["second-apiserver", "--stop"] });
 }
 
 /// Stops the second API server when the test ends, however it ends.

@@ -500,6 +500,19 @@ pub fn kubeconfig_in(ns: &str, account: &str) -> PathBuf {
     path
 }
 
+/// Runs `cargo xtask env <args>`, and fails the test with its output when it fails.
+pub fn xtask_env(args: &[&str]) {
+    let xtask =
+        std::env::var("CONSULBIND_XTASK").expect("CONSULBIND_XTASK names the xtask binary; run `cargo xtask e2e`");
+    let out = std::process::Command::new(xtask).arg("env").args(args).output().expect("running xtask");
+    assert!(
+        out.status.success(),
+        "xtask env {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Every test's controller runs as the ServiceAccount and RBAC that config/ installs.
 pub fn controller_kubeconfig() -> &'static PathBuf {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
