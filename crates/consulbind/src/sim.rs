@@ -29,6 +29,7 @@ use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
 use tokio::time::Instant;
 
 use crate::{
+    BindingRef,
     checksum::{self, Field},
     cluster::{
         Live, Version, Workload,
@@ -36,6 +37,7 @@ use crate::{
         references::{References, Use},
     },
     reconcile::{
+        desk::{Desk, Stamp},
         loss,
         plan::{self, Consul, Input, Outcome},
         read,
@@ -150,6 +152,8 @@ struct Controller {
     /// Its caches list again, in pages, after the API server came back: until the last page they
     /// hold what they listed before, and the binding waits (as `cluster::listing` makes it).
     listing: bool,
+    /// The stamps the bindings hold back, which a write of the same checksum carries.
+    desk: Desk,
 }
 
 struct Sim {
@@ -180,16 +184,17 @@ struct Sim {
     /// A go-ahead was given since the watches last saw an index reset or the controller
     /// started: a ConsulIndexReset hold from before is released.
     go_ahead: bool,
-    /// The spec changed since the controller last reconciled: the go-ahead, for the losses the
-    /// status shows, once it reconciles with rollouts not suspended.
-    spec_edited: bool,
+    /// The spec as the last status saw it (its `observedSpec`): a spec that differs from it,
+    /// other than in `suspend`, is the go-ahead for the losses that status shows, once the
+    /// controller reconciles with rollouts not suspended. An edit undone before then is none.
+    shown_spec: Option<ConsulBindingSpec>,
     /// The watches saw an index reset since the controller last reconciled (it could not, with
     /// the API server away): the status does not show what it lost, so no go-ahead covers it.
     reset_unshown: bool,
     /// A second binding on `web` alone, reading the same keys with the same rollout policy, as a
-    /// second team's: its spec, generation, status and pending go-ahead, swapped in while it
+    /// second team's: its spec, generation, status and the spec its status saw, swapped in while it
     /// reconciles ([`Sim::active`] says which is in).
-    other: Option<(ConsulBindingSpec, i64, ConsulBindingStatus, bool)>,
+    other: Option<(ConsulBindingSpec, i64, ConsulBindingStatus, Option<ConsulBindingSpec>)>,
     active: usize,
     /// Stamps planned in one round of reconciles, by workload, written as one template change
     /// each: bindings woken by one change stamp a workload in one write (see `reconcile::desk`).
@@ -238,7 +243,7 @@ impl Sim {
                 include_target_references: false,
                 ..spec.clone()
             };
-            (spec, 1, ConsulBindingStatus::default(), false)
+            (spec, 1, ConsulBindingStatus::default(), None)
         });
         Self {
             rng,
@@ -259,7 +264,7 @@ impl Sim {
             lost: vec![false; n],
             seen_content: vec![false; n],
             go_ahead: false,
-            spec_edited: false,
+            shown_spec: None,
             reset_unshown: false,
             other,
             active: 0,
@@ -312,6 +317,7 @@ impl Sim {
             wake_at: None,
             other: (Record::default(), None),
             listing: false,
+            desk: Desk::default(),
         });
         self.deliver(false);
     }
@@ -369,18 +375,18 @@ impl Sim {
             self.reconcile_with(&mut controller).await;
             self.swap(&mut controller);
         }
-        self.write_stamps();
+        self.write_stamps(&mut controller);
         self.reset_unshown &= !self.readable();
         self.controller = Some(controller);
     }
 
     /// Puts the other binding in (or back out): its spec, status and memory.
     fn swap(&mut self, controller: &mut Controller) {
-        let Some((spec, generation, status, edited)) = self.other.as_mut() else { return };
+        let Some((spec, generation, status, shown)) = self.other.as_mut() else { return };
         std::mem::swap(&mut self.spec, spec);
         std::mem::swap(&mut self.generation, generation);
         std::mem::swap(&mut self.status, status);
-        std::mem::swap(&mut self.spec_edited, edited);
+        std::mem::swap(&mut self.shown_spec, shown);
         std::mem::swap(&mut controller.record, &mut controller.other.0);
         std::mem::swap(&mut controller.wake_at, &mut controller.other.1);
         self.active ^= 1;
@@ -388,11 +394,10 @@ impl Sim {
 
     /// The other binding's spec gets the same edit, as one commit to a GitOps repository makes.
     fn mirror(&mut self) {
-        let Some((spec, generation, _, edited)) = self.other.as_mut() else { return };
+        let Some((spec, generation, _, _)) = self.other.as_mut() else { return };
         spec.rollout = self.spec.rollout.clone();
         spec.suspend = self.spec.suspend;
         *generation += 1;
-        *edited = self.spec_edited;
     }
 
     /// Workload `name` is a target of the active binding.
@@ -420,7 +425,9 @@ impl Sim {
         // The go-ahead releases what the status showed as lost. One given while Consul cannot
         // be read says nothing of a loss the status could not show yet: that is held until a
         // later go-ahead.
-        if std::mem::take(&mut self.spec_edited) && !spec.suspend {
+        let unsuspended = |s: &ConsulBindingSpec| ConsulBindingSpec { suspend: false, ..s.clone() };
+        let edited = self.shown_spec.as_ref().is_some_and(|shown| unsuspended(shown) != unsuspended(&spec));
+        if edited && !spec.suspend {
             let read = matches!(consul, Consul::Ready(_));
             for (lost, shown) in self.lost.iter_mut().zip(&previous.keys) {
                 if shown.lost {
@@ -520,6 +527,8 @@ impl Sim {
             let version = self.stamp(&w.1, plan.values[w].clone());
             controller.record.stamps.insert(w.clone(), (version, plan.values[w].clone()));
         }
+        let held = plan.held.iter().map(|w| (target(&w.1), stamp(self.active, plan.content[w].clone())));
+        controller.desk.hold(&binding(self.active), held.collect());
         let outcome = Outcome { rolled: plan.roll.clone(), failed: Vec::new() };
         let status = status::status(&input, &plan, &outcome, &Time(Timestamp::UNIX_EPOCH));
         controller.record.written(restored && ready, plan.desired.as_deref(), &status, now);
@@ -545,6 +554,7 @@ impl Sim {
             outcome.rolled
         ));
         self.status = status;
+        self.shown_spec = Some(spec);
         self.check_hold_shown(ready.as_deref());
     }
 
@@ -562,14 +572,24 @@ impl Sim {
         Version { uid: format!("{name}-{}", work.uid), generation: work.generation + 1 }
     }
 
-    /// Each workload stamped in the round gets one template change, with every binding's stamp.
-    fn write_stamps(&mut self) {
+    /// Each workload stamped in the round gets one template change, with every binding's stamp
+    /// and the held stamps of the same checksum, which the bindings then remember as their own.
+    fn write_stamps(&mut self, controller: &mut Controller) {
         for (name, stamps) in std::mem::take(&mut self.batch) {
-            self.write(name, stamps);
+            let stamps = stamps.into_iter().map(|(b, value)| stamp(b, value)).collect();
+            let (stamps, carried) = controller.desk.carry(&target(name), stamps);
+            let stamps: Vec<(usize, String)> =
+                stamps.into_iter().map(|s| (usize::from(s.binding.name == "b"), s.value)).collect();
+            let version = self.write(name, stamps);
+            for s in carried {
+                self.note(format_args!("  {name} carries the held stamp of {}", s.binding.name));
+                let record = if s.binding.name == "b" { &mut controller.other.0 } else { &mut controller.record };
+                record.stamps.insert((WorkloadKind::Deployment, name.to_owned()), (version.clone(), s.value));
+            }
         }
     }
 
-    fn write(&mut self, name: &str, stamps: Vec<(usize, String)>) {
+    fn write(&mut self, name: &str, stamps: Vec<(usize, String)>) -> Version {
         let content = self.content(name);
         let work = &self.works[name];
         let (undone, undo_alone) = (work.undone, work.undone && work.stamped_with == content);
@@ -589,6 +609,7 @@ impl Sim {
         work.runs = content.clone();
         work.stamped_with = content;
         work.undone = false;
+        Version { uid: format!("{name}-{}", work.uid), generation: work.generation }
     }
 
     /// The last status rolled out what it read.
@@ -783,7 +804,6 @@ impl Sim {
                 }
                 if changed {
                     self.generation += 1;
-                    self.spec_edited = true;
                     self.mirror();
                 }
                 format!("spec edited (maxDelay {max})")
@@ -892,6 +912,20 @@ impl Sim {
     }
 }
 
+/// The first binding is `a`, the second `b`.
+fn binding(active: usize) -> BindingRef {
+    BindingRef::new(["a", "b"][active]).within("ns")
+}
+
+fn target(name: &str) -> (String, Workload) {
+    ("ns".into(), (WorkloadKind::Deployment, name.to_owned()))
+}
+
+fn stamp(active: usize, value: String) -> Stamp {
+    let name = ["a", "b"][active];
+    Stamp { binding: binding(active), annotation: format!("a/{name}"), value, manager: format!("m-{name}") }
+}
+
 /// What a schedule's steps may do.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -966,15 +1000,11 @@ fn schedules_with_the_api_server_away_keep_every_invariant() {
 }
 
 /// With the target changes, and a second binding on `web` reading the same keys: a change both
-/// read is one template change of `web`, not one per binding.
-///
-/// Open finding, seed 94: after a Consul index reset the two bindings leave their restore grace
-/// at different times (the second settles when `web` is made again, the first still has `api`
-/// behind), so a later change rolls `web` twice, once as each binding's grace ends. Its first
-/// finding, a quiet period restarted by a target leaving, is fixed. Run it with
-/// `cargo test -p consulbind --lib sim:: -- --ignored`.
+/// read is one template change of `web`, not one per binding. Seed 94: a target found or gone
+/// restarted the others' quiet periods; and after a Consul index reset the bindings left their
+/// restore grace at different times, so a change rolled `web` once as each grace ended (now the
+/// first write carries the other binding's held stamp of the same checksum).
 #[test]
-#[ignore = "open finding: bindings in different restore states roll one workload twice (seed 94)"]
 fn schedules_with_two_bindings_on_a_workload_keep_every_invariant() {
     run_seeds(Kind::Shared);
 }

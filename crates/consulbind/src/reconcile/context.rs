@@ -62,6 +62,7 @@ impl Context {
     /// Forgets every binding for which `keep` is false.
     pub fn retain(&self, keep: impl Fn(&BindingRef) -> bool) {
         self.watches.retain(&keep);
+        self.desk.retain(&keep);
         self.interest.locked().retain(&keep);
         self.forget_unread();
         self.states.reset(&keep);
@@ -76,7 +77,7 @@ impl Context {
 
     /// Stops watching for a binding that cannot be served now, keeping its record.
     pub fn unsubscribe(&self, binding: &BindingRef) {
-        self.desk.planned(binding);
+        self.desk.forget(binding);
         self.watches.release(binding);
         self.interest.locked().remove(binding);
         self.forget_unread();

@@ -8,6 +8,11 @@
 //! with no other binding in flight goes at once. A binding waiting out a quiet period counts as
 //! in flight from a moment before its quiet period ends: bindings woken by one change end their
 //! quiet periods together, each on its own timer.
+//!
+//! A binding that holds a change back (a quiet period, a restore grace) leaves on the desk
+//! the stamp it would write. When another binding writes the workload with a stamp for the
+//! same checksum, that held stamp goes in the same write: the pods start on that content, so
+//! the held binding's own rollout of it would be a second one for one change.
 
 use std::{
     collections::HashMap,
@@ -32,6 +37,7 @@ const STALE: Duration = Duration::from_secs(2);
 /// One binding's annotation on one workload.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Stamp {
+    pub binding: BindingRef,
     pub annotation: String,
     pub value: String,
     /// The binding's own field manager, for a write of its stamp alone.
@@ -58,6 +64,9 @@ struct Inner {
     last_sweep: Option<Instant>,
     /// Stamps waiting for a write, by workload.
     open: HashMap<Target, Batch>,
+    /// Stamps held back, by workload, and the workloads each binding holds one for.
+    held: HashMap<Target, Vec<Stamp>>,
+    holds: HashMap<BindingRef, Vec<Target>>,
 }
 
 struct Batch {
@@ -67,8 +76,8 @@ struct Batch {
 
 /// What a submitted stamp does next.
 pub enum Turn {
-    /// Written alone, at once.
-    Alone(Stamp),
+    /// Written at once, with the held stamps it carries.
+    Alone(Target, Stamp),
     /// Waits for the bindings in `others` to plan, then writes every stamp of the workload.
     Lead { target: Target, others: Vec<BindingRef> },
     /// Another stamp leads the write this one joined.
@@ -92,6 +101,37 @@ impl Desk {
             None => drop(inner.due.remove(binding)),
         }
         inner.sweep(Instant::now());
+    }
+
+    /// The stamps the binding's last plan held back, in place of those of its plan before.
+    pub fn hold(&self, binding: &BindingRef, stamps: Vec<(Target, Stamp)>) {
+        let mut inner = self.inner.locked();
+        inner.release(binding);
+        if stamps.is_empty() {
+            return;
+        }
+        let targets = stamps.iter().map(|(t, _)| t.clone()).collect();
+        for (target, stamp) in stamps {
+            inner.held.entry(target).or_default().push(stamp);
+        }
+        inner.holds.insert(binding.clone(), targets);
+    }
+
+    /// The binding is deleted or no longer served: nothing waits for it, and it holds nothing.
+    pub fn forget(&self, binding: &BindingRef) {
+        self.inner.locked().release(binding);
+        self.planned(binding);
+    }
+
+    /// Forgets every binding for which `keep` is false.
+    pub fn retain(&self, keep: impl Fn(&BindingRef) -> bool) {
+        let mut inner = self.inner.locked();
+        let gone: Vec<BindingRef> = inner.holds.keys().filter(|b| !keep(b)).cloned().collect();
+        for binding in &gone {
+            inner.release(binding);
+        }
+        inner.flight.retain(|b, _| keep(b));
+        inner.due.retain(|b, _| keep(b));
     }
 
     /// The binding has planned: every stamp it will make now is submitted.
@@ -122,22 +162,23 @@ impl Desk {
         }
         let others: Vec<BindingRef> = others.into_iter().filter(|b| inner.in_flight(b)).collect();
         if others.is_empty() {
-            return Turn::Alone(stamp);
+            return Turn::Alone(target, stamp);
         }
         inner.open.insert(target.clone(), Batch { stamps: vec![stamp], done: watch::Sender::new(None) });
         Turn::Lead { target, others }
     }
 
     /// Writes, or waits for, the stamp. `write` gets the stamps of one write: one stamp is
-    /// written as its binding's own, several as one joint write.
-    pub async fn run<F, Fut>(&self, turn: Turn, write: F) -> Written
+    /// written as its binding's own, several as one joint write. Returns the outcome, and the
+    /// held stamps of other bindings that the write carried.
+    pub async fn run<F, Fut>(&self, turn: Turn, write: F) -> (Written, Vec<Stamp>)
     where
         F: FnOnce(Vec<Stamp>) -> Fut,
         Fut: Future<Output = Written>,
     {
-        match turn {
-            Turn::Alone(stamp) => write(vec![stamp]).await,
-            Turn::Joined(done) => outcome(done).await,
+        let (target, stamps) = match turn {
+            Turn::Alone(target, stamp) => (target, vec![stamp]),
+            Turn::Joined(done) => return (outcome(done).await, Vec::new()),
             Turn::Lead { target, others } => {
                 let deadline = tokio::time::Instant::now() + GATHER;
                 loop {
@@ -150,17 +191,53 @@ impl Desk {
                     }
                 }
                 let Some(batch) = self.inner.locked().open.remove(&target) else {
-                    return Err("the stamp was lost from the desk".into());
+                    return (Err("the stamp was lost from the desk".into()), Vec::new());
                 };
-                let written = write(batch.stamps).await;
+                let (stamps, carried) = self.carry(&target, batch.stamps);
+                let written = write(stamps).await;
                 batch.done.send_replace(Some(written.clone()));
-                written
+                return (written, carried);
             }
+        };
+        let (stamps, carried) = self.carry(&target, stamps);
+        (write(stamps).await, carried)
+    }
+
+    /// Adds to a write of `stamps` on `target` the held stamps of other bindings that stand for
+    /// a checksum it writes; they are no longer held. Returns the write's stamps, and those.
+    pub fn carry(&self, target: &Target, mut stamps: Vec<Stamp>) -> (Vec<Stamp>, Vec<Stamp>) {
+        let mut inner = self.inner.locked();
+        let Some(held) = inner.held.get_mut(target) else { return (stamps, Vec::new()) };
+        let (carried, kept): (Vec<Stamp>, Vec<Stamp>) = std::mem::take(held).into_iter().partition(|h| {
+            !stamps.iter().any(|s| s.binding == h.binding)
+                && stamps.iter().any(|s| checksum(&s.value) == checksum(&h.value))
+        });
+        *held = kept;
+        if held.is_empty() {
+            inner.held.remove(target);
         }
+        stamps.extend(carried.iter().cloned());
+        (stamps, carried)
     }
 }
 
+/// The checksum a stamp stands for, without the counter of a forced one.
+fn checksum(value: &str) -> &str {
+    value.split_once('~').map_or(value, |(c, _)| c)
+}
+
 impl Inner {
+    fn release(&mut self, binding: &BindingRef) {
+        for target in self.holds.remove(binding).unwrap_or_default() {
+            if let Some(held) = self.held.get_mut(&target) {
+                held.retain(|s| s.binding != *binding);
+                if held.is_empty() {
+                    self.held.remove(&target);
+                }
+            }
+        }
+    }
+
     fn in_flight(&self, binding: &BindingRef) -> bool {
         let now = Instant::now();
         let woken = self.flight.get(binding).is_some_and(|at| now.duration_since(*at) <= STALE);
@@ -198,8 +275,13 @@ mod tests {
         ("ns".into(), (WorkloadKind::Deployment, "web".into()))
     }
 
-    fn stamp(binding: &str) -> Stamp {
-        Stamp { annotation: format!("a/{binding}"), value: "sum".into(), manager: format!("m-{binding}") }
+    fn stamp(name: &str) -> Stamp {
+        Stamp {
+            binding: binding(name),
+            annotation: format!("a/{name}"),
+            value: "sum".into(),
+            manager: format!("m-{name}"),
+        }
     }
 
     fn binding(name: &str) -> BindingRef {
@@ -217,12 +299,12 @@ mod tests {
         desk.planned(&binding("b"));
         // "b" targets the workload too, but has planned already.
         let turn = desk.submit(web(), stamp("a"), vec![binding("b")]);
-        assert!(matches!(turn, Turn::Alone(_)));
+        assert!(matches!(turn, Turn::Alone(..)));
         let written = desk.run(turn, |stamps| async move {
             assert_eq!(stamps, [stamp("a")]);
             Ok(version())
         });
-        assert_eq!(written.await, Ok(version()));
+        assert_eq!(written.await, (Ok(version()), Vec::new()));
     }
 
     #[tokio::test]
@@ -242,6 +324,7 @@ mod tests {
                     Ok(version())
                 })
                 .await
+                .0
             }
         });
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -250,7 +333,7 @@ mod tests {
         let joined = desk.submit(web(), stamp("b"), vec![a.clone()]);
         assert!(matches!(joined, Turn::Joined(_)));
         desk.planned(&b);
-        let second = desk.run(joined, |_| async { panic!("a joined stamp is written by its lead") }).await;
+        let second = desk.run(joined, |_| async { panic!("a joined stamp is written by its lead") }).await.0;
         assert_eq!(second, Ok(version()));
         assert_eq!(lead.await.unwrap(), Ok(version()));
         assert_eq!(*writes.locked(), [vec![stamp("a"), stamp("b")]]);
@@ -268,6 +351,7 @@ mod tests {
             async move {
                 desk.run(turn, |stamps| async move { Ok(Version { uid: "u".into(), generation: stamps.len() as i64 }) })
                     .await
+                    .0
             }
         });
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -285,11 +369,11 @@ mod tests {
         desk.woken(&binding("stuck"));
         let turn = desk.submit(web(), stamp("a"), vec![binding("stuck")]);
         let started = tokio::time::Instant::now();
-        let written = desk.run(turn, |_| async { Ok(version()) }).await;
+        let (written, _) = desk.run(turn, |_| async { Ok(version()) }).await;
         assert_eq!(written, Ok(version()));
         assert_eq!(started.elapsed(), GATHER);
         // The next stamp opens a write of its own.
-        assert!(matches!(desk.submit(web(), stamp("a"), vec![]), Turn::Alone(_)));
+        assert!(matches!(desk.submit(web(), stamp("a"), vec![]), Turn::Alone(..)));
     }
 
     #[tokio::test]
@@ -309,7 +393,56 @@ mod tests {
         assert!(!desk.inner.locked().in_flight(&soon));
         desk.due(&soon, None);
         desk.inner.locked().open.clear();
-        assert!(matches!(desk.submit(web(), stamp("a"), vec![soon, later]), Turn::Alone(_)));
+        assert!(matches!(desk.submit(web(), stamp("a"), vec![soon, later]), Turn::Alone(..)));
+    }
+
+    fn held(name: &str, value: &str) -> (Target, Stamp) {
+        (web(), Stamp { value: value.into(), ..stamp(name) })
+    }
+
+    #[tokio::test]
+    async fn a_write_carries_the_held_stamps_of_its_checksum_once_and_no_others() {
+        let desk = Desk::default();
+        desk.hold(&binding("b"), vec![held("b", "sum")]);
+        desk.hold(&binding("c"), vec![held("c", "other")]);
+        // A forced stamp stands for the same checksum.
+        let turn = desk.submit(web(), Stamp { value: "sum~1".into(), ..stamp("a") }, vec![binding("b"), binding("c")]);
+        let (written, carried) = desk
+            .run(turn, |stamps| async move {
+                let values: Vec<(&str, &str)> =
+                    stamps.iter().map(|s| (s.binding.name.as_str(), s.value.as_str())).collect();
+                assert_eq!(values, [("a", "sum~1"), ("b", "sum")]);
+                Ok(version())
+            })
+            .await;
+        assert_eq!((written, carried), (Ok(version()), vec![stamp("b")]));
+        let turn = desk.submit(web(), stamp("a"), vec![]);
+        let (_, carried) =
+            desk.run(turn, |stamps| async move { Ok(Version { generation: stamps.len() as i64, ..version() }) }).await;
+        assert_eq!(carried, [], "a held stamp was carried twice");
+        // "c" still holds its own.
+        assert_eq!(desk.carry(&web(), vec![Stamp { value: "other".into(), ..stamp("a") }]).1, [held("c", "other").1]);
+    }
+
+    #[tokio::test]
+    async fn a_binding_holds_what_its_last_plan_held_and_nothing_once_forgotten() {
+        let desk = Desk::default();
+        let b = binding("b");
+        let carried = |desk: &Desk| desk.carry(&web(), vec![stamp("a")]).1;
+        desk.hold(&b, vec![held("b", "sum")]);
+        desk.hold(&b, vec![]);
+        assert_eq!(carried(&desk), []);
+        desk.hold(&b, vec![held("b", "sum")]);
+        desk.forget(&b);
+        assert_eq!(carried(&desk), []);
+        desk.hold(&b, vec![held("b", "sum")]);
+        desk.retain(|x| *x != b);
+        assert_eq!(carried(&desk), []);
+        // Its own write never carries its held stamp (a plan holds or rolls a target, not both).
+        desk.hold(&b, vec![held("b", "sum")]);
+        assert_eq!(desk.carry(&web(), vec![stamp("b")]).1, []);
+        assert_eq!(carried(&desk), [stamp("b")]);
+        assert!(desk.inner.locked().held.is_empty());
     }
 
     #[tokio::test]
@@ -321,7 +454,7 @@ mod tests {
         let joined = desk.submit(web(), stamp("b"), vec![a]);
         desk.planned(&b);
         let failed = |_| async { Err::<Version, _>("forbidden".to_owned()) };
-        assert_eq!(desk.run(lead, failed).await, Err("forbidden".into()));
-        assert_eq!(desk.run(joined, |_| async { Ok(version()) }).await, Err("forbidden".into()));
+        assert_eq!(desk.run(lead, failed).await.0, Err("forbidden".into()));
+        assert_eq!(desk.run(joined, |_| async { Ok(version()) }).await.0, Err("forbidden".into()));
     }
 }

@@ -268,6 +268,7 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
         None => input,
     };
     let plan = ctx.states.update(&oref, |record| plan::plan(&input, &mut record.pending, Instant::now()));
+    stamp::hold(ctx, &oref, &plan);
 
     // Stamp.
     let outcome = match plan.roll.is_empty() {

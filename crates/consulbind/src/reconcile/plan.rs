@@ -109,6 +109,9 @@ pub struct Plan {
     pub roll: Vec<Workload>,
     /// The annotation value for each workload of `roll`.
     pub values: BTreeMap<Workload, String>,
+    /// Targets behind their content that this plan does not roll (a quiet period, a restore
+    /// grace, a suspend): another binding's write of the same checksum may carry their stamp.
+    pub held: Vec<Workload>,
     /// Why the content is not being rolled out now: a reason and a message.
     pub hold: Option<(&'static str, String)>,
     /// Reconcile again at this time to finish a debounce.
@@ -260,6 +263,9 @@ pub fn plan(input: &Input<'_>, pending: &mut Option<Pending>, now: Instant) -> P
         *pending = None;
         return plan;
     }
+    if !input.dry_run {
+        plan.held.clone_from(&behind);
+    }
     if input.spec.suspend {
         plan.hold = Some((reason::SUSPENDED, "rollouts are suspended; the change is rolled out on resume".into()));
         return plan;
@@ -297,6 +303,7 @@ pub fn plan(input: &Input<'_>, pending: &mut Option<Pending>, now: Instant) -> P
         }
         Decision::RollNow => {
             *pending = None;
+            plan.held.clear();
             plan.roll(behind, input.live);
         }
         Decision::WaitUntil(at) => {

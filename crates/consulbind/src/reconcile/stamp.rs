@@ -12,6 +12,7 @@ use kube::{
 };
 use serde::de::DeserializeOwned;
 use serde_json::json;
+use tracing::debug;
 
 use super::{
     context::Context,
@@ -37,14 +38,12 @@ pub async fn stamp_all(
     versions: &BTreeMap<Workload, Version>,
 ) -> Outcome {
     let namespace = binding.namespace.clone().unwrap_or_default();
-    let annotation = names::annotation_key(&binding.name);
-    let manager = names::field_manager(&binding.name);
     let turns: Vec<(Workload, String, Turn)> = plan
         .roll
         .iter()
         .map(|workload| {
             let value = plan.values[workload].clone();
-            let stamp = Stamp { annotation: annotation.clone(), value: value.clone(), manager: manager.clone() };
+            let stamp = stamp_of(binding, value.clone());
             let (kind, name) = workload;
             let mut others = ctx.interest.locked().workload(&namespace, *kind, name, &Default::default());
             others.remove(binding);
@@ -58,10 +57,16 @@ pub async fn stamp_all(
         .map(|(workload, value, turn)| async move {
             let started = std::time::Instant::now();
             let uid = versions.get(&workload).map(|v| v.uid.as_str()).filter(|uid| !uid.is_empty());
-            let result = ctx.desk.run(turn, |stamps| write(&ctx.client, namespace, &workload, uid, stamps)).await;
+            let (result, carried) =
+                ctx.desk.run(turn, |stamps| write(&ctx.client, namespace, &workload, uid, stamps)).await;
             ctx.metrics.stage("patch", started.elapsed());
             if let Ok(version) = &result {
                 ctx.states.update(binding, |r| r.stamps.insert(workload.clone(), (version.clone(), value)));
+                for stamp in carried {
+                    debug!(binding = %stamp.binding, workload = %workload.1, by = %binding, "held stamp carried");
+                    let remembered = (version.clone(), stamp.value);
+                    ctx.states.update(&stamp.binding, |r| r.stamps.insert(workload.clone(), remembered));
+                }
             }
             (workload, result.map(drop))
         })
@@ -78,6 +83,22 @@ pub async fn stamp_all(
     outcome.rolled.sort();
     outcome.failed.sort();
     outcome
+}
+
+/// Puts on the desk the stamps of the targets the plan holds back (see [`desk`](super::desk)).
+pub fn hold(ctx: &Context, binding: &BindingRef, plan: &Plan) {
+    let namespace = binding.namespace.clone().unwrap_or_default();
+    let held = plan.held.iter().map(|w| ((namespace.clone(), w.clone()), stamp_of(binding, plan.content[w].clone())));
+    ctx.desk.hold(binding, held.collect());
+}
+
+fn stamp_of(binding: &BindingRef, value: String) -> Stamp {
+    Stamp {
+        binding: binding.clone(),
+        annotation: names::annotation_key(&binding.name),
+        value,
+        manager: names::field_manager(&binding.name),
+    }
 }
 
 /// Sets the stamped annotations on the workload's pod template, and nothing else. Kubernetes
@@ -167,6 +188,7 @@ mod tests {
     fn a_stamp_is_held_to_the_object_the_cache_saw() {
         let web: Workload = (WorkloadKind::Deployment, "web".into());
         let stamp = |binding: &str| Stamp {
+            binding: BindingRef::new(binding).within("ns"),
             annotation: format!("checksum.consulbind.dev/{binding}"),
             value: format!("v2:{binding}"),
             manager: format!("consulbind-{binding}"),

@@ -187,6 +187,22 @@ impl Scene {
         conditions.into_iter().find(|c| c.type_ == type_).expect("the condition waited for").message
     }
 
+    /// Waits until the binding's condition `type_` has `status` and `reason` and a message that
+    /// contains `part`: a reason can pass through another message first (a Secret not yet seen).
+    pub async fn wait_message_containing(&self, name: &str, type_: &str, reason: &str, part: &str) -> String {
+        let what = format!("{}/{name} {type_} {reason} with a message containing {part:?}", self.ns);
+        let message = || async {
+            let binding = self.bindings().get(name).await.ok()?;
+            let found = binding.status?.conditions.into_iter().find(|c| c.type_ == type_)?;
+            (found.reason == reason).then_some(found.message)
+        };
+        let result = wait(&what, || async { Ok(message().await.is_some_and(|m| m.contains(part))) }).await;
+        if let Err(error) = result {
+            panic!("{error}\nlast message: {:?}\ncontroller log:\n{}", message().await, self.log());
+        }
+        message().await.unwrap_or_default()
+    }
+
     /// Number of rollouts a workload has had: ReplicaSets of a Deployment, ControllerRevisions
     /// of a StatefulSet or DaemonSet. The first template counts as one.
     pub async fn revisions(&self, kind: &str, name: &str) -> usize {
