@@ -58,6 +58,11 @@ pub struct Config {
     #[arg(long, env = "CONSULBIND_CONSUL_FAILURE_GRACE", default_value = "5s", value_parser = duration)]
     pub consul_failure_grace: Duration,
 
+    /// How long reading a bound ConfigMap or Secret may fail before the binding shows it
+    /// (`ObjectUnreadable`). A shorter failure changes nothing; the read is retried meanwhile.
+    #[arg(long, env = "CONSULBIND_OBJECT_FAILURE_GRACE", default_value = "5s", value_parser = duration)]
+    pub object_failure_grace: Duration,
+
     /// After Consul's index went backwards (a snapshot restore, a rebuilt cluster), content
     /// that differs from what the targets carry rolls only once it has been stable this long,
     /// whatever the binding's quiet period: a restore written back key by key is one change.

@@ -132,6 +132,7 @@ pub async fn run(config: Config, shutdown: signal::Receiver<bool>) -> Result<(),
             express: Default::default(),
             desk: desk.clone(),
             max_binding_bytes: config.max_binding_bytes,
+            object_failure_grace: config.object_failure_grace,
             max_bindings_per_namespace: config.max_bindings_per_namespace,
         });
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();

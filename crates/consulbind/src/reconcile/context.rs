@@ -36,6 +36,8 @@ pub struct Context {
     pub dry_run: bool,
     /// See `--max-binding-bytes`.
     pub max_binding_bytes: u64,
+    /// See `--object-failure-grace`.
+    pub object_failure_grace: std::time::Duration,
     /// The most bindings of one namespace served; the oldest are.
     pub max_bindings_per_namespace: usize,
     /// See `--consul-restore-grace`.

@@ -183,10 +183,22 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
     // Read after the interest is recorded, so that a change from here on wakes the binding.
     let objects = match &bound {
         Ok(bound) => match read::objects(ctx, &namespace, bound).await.inspect(|_| ctx.forget_unread()) {
-            Ok(objects) => Ok(objects),
+            Ok(objects) => {
+                ctx.states.update(&oref, |r| r.objects_failing_since = None);
+                Ok(objects)
+            }
             // The caches list within moments, and their first list wakes the binding.
             Err(Unknown::Waiting) => return Ok(Action::requeue(Duration::from_secs(1))),
-            Err(Unknown::Failed(message)) => Err((conditions::reason::OBJECT_UNREADABLE, message)),
+            Err(Unknown::Failed(message)) => {
+                // A failure shorter than the grace shows nowhere, as Consul's do.
+                let since = ctx.states.update(&oref, |r| *r.objects_failing_since.get_or_insert_with(Instant::now));
+                let left = ctx.object_failure_grace.saturating_sub(since.elapsed());
+                if !left.is_zero() {
+                    debug!(binding = %oref, %message, "a bound object could not be read; retrying");
+                    return Ok(Action::requeue(left.clamp(Duration::from_millis(200), Duration::from_secs(1))));
+                }
+                Err((conditions::reason::OBJECT_UNREADABLE, message))
+            }
             Err(Unknown::TooLarge(message)) => Err((conditions::reason::BINDING_TOO_LARGE, message)),
         },
         Err(message) => Err((conditions::reason::BINDING_TOO_LARGE, message.clone())),
@@ -320,8 +332,9 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
     let shown = restored && input.objects.is_ok();
     ctx.states.update(&oref, |record| record.written(shown, plan.desired.as_deref(), &status, started));
 
-    // A Consul failure retries on its own, but a binding that is not healthy is looked at soon.
-    let healthy = outcome.failed.is_empty() && matches!(input.consul, Consul::Ready(_));
+    // A Consul failure retries on its own, but a binding that is not healthy is looked at soon:
+    // an object unreadable for want of a rule changes nothing the watches see once it is granted.
+    let healthy = outcome.failed.is_empty() && matches!(input.consul, Consul::Ready(_)) && input.objects.is_ok();
     let retry = if healthy { jitter(RESYNC, 0.2) } else { RETRY };
     Ok(match plan.wake_at {
         Some(at) => Action::requeue(at.saturating_duration_since(Instant::now()).max(Duration::from_millis(50))),

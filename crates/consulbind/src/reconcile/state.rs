@@ -47,6 +47,8 @@ pub struct Record {
     pub compared: bool,
     /// That comparison found a restore, and no status written since says so yet.
     pub restored: bool,
+    /// Since when reading its ConfigMaps and Secrets has failed, until a read succeeds.
+    pub objects_failing_since: Option<Instant>,
 }
 
 impl Record {

@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use consulbind_api::conditions::{self, reason};
 use k8s_openapi::api::{
     core::v1::{Secret, ServiceAccount},
-    rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding},
+    rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding},
 };
 use kube::{
     Api,
@@ -26,16 +26,12 @@ const KEY_SECRET: &str = "consulbind-checksum-key";
 const STEP: Duration = Duration::from_secs(20);
 
 /// The core path: a token from a Secret, a baseline, a rollout, an event, the status.
-async fn scenario(s: &Scene, kubeconfig: &str, tag: &str) -> Result<()> {
+async fn scenario(s: &Scene, twin: &Twin, kubeconfig: &str, tag: &str) -> Result<()> {
     // A checksum key of its own, made afresh each time, so that creating it is part of the path.
     let secrets: Api<Secret> = Api::namespaced(s.client.clone(), SYSTEM_NS);
-    let _ = secrets.delete(PROBE, &Default::default()).await;
-    let args = [
-        "--leader-elect=true",
-        &format!("--lease-namespace={SYSTEM_NS}"),
-        &format!("--lease-name={PROBE}"),
-        &format!("--checksum-key-secret={SYSTEM_NS}/{PROBE}"),
-    ];
+    let _ = secrets.delete(twin.name, &Default::default()).await;
+    let args = twin.args();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let controller = Controller::start_with_env(&s.ns, &args, &[("KUBECONFIG", kubeconfig)]).await?;
     let result = async {
         let (key, web, binding) = (s.key(tag), format!("web-{tag}"), format!("cfg-{tag}"));
@@ -83,76 +79,104 @@ fn rbac(kind: &str, name: &str, namespace: Option<&str>, extra: Value) -> Value 
     object
 }
 
+/// A twin of the controller's ServiceAccount in consulbind-system, bound to copies of its roles
+/// (the checksum key Secret's name swapped for the twin's own), whose rules a test changes
+/// without touching the account every other test runs as.
+pub struct Twin {
+    pub name: &'static str,
+    pub cluster_rules: Vec<PolicyRule>,
+    pub own_rules: Vec<PolicyRule>,
+    cluster_roles: Api<ClusterRole>,
+    roles: Api<Role>,
+}
+
+impl Twin {
+    pub async fn new(s: &Scene, name: &'static str) -> Self {
+        install_config();
+        let pp = PatchParams::apply("e2e-rbac").force();
+        let cluster_roles: Api<ClusterRole> = Api::all(s.client.clone());
+        let roles: Api<Role> = Api::namespaced(s.client.clone(), SYSTEM_NS);
+        let cluster_rules = cluster_roles.get("consulbind").await.unwrap().rules.unwrap();
+        let mut own_rules = roles.get(OWN_ROLE).await.unwrap().rules.unwrap();
+        for rule_name in own_rules.iter_mut().flat_map(|r| r.resource_names.iter_mut().flatten()) {
+            if rule_name == KEY_SECRET {
+                *rule_name = name.to_owned();
+            }
+        }
+        assert!(own_rules.iter().any(|r| r.resource_names.as_ref().is_some_and(|n| n.iter().any(|n| n == name))));
+        let twin = Self { name, cluster_rules, own_rules, cluster_roles, roles };
+        twin.set_rules(&twin.cluster_rules, &twin.own_rules).await;
+
+        let subject = json!([{"kind": "ServiceAccount", "name": name, "namespace": SYSTEM_NS}]);
+        let account =
+            json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": SYSTEM_NS}});
+        Api::<ServiceAccount>::namespaced(s.client.clone(), SYSTEM_NS)
+            .patch(name, &pp, &Patch::Apply(&account))
+            .await
+            .unwrap();
+        let role_ref = |kind: &str| json!({"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": name});
+        let binding =
+            rbac("ClusterRoleBinding", name, None, json!({"subjects": subject, "roleRef": role_ref("ClusterRole")}));
+        Api::<ClusterRoleBinding>::all(s.client.clone()).patch(name, &pp, &Patch::Apply(&binding)).await.unwrap();
+        let binding =
+            rbac("RoleBinding", name, Some(SYSTEM_NS), json!({"subjects": subject, "roleRef": role_ref("Role")}));
+        Api::<RoleBinding>::namespaced(s.client.clone(), SYSTEM_NS)
+            .patch(name, &pp, &Patch::Apply(&binding))
+            .await
+            .unwrap();
+        twin
+    }
+
+    /// Binds the twin to these rules instead.
+    pub async fn set_rules(&self, cluster: &[PolicyRule], own: &[PolicyRule]) {
+        let pp = PatchParams::apply("e2e-rbac").force();
+        let cluster = rbac("ClusterRole", self.name, None, json!({"rules": cluster}));
+        let own = rbac("Role", self.name, Some(SYSTEM_NS), json!({"rules": own}));
+        self.cluster_roles.patch(self.name, &pp, &Patch::Apply(&cluster)).await.unwrap();
+        self.roles.patch(self.name, &pp, &Patch::Apply(&own)).await.unwrap();
+    }
+
+    /// The controller's arguments for running as the twin: its own lease and checksum key.
+    pub fn args(&self) -> Vec<String> {
+        vec![
+            "--leader-elect=true".into(),
+            format!("--lease-namespace={SYSTEM_NS}"),
+            format!("--lease-name={}", self.name),
+            format!("--checksum-key-secret={SYSTEM_NS}/{}", self.name),
+        ]
+    }
+}
+
 #[tokio::test]
 async fn every_granted_rule_is_needed() {
     let Some(s) = Scene::without_controller("rbac").await else { return };
-    install_config();
     // The rule on Rollouts is needed only where they are served.
     let _crd = ROLLOUT_CRD.lock().await;
     install_rollout_crd();
-    let pp = PatchParams::apply("e2e-rbac").force();
-    let cluster_roles: Api<ClusterRole> = Api::all(s.client.clone());
-    let roles: Api<Role> = Api::namespaced(s.client.clone(), SYSTEM_NS);
-    let cluster_rules = cluster_roles.get("consulbind").await.unwrap().rules.unwrap();
-    // The same rules, with the checksum key Secret's name swapped for the probe's own.
-    let mut own_rules = roles.get(OWN_ROLE).await.unwrap().rules.unwrap();
-    for name in own_rules.iter_mut().flat_map(|r| r.resource_names.iter_mut().flatten()) {
-        if name == KEY_SECRET {
-            *name = PROBE.to_owned();
-        }
-    }
-    assert!(own_rules.iter().any(|r| r.resource_names.as_ref().is_some_and(|n| n.contains(&PROBE.to_owned()))));
-
-    // A twin of the controller's ServiceAccount, bound to copies of its roles.
-    let subject = json!([{"kind": "ServiceAccount", "name": PROBE, "namespace": SYSTEM_NS}]);
-    let set_rules = |cluster: &[_], own: &[_]| {
-        let cluster = rbac("ClusterRole", PROBE, None, json!({"rules": cluster}));
-        let own = rbac("Role", PROBE, Some(SYSTEM_NS), json!({"rules": own}));
-        let (cluster_roles, roles, pp) = (cluster_roles.clone(), roles.clone(), pp.clone());
-        async move {
-            cluster_roles.patch(PROBE, &pp, &Patch::Apply(&cluster)).await.unwrap();
-            roles.patch(PROBE, &pp, &Patch::Apply(&own)).await.unwrap();
-        }
-    };
-    let account =
-        json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": PROBE, "namespace": SYSTEM_NS}});
-    Api::<ServiceAccount>::namespaced(s.client.clone(), SYSTEM_NS)
-        .patch(PROBE, &pp, &Patch::Apply(&account))
-        .await
-        .unwrap();
-    let role_ref = |kind: &str| json!({"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": PROBE});
-    let binding =
-        rbac("ClusterRoleBinding", PROBE, None, json!({"subjects": subject, "roleRef": role_ref("ClusterRole")}));
-    Api::<ClusterRoleBinding>::all(s.client.clone()).patch(PROBE, &pp, &Patch::Apply(&binding)).await.unwrap();
-    let binding =
-        rbac("RoleBinding", PROBE, Some(SYSTEM_NS), json!({"subjects": subject, "roleRef": role_ref("Role")}));
-    Api::<RoleBinding>::namespaced(s.client.clone(), SYSTEM_NS)
-        .patch(PROBE, &pp, &Patch::Apply(&binding))
-        .await
-        .unwrap();
-    set_rules(&cluster_rules, &own_rules).await;
+    let twin = Twin::new(&s, PROBE).await;
+    let (cluster_rules, own_rules) = (twin.cluster_rules.clone(), twin.own_rules.clone());
     let kubeconfig = kubeconfig_for(PROBE);
     let kubeconfig = kubeconfig.to_str().unwrap();
 
-    scenario(&s, kubeconfig, "granted").await.expect("the core path with every rule");
+    scenario(&s, &twin, kubeconfig, "granted").await.expect("the core path with every rule");
     for (i, rule) in cluster_rules.iter().enumerate() {
         let mut fewer = cluster_rules.clone();
         fewer.remove(i);
-        set_rules(&fewer, &own_rules).await;
-        let result = scenario(&s, kubeconfig, &format!("without-{i}")).await;
+        twin.set_rules(&fewer, &own_rules).await;
+        let result = scenario(&s, &twin, kubeconfig, &format!("without-{i}")).await;
         let error = result.expect_err(&format!("removing {rule:?} broke nothing"));
         assert_forbidden(&error, &format!("{rule:?}"));
     }
     for (i, rule) in own_rules.iter().enumerate() {
         let mut fewer = own_rules.clone();
         fewer.remove(i);
-        set_rules(&cluster_rules, &fewer).await;
-        let result = scenario(&s, kubeconfig, &format!("without-own-{i}")).await;
+        twin.set_rules(&cluster_rules, &fewer).await;
+        let result = scenario(&s, &twin, kubeconfig, &format!("without-own-{i}")).await;
         let error = result.expect_err(&format!("removing {rule:?} broke nothing"));
         assert_forbidden(&error, &format!("{rule:?}"));
     }
-    set_rules(&cluster_rules, &own_rules).await;
-    scenario(&s, kubeconfig, "restored").await.expect("the core path with the rules restored");
+    twin.set_rules(&cluster_rules, &own_rules).await;
+    scenario(&s, &twin, kubeconfig, "restored").await.expect("the core path with the rules restored");
     s.finish().await;
 }
 

@@ -1,6 +1,9 @@
 //! ConfigMaps and Secrets as sources beside Consul: one checksum, one debounce, one rollout.
 
+use std::time::Duration;
+
 use consulbind_api::conditions::{self, reason};
+use k8s_openapi::api::rbac::v1::PolicyRule;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
@@ -9,7 +12,7 @@ use kube::api::{Patch, PatchParams};
 
 use crate::{
     DEPLOY,
-    support::{SETTLE, Scene, deploy, spec, workload},
+    support::{SETTLE, Scene, deploy, kubeconfig_for, spec, workload},
 };
 
 fn config_map(name: &str, labels: Value, data: Value) -> Value {
@@ -592,5 +595,73 @@ async fn the_digests_of_a_config_map_no_binding_reads_any_more_are_dropped() {
     crate::support::wait("the digests to be read again", kept(1.0)).await.unwrap();
     s.bindings().delete("cfg", &Default::default()).await.unwrap();
     crate::support::wait("the digests to go with the binding", kept(0.0)).await.unwrap();
+    s.finish().await;
+}
+
+/// A bound ConfigMap that cannot be read for a moment shows nowhere (`--object-failure-grace`),
+/// and its change rolls out once it can be read again; one unreadable for longer than the grace
+/// shows `ObjectUnreadable` with an event, and recovers. The controller runs as a twin of its
+/// account whose rule on ConfigMaps is taken away and given back.
+#[tokio::test]
+async fn a_config_map_unreadable_for_less_than_the_grace_shows_nowhere_and_for_longer_shows() {
+    let Some(mut s) = Scene::without_controller("objgrace").await else { return };
+    let twin = crate::rbac::Twin::new(&s, "consulbind-grace-probe").await;
+    let without: Vec<PolicyRule> = twin
+        .cluster_rules
+        .iter()
+        .cloned()
+        .map(|mut rule| {
+            rule.resources.iter_mut().for_each(|r| r.retain(|r| r != "configmaps"));
+            rule
+        })
+        .collect();
+    assert_ne!(without, twin.cluster_rules, "no rule grants ConfigMaps");
+    let kubeconfig = kubeconfig_for(twin.name);
+    let mut args = twin.args();
+    args.push("--object-failure-grace=8s".into());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    s.start_controller_with_env(&args, &[("KUBECONFIG", kubeconfig.to_str().unwrap())]).await;
+    s.apply(config_map("app", json!({}), json!({"a.conf": "1"}))).await.unwrap();
+    s.workload(DEPLOY, "web", json!({})).await;
+    s.binding(
+        "cfg",
+        json!({"configMaps": [{"name": "app"}], "targets": deploy("web"), "rollout": {"quietPeriod": "0s"}}),
+    )
+    .await;
+    s.wait_condition("cfg", conditions::READY, "True", reason::BASELINED).await;
+
+    // Unreadable for about 3 s, while it changes.
+    twin.set_rules(&without, &twin.own_rules).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    s.apply(config_map("app", json!({}), json!({"a.conf": "2"}))).await.unwrap();
+    let mut seen = Vec::new();
+    for _ in 0..15 {
+        let binding = s.get_binding("cfg").await;
+        let ready = binding.status.iter().flat_map(|s| &s.conditions).find(|c| c.type_ == conditions::READY).cloned();
+        seen.extend(ready.filter(|c| c.status != "True").map(|c| c.reason));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    twin.set_rules(&twin.cluster_rules, &twin.own_rules).await;
+    s.wait_revisions(DEPLOY, "web", 2).await;
+    assert!(s.log().contains("a bound object could not be read; retrying"), "the read never failed:\n{}", s.log());
+    assert_eq!(seen, Vec::<String>::new(), "a failure shorter than the grace showed");
+    s.wait_condition("cfg", conditions::READY, "True", reason::UP_TO_DATE).await;
+    let events = s.events_for("cfg").await;
+    assert!(!events.iter().any(|(r, _)| r == reason::OBJECT_UNREADABLE), "{events:?}");
+
+    // Unreadable for longer than the grace.
+    twin.set_rules(&without, &twin.own_rules).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let changed = std::time::Instant::now();
+    s.apply(config_map("app", json!({}), json!({"a.conf": "3"}))).await.unwrap();
+    let message = s.wait_message("cfg", conditions::READY, "False", reason::OBJECT_UNREADABLE).await;
+    assert!(changed.elapsed() >= Duration::from_secs(7), "shown after {:?}, within the grace", changed.elapsed());
+    assert!(message.contains("ConfigMap") && message.contains("forbidden"), "{message}");
+    assert!(s.events_for("cfg").await.iter().any(|(r, _)| r == reason::OBJECT_UNREADABLE));
+    twin.set_rules(&twin.cluster_rules, &twin.own_rules).await;
+    s.wait_revisions(DEPLOY, "web", 3).await;
+    s.wait_condition("cfg", conditions::READY, "True", reason::UP_TO_DATE).await;
+    tokio::time::sleep(SETTLE).await;
+    assert_eq!(s.revisions(DEPLOY, "web").await, 3, "one rollout per change");
     s.finish().await;
 }
