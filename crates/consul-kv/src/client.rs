@@ -675,7 +675,7 @@ mod tests {
             assert!(matches!(err, Error::TooLarge { limit: 10, .. }), "{err}");
             assert_eq!(err.to_string(), r#"Consul's answer for "p/" is larger than 10 bytes"#);
             let read = client.get_wait(&query, 0, Duration::from_secs(1), entries.len() as u64).await.unwrap();
-            assert_eq!(read.entries[0].value, b"hello");
+            assert_eq!(&*read.entries[0].value, b"hello");
         }
     }
 

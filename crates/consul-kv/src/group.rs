@@ -261,8 +261,9 @@ pub fn select<'a>(entries: &'a [KvEntry], path: &WatchPath) -> &'a [KvEntry] {
     &entries[span(entries, path)]
 }
 
-fn span(entries: &[KvEntry], path: &WatchPath) -> Range<usize> {
-    let start = entries.partition_point(|e| e.key.as_str() < path.key.as_str());
+/// Where in sorted `entries` the ones `path` covers are.
+pub fn span(entries: &[KvEntry], path: &WatchPath) -> Range<usize> {
+    let start = entries.partition_point(|e| &*e.key < path.key.as_str());
     let end = match path.recurse {
         true => start + entries[start..].partition_point(|e| path.covers(&e.key)),
         false => start + usize::from(entries.get(start).is_some_and(|e| path.covers(&e.key))),
@@ -486,16 +487,16 @@ mod tests {
     fn merge_replaces_one_path_and_keeps_the_order() {
         let mut entries = vec![entry("a", "1", 1), entry("b/x", "2", 1), entry("b/y", "3", 1), entry("c", "4", 1)];
         merge(&mut entries, &path("b/", true), vec![entry("b/y", "new", 9), entry("b/z", "5", 9)]);
-        let keys: Vec<&str> = entries.iter().map(|e| e.key.as_str()).collect();
+        let keys: Vec<&str> = entries.iter().map(|e| &*e.key).collect();
         assert_eq!(keys, ["a", "b/y", "b/z", "c"]);
         merge(&mut entries, &path("bb", false), vec![entry("bb", "6", 9)]);
         assert_eq!(select(&entries, &path("bb", false)), &[entry("bb", "6", 9)]);
         assert!(entries.is_sorted_by(|a, b| a.key < b.key));
         merge(&mut entries, &path("a", false), vec![]);
-        assert_eq!(entries[0].key, "b/y");
+        assert_eq!(&*entries[0].key, "b/y");
         // An answer beyond the path (a key Consul read as another) brings nothing else in.
         merge(&mut entries, &path("c", false), vec![entry("a", "x", 9), entry("c", "7", 9), entry("z", "x", 9)]);
-        let keys: Vec<&str> = entries.iter().map(|e| e.key.as_str()).collect();
+        let keys: Vec<&str> = entries.iter().map(|e| &*e.key).collect();
         assert_eq!(keys, ["b/y", "b/z", "bb", "c"]);
     }
 
@@ -556,7 +557,7 @@ mod tests {
                     0 if !new.is_empty() => drop(new.remove(rng.below(new.len() as u64) as usize)),
                     1 if !new.is_empty() => {
                         let i = rng.below(new.len() as u64) as usize;
-                        new[i].value = b"changed".to_vec();
+                        new[i].value = b"changed".to_vec().into();
                         new[i].modify_index += 10;
                     }
                     _ => new.push(entry(&random_key(&mut rng), "new", 50)),

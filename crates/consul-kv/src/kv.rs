@@ -1,7 +1,7 @@
 //! KV request and response types, and the pure parts of a request: its URL,
 //! its timeout and the parsing of its body.
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use base64::{Engine as _, engine::general_purpose::STANDARD};
 use reqwest::Url;
@@ -36,27 +36,29 @@ impl KvQuery {
     }
 }
 
+/// One key's entry. Key and value are shared, not copied, by clones: a caller may keep the same
+/// entry under many overlapping prefixes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KvEntry {
-    pub key: String,
+    pub key: Arc<str>,
     /// The raw value (a key stored with no value, Consul's `null`, reads as empty), or what a
     /// caller keeps in its place: see [`KvEntry::digested`].
-    pub value: Vec<u8>,
+    pub value: Arc<[u8]>,
     /// The length of the raw value.
     pub size: u64,
     pub modify_index: u64,
 }
 
 impl KvEntry {
-    pub fn new(key: impl Into<String>, value: impl Into<Vec<u8>>, modify_index: u64) -> Self {
+    pub fn new(key: impl Into<Arc<str>>, value: impl Into<Vec<u8>>, modify_index: u64) -> Self {
         let value = value.into();
-        Self { key: key.into(), size: value.len() as u64, value, modify_index }
+        Self { key: key.into(), size: value.len() as u64, value: value.into(), modify_index }
     }
 
     /// The entry with its value replaced by `digest` of it, keeping its size: for callers that
     /// only ever compare values.
     pub fn digested(self, digest: impl FnOnce(&[u8]) -> Vec<u8>) -> Self {
-        Self { value: digest(&self.value), ..self }
+        Self { value: digest(&self.value).into(), ..self }
     }
 }
 
@@ -242,11 +244,11 @@ mod tests {
             {"Key":"app/a","Value":"","ModifyIndex":7}
         ]"#;
         let entries = parse_entries(body, None).unwrap();
-        let keys: Vec<_> = entries.iter().map(|e| e.key.as_str()).collect();
+        let keys: Vec<_> = entries.iter().map(|e| &*e.key).collect();
         assert_eq!(keys, ["app/", "app/a", "app/b"]);
-        assert_eq!(entries[0].value, b"");
-        assert_eq!(entries[1].value, b"");
-        assert_eq!(entries[2].value, b"hello");
+        assert_eq!(&*entries[0].value, b"");
+        assert_eq!(&*entries[1].value, b"");
+        assert_eq!(&*entries[2].value, b"hello");
         assert_eq!(entries[2].modify_index, 9);
     }
 

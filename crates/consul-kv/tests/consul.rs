@@ -37,7 +37,7 @@ fn prefix(test: &str) -> String {
 /// (key, value) pairs, to compare without indexes.
 fn values(response: &KvResponse) -> Vec<(&str, &[u8])> {
     let pairs = response.entries.iter();
-    pairs.map(|e| (e.key.as_str(), &e.value[..])).collect()
+    pairs.map(|e| (&*e.key, &e.value[..])).collect()
 }
 
 #[tokio::test]
@@ -132,9 +132,9 @@ async fn recurse_returns_sorted_entries_under_the_prefix() {
     client.put(&sibling, b"no", None).await.unwrap();
 
     let response = client.get(&KvQuery::prefix(&prefix), 0).await.unwrap();
-    let keys: Vec<_> = response.entries.iter().map(|e| e.key.clone()).collect();
+    let keys: Vec<_> = response.entries.iter().map(|e| e.key.to_string()).collect();
     assert_eq!(keys, [format!("{prefix}a"), format!("{prefix}b/x"), format!("{prefix}c")]);
-    assert_eq!(response.entries[1].value, b"b/x");
+    assert_eq!(&*response.entries[1].value, b"b/x");
 
     client.delete(&prefix, true, None).await.unwrap();
     client.delete(&sibling, false, None).await.unwrap();

@@ -65,6 +65,7 @@ pub struct Metrics {
     rollout_stages: Family<StageLabels, Histogram, fn() -> Histogram>,
     pub leader: Gauge,
     pub object_digests: Gauge,
+    pub consul_entries: Gauge,
 }
 
 impl Metrics {
@@ -84,6 +85,7 @@ impl Metrics {
             rollout_stages: Family::new_with_constructor(fine_seconds as fn() -> Histogram),
             leader: Gauge::default(),
             object_digests: Gauge::default(),
+            consul_entries: Gauge::default(),
         };
         let r = registry.sub_registry_with_prefix("consulbind");
         r.register("reconciles", "Reconciles by result", metrics.reconciles.clone());
@@ -96,6 +98,11 @@ impl Metrics {
             metrics.consul_request_duration.clone(),
         );
         r.register("consul_watches", "Distinct Consul keys and prefixes watched", metrics.consul_watches.clone());
+        r.register(
+            "consul_entries",
+            "Distinct Consul entries held, each once however many watched paths cover it",
+            metrics.consul_entries.clone(),
+        );
         r.register(
             "object_digests",
             "ConfigMaps and Secrets whose data digests are kept, as of the last reconcile",

@@ -201,13 +201,15 @@ pub fn restored_since(status: &ConsulBindingStatus, contents: &[KeyContent<'_>])
 }
 
 fn is_empty(content: &KeyContent<'_>) -> bool {
-    !content.entries.iter().any(|e| content.source.recurse || e.key == content.source.key)
+    !content.entries.iter().any(|e| content.source.recurse || *e.key == *content.source.key)
 }
 
 /// The index [`restored_since`] compares for `content`: `None` where it says nothing.
 fn own_index(content: &KeyContent<'_>) -> Option<u64> {
     match content.source.recurse {
-        false => content.entries.iter().find(|e| e.key == content.source.key).map(|e| e.modify_index).or(content.index),
+        false => {
+            content.entries.iter().find(|e| *e.key == *content.source.key).map(|e| e.modify_index).or(content.index)
+        }
         true => content.index.filter(|_| content.entries.is_empty()),
     }
 }

@@ -363,18 +363,18 @@ pub(super) fn source<'a>(content: &KeyContent<'a>) -> Source<'a> {
     if content.source.recurse {
         Source::Prefix {
             prefix: &content.source.key,
-            entries: content.entries.iter().map(|e| (e.key.as_str(), e.value.as_slice())).collect(),
+            entries: content.entries.iter().map(|e| (&*e.key, &*e.value)).collect(),
         }
     } else {
         Source::Key {
             key: &content.source.key,
-            value: content.entries.iter().find(|e| e.key == content.source.key).map(|e| e.value.as_slice()),
+            value: content.entries.iter().find(|e| *e.key == *content.source.key).map(|e| &*e.value),
         }
     }
 }
 
 fn key_status(key: &checksum::Key, content: &KeyContent<'_>) -> KeyStatus {
-    let entries = match content.entries.iter().position(|e| e.key == content.source.key) {
+    let entries = match content.entries.iter().position(|e| *e.key == *content.source.key) {
         _ if content.source.recurse => content.entries,
         Some(i) => &content.entries[i..=i],
         None => &[],

@@ -8,6 +8,7 @@
 //! This module is the registry: which bindings read which paths.
 
 mod agent;
+pub mod entries;
 pub mod path;
 pub mod planner;
 pub mod runner;

@@ -1,6 +1,7 @@
 //! One watched path: the latest word from Consul on it, and the bindings that read it.
 
 use std::{
+    ops::{Deref, Range},
     sync::{
         Arc, Mutex,
         atomic::{AtomicBool, AtomicU64, Ordering},
@@ -33,10 +34,46 @@ pub enum KeyState {
     },
 }
 
+/// A path's entries: its part of an answer that a shared read gives several paths, held once.
+#[derive(Clone, Debug, Default)]
+pub struct View {
+    answer: Arc<[KvEntry]>,
+    span: Range<usize>,
+}
+
+impl View {
+    pub fn new(answer: Arc<[KvEntry]>, span: Range<usize>) -> Self {
+        assert!(span.end <= answer.len(), "a span outside its answer");
+        Self { answer, span }
+    }
+}
+
+#[cfg(test)]
+impl View {
+    /// The answer the view is part of.
+    pub fn answer(&self) -> &Arc<[KvEntry]> {
+        &self.answer
+    }
+}
+
+impl Deref for View {
+    type Target = [KvEntry];
+
+    fn deref(&self) -> &[KvEntry] {
+        &self.answer[self.span.clone()]
+    }
+}
+
+impl From<&[KvEntry]> for View {
+    fn from(entries: &[KvEntry]) -> Self {
+        Self { span: 0..entries.len(), answer: entries.into() }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct Content {
     /// Sorted by key; empty when the key or prefix is missing.
-    pub entries: Arc<[KvEntry]>,
+    pub entries: View,
     /// When this content was first seen.
     pub changed_at: Instant,
     /// Consul's index went backwards just as this content became missing or empty: data lost
@@ -148,23 +185,40 @@ impl Path {
 
     /// [`Path::set_ready`], with Consul's index for the path when a query of its own read it.
     pub fn set_answer(&self, entries: &[KvEntry], reset: bool, index: Option<u64>) -> Update {
+        self.set_view(entries.into(), reset, index)
+    }
+
+    /// The same entries as before, now part of a newer answer, so that the older one can go.
+    pub fn rebase(&self, view: View) {
+        match &mut *self.state.locked() {
+            KeyState::Ready(content) | KeyState::Failed { last: Some(content), .. }
+                if same_entries(&content.entries, &view) =>
+            {
+                content.entries = view;
+            }
+            _ => {}
+        }
+    }
+
+    /// [`Path::set_answer`] with a view of a shared answer.
+    pub fn set_view(&self, entries: View, reset: bool, index: Option<u64>) -> Update {
         let current = &mut *self.state.locked();
         let (before, was_ready) = match &*current {
             KeyState::Ready(content) => (Some(content), true),
             KeyState::Failed { last, .. } => (last.as_ref(), false),
             KeyState::Pending => (None, false),
         };
-        let (update, content) = match before.filter(|b| same_entries(&b.entries, entries)) {
+        let (update, content) = match before.filter(|b| same_entries(&b.entries, &entries)) {
             Some(before) => {
                 let update = if was_ready { Update::Same } else { Update::Recovered };
-                (update, Content { entries: entries.into(), index: index.or(before.index), ..before.clone() })
+                (update, Content { entries, index: index.or(before.index), ..before.clone() })
             }
             None => {
                 let reset_at = if reset { Some(Instant::now()) } else { before.and_then(|b| b.reset_at) };
                 let update = if before.is_some() { Update::Changed } else { Update::First };
                 let lost = reset && entries.is_empty() && before.is_some_and(|b| !b.entries.is_empty());
                 let changed_at = Instant::now();
-                (update, Content { entries: entries.into(), changed_at, reset_hold: lost, reset_at, index })
+                (update, Content { entries, changed_at, reset_hold: lost, reset_at, index })
             }
         };
         *current = KeyState::Ready(content);

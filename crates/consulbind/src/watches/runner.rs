@@ -30,7 +30,7 @@ pub use super::{
 };
 use super::{
     agent::{wait_to_retry, went_down},
-    path::{Path, Update, Wake},
+    path::{Path, Update, View, Wake},
 };
 use crate::{Lock, metrics::Metrics};
 
@@ -102,6 +102,8 @@ pub struct Runner {
     pub answered_at: std::sync::Mutex<Option<Instant>>,
     /// What the answers have shown of each KV table.
     tables: std::sync::Mutex<HashMap<Scope, Table>>,
+    /// One copy of each entry across every answer.
+    entries: super::entries::Entries,
 }
 
 /// One KV table: a datacenter's, in a namespace and partition (Consul Enterprise).
@@ -164,6 +166,7 @@ impl Runner {
             parked_reads: Semaphore::new(1),
             answered_at: Default::default(),
             tables: Default::default(),
+            entries: Default::default(),
         }
     }
 
@@ -197,7 +200,7 @@ impl Runner {
         // Capped low, so that once Consul answers again the status shows it within seconds.
         let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(10));
         // The roster and the entries its paths need, as of the last answer every path was told of.
-        let mut last: Option<(Arc<Roster>, Vec<KvEntry>)> = None;
+        let mut last: Option<(Arc<Roster>, Arc<[KvEntry]>)> = None;
         let mut failing_since: Option<Instant> = None;
         // A reset seen but not yet told: the read after it may fail, and the one after that
         // looks fresh.
@@ -280,7 +283,7 @@ impl Runner {
                         // The token is accepted again, or the slots changed: plan again.
                         self.replan.notify_one();
                     }
-                    let missing = !query.recurse && !response.entries.iter().any(|e| e.key == query.key);
+                    let missing = !query.recurse && !response.entries.iter().any(|e| *e.key == *query.key);
                     let floor = if missing { self.table(&table).0 } else { 0 };
                     let progress = cursor.answered_above(response.index, floor);
                     if progress == Progress::Suspect {
@@ -393,8 +396,8 @@ impl Runner {
         query: &KvQuery,
         before: &Roster,
         members: &Roster,
-        mut entries: Vec<KvEntry>,
-    ) -> Option<Vec<KvEntry>> {
+        entries: Arc<[KvEntry]>,
+    ) -> Option<Arc<[KvEntry]>> {
         let new: Vec<usize> = {
             // Addresses as numbers: raw pointers cannot be held across an await.
             let known: HashSet<usize> = before.cells.iter().map(|c| Arc::as_ptr(c) as usize).collect();
@@ -407,11 +410,22 @@ impl Runner {
             async move { self.consul.get_wait(&query, 0, MIN_WAIT, limit).await }
         });
         let reads = futures::future::join_all(reads).await;
+        let mut merged = entries.to_vec();
+        let mut indexes = Vec::new();
         for (&i, read) in new.iter().zip(reads) {
             let response = read.ok()?;
-            let path = &members.paths[i];
-            group::merge(&mut entries, path, response.entries);
-            self.hand_over(path, &members.cells[i], group::select(&entries, path), false, Some(response.index));
+            group::merge(&mut merged, &members.paths[i], response.entries);
+            indexes.push((i, response.index));
+        }
+        let held = self.entries.share(&mut merged);
+        self.metrics.consul_entries.set(held as i64);
+        let entries: Arc<[KvEntry]> = merged.into();
+        for (i, path) in members.paths.iter().enumerate() {
+            let view = View::new(entries.clone(), group::span(&entries, path));
+            match indexes.iter().find(|(new, _)| *new == i) {
+                Some(&(_, index)) => drop(self.hand_over(path, &members.cells[i], view, false, Some(index))),
+                None => members.cells[i].rebase(view),
+            }
         }
         Some(entries)
     }
@@ -474,11 +488,14 @@ impl Runner {
         &self,
         query: &KvQuery,
         members: &Arc<Roster>,
-        Confirmed { entries, refused, granted }: Confirmed,
+        Confirmed { mut entries, refused, granted }: Confirmed,
         old: Option<&[KvEntry]>,
         reset: bool,
         index: u64,
-    ) -> (Arc<Roster>, Vec<KvEntry>) {
+    ) -> (Arc<Roster>, Arc<[KvEntry]>) {
+        let held = self.entries.share(&mut entries);
+        self.metrics.consul_entries.set(held as i64);
+        let entries: Arc<[KvEntry]> = entries.into();
         let mut changed: Vec<usize> = match old {
             Some(old) => members.members.changed(old, &entries),
             None => (0..members.paths.len()).collect(),
@@ -497,11 +514,19 @@ impl Runner {
                 cell.wake(&self.wake);
             }
         }
-        for i in changed.into_iter().filter(|i| !refused.iter().any(|(r, ..)| r == i)) {
-            let path = &members.paths[i];
+        let mut is_changed = vec![false; members.paths.len()];
+        changed.into_iter().for_each(|i| is_changed[i] = true);
+        for (i, path) in members.paths.iter().enumerate() {
+            if refused.iter().any(|(r, ..)| *r == i) {
+                continue;
+            }
+            let view = View::new(entries.clone(), group::span(&entries, path));
+            if !is_changed[i] {
+                members.cells[i].rebase(view);
+                continue;
+            }
             let own = (path.key == query.key && path.recurse == query.recurse).then_some(index);
-            let selected = group::select(&entries, path);
-            if self.hand_over(path, &members.cells[i], selected, reset, own) == Update::Changed {
+            if self.hand_over(path, &members.cells[i], view, reset, own) == Update::Changed {
                 info!(key = %path.key, recurse = path.recurse, index, "Consul content changed");
             }
         }
@@ -510,7 +535,7 @@ impl Runner {
 
     /// Gives one path its entries, or the `PrefixTooLarge` failure when they are over the
     /// limits, and wakes its bindings when that is news.
-    fn hand_over(&self, path: &WatchPath, cell: &Path, entries: &[KvEntry], reset: bool, index: Option<u64>) -> Update {
+    fn hand_over(&self, path: &WatchPath, cell: &Path, entries: View, reset: bool, index: Option<u64>) -> Update {
         let limits = &self.limits;
         let bytes: u64 = entries.iter().map(|e| e.key.len() as u64 + e.size).sum();
         let update = if path.recurse && (entries.len() > limits.entries || bytes > limits.bytes) {
@@ -528,7 +553,7 @@ impl Runner {
                 false => Update::Same,
             }
         } else {
-            cell.set_answer(entries, reset, index)
+            cell.set_view(entries, reset, index)
         };
         if update != Update::Same {
             cell.wake(&self.wake);

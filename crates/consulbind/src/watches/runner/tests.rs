@@ -208,7 +208,7 @@ impl Group {
     fn content(&self, i: usize) -> Vec<(String, String)> {
         match self.cells[i].state() {
             KeyState::Ready(content) => {
-                content.entries.iter().map(|e| (e.key.clone(), String::from_utf8_lossy(&e.value).into())).collect()
+                content.entries.iter().map(|e| (e.key.to_string(), String::from_utf8_lossy(&e.value).into())).collect()
             }
             other => panic!("path {i} is not ready: {other:?}"),
         }
@@ -832,4 +832,49 @@ async fn a_key_alone_missing_below_its_tables_highest_index_was_lost() {
     next("app/z").await;
     let KeyState::Ready(deleted) = cells_z[0].state() else { panic!("not ready") };
     assert!(!deleted.reset_hold && deleted.entries.is_empty(), "a deletion after the reset was held");
+}
+
+/// Overlapping prefixes hold one copy of their entries: every path of a group is a view of its
+/// latest answer, and a second group reading the same keys shares their keys and values.
+#[tokio::test(start_paused = true)]
+async fn overlapping_paths_hold_views_of_one_answer_and_groups_share_entries() {
+    let paths: &[(&str, bool, &[&str])] = &[("p/", true, &["a"]), ("p/x", true, &["b"]), ("p/xx", true, &["c"])];
+    let mut group = start(KvQuery::prefix("p/"), paths, no_limits());
+    let answer: &[(&str, &str, u64)] = &[("p/xx1", "1", 5), ("p/xx2", "1", 6), ("p/y", "1", 7)];
+    group.request().await.reply(10, answer);
+    let next = group.request().await;
+    let views = |group: &Group| -> Vec<crate::watches::path::View> {
+        (0..group.cells.len())
+            .map(|i| match group.cells[i].state() {
+                KeyState::Ready(content) => content.entries,
+                other => panic!("path {i} is not ready: {other:?}"),
+            })
+            .collect()
+    };
+    let first = views(&group);
+    assert_eq!(first.iter().map(|v| v.len()).collect::<Vec<_>>(), [3, 2, 2]);
+    assert!(first.iter().all(|v| Arc::ptr_eq(v.answer(), first[0].answer())), "a path holds a copy of its own");
+    assert_eq!(group.woken(), names(&["a", "b", "c"]));
+
+    // Only "p/y" changes, which one path reads: the others move to the new answer too.
+    next.reply(11, &[("p/xx1", "1", 5), ("p/xx2", "1", 6), ("p/y", "2", 11)]);
+    group.request().await;
+    assert_eq!(group.woken(), names(&["a"]));
+    let second = views(&group);
+    assert!(second.iter().all(|v| Arc::ptr_eq(v.answer(), second[0].answer())), "an older answer is kept");
+    assert!(!Arc::ptr_eq(second[0].answer(), first[0].answer()));
+    assert!(Arc::ptr_eq(&second[1][0].key, &first[1][0].key), "an unchanged entry was copied");
+
+    // Another group, with the same runner, reading the same keys.
+    let (cells_paths, cells) = cells(&[("p/xx", true, &["d"])]);
+    let (_roster, rx) = watch::channel(Arc::new(Roster::new(cells_paths, cells.clone(), None, false)));
+    let task = tokio::spawn(group.runner.clone().run_group(KvQuery::prefix("p/xx"), rx));
+    group.request().await.reply(11, &[("p/xx1", "1", 5), ("p/xx2", "1", 6)]);
+    group.request().await;
+    let KeyState::Ready(other) = cells[0].state() else { panic!("not ready") };
+    assert!(
+        Arc::ptr_eq(&other.entries[0].key, &second[2][0].key)
+            && Arc::ptr_eq(&other.entries[1].value, &second[2][1].value)
+    );
+    task.abort();
 }
