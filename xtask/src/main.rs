@@ -12,6 +12,7 @@ mod explain;
 mod image;
 mod monitoring;
 mod objects;
+mod overlap;
 mod process;
 mod provision;
 mod scale;
@@ -136,6 +137,20 @@ enum Bench {
         #[arg(long, default_value_t = 5)]
         changes: usize,
     },
+    /// A tenant naming the same Consul data again and again: resident memory as overlapping
+    /// prefixes and bindings multiply over the same keys.
+    Overlap {
+        #[arg(long, default_value_t = 1_900)]
+        keys: usize,
+        #[arg(long, default_value_t = 300)]
+        value_bytes: usize,
+        /// The most prefixes one binding names, each covering every key.
+        #[arg(long, default_value_t = 64)]
+        prefixes: usize,
+        /// Bindings naming those prefixes, at the last step.
+        #[arg(long, default_value_t = 4)]
+        bindings: usize,
+    },
     /// ConfigMaps and Secrets that no binding reads: what they add to the controller's
     /// resident memory, made while it runs and listed at a start.
     Objects {
@@ -252,6 +267,9 @@ fn run(command: Command) -> Result<()> {
         Command::Sim { seeds, seed } => test::sim(seeds, seed),
         Command::Bench { bench: Bench::Big { prefixes, values, value_bytes, changes } } => {
             big::run(&env, big::Sizes { prefixes, values, value_bytes, changes })
+        }
+        Command::Bench { bench: Bench::Overlap { keys, value_bytes, prefixes, bindings } } => {
+            overlap::run(&env, overlap::Sizes { keys, value_bytes, prefixes, bindings })
         }
         Command::Bench { bench: Bench::Objects { config_maps, secrets, bytes } } => {
             objects::run(&env, objects::Sizes { config_maps, secrets, bytes })

@@ -613,3 +613,38 @@ async fn bindings_beyond_the_namespace_limit_wait_their_turn() {
     s.wait_revisions(DEPLOY, "c", 2).await;
     s.finish().await;
 }
+
+/// A tenant naming the same keys again and again (overlapping prefixes, more bindings) makes the
+/// controller hold each key once, and a change under them rolls each target once.
+#[tokio::test]
+async fn overlapping_prefixes_of_many_bindings_count_each_key_once_and_roll_each_target_once() {
+    let Some(s) = Scene::new("overlap").await else { return };
+    let root = s.key("cfg/ab");
+    for i in 0..20 {
+        s.put(&format!("{root}{i:02}"), "v1").await;
+    }
+    let keys: Vec<Value> =
+        ["cfg/", "cfg/a", "cfg/ab"].iter().map(|p| json!({"key": s.key(p), "recurse": true})).collect();
+    let names = ["web", "api", "db"];
+    for (i, name) in names.iter().enumerate() {
+        s.workload(DEPLOY, name, json!({})).await;
+        s.binding(&format!("b{i}"), json!({"keys": keys, "targets": deploy(name), "rollout": {"quietPeriod": "0s"}}))
+            .await;
+    }
+    for i in 0..names.len() {
+        s.wait_condition(&format!("b{i}"), conditions::READY, "True", reason::BASELINED).await;
+    }
+    let held = s.controller().metric("consulbind_consul_entries").await;
+    assert_eq!(held, Some(20.0), "three bindings of three overlapping prefixes over 20 keys: each key held once");
+
+    s.put(&format!("{root}07"), "v2").await;
+    for i in 0..names.len() {
+        s.wait_condition(&format!("b{i}"), conditions::READY, "True", reason::UP_TO_DATE).await;
+    }
+    tokio::time::sleep(support::SETTLE).await;
+    for name in names {
+        assert_eq!(s.generation(name).await, 2, "{name}: one change, one new generation");
+    }
+    assert_eq!(s.controller().metric("consulbind_consul_entries").await, Some(20.0));
+    s.finish().await;
+}
