@@ -40,6 +40,9 @@ pub mod reason {
     /// The namespace has more bindings than the controller serves in one
     /// (`--max-bindings-per-namespace`); the oldest are served.
     pub const TOO_MANY_BINDINGS: &str = "TooManyBindings";
+    /// The binding's keys would take its namespace past the distinct Consul paths the
+    /// controller watches for one namespace (`--max-watched-paths-per-namespace`).
+    pub const TOO_MANY_WATCHED_PATHS: &str = "TooManyWatchedPaths";
     /// In `DryRun` mode: the targets would have been rolled, and were not.
     pub const DRY_RUN: &str = "DryRun";
     /// A target's kind is not served by the cluster (Argo Rollouts not installed), or not to

@@ -96,6 +96,13 @@ pub struct Config {
     #[arg(long, env = "CONSULBIND_MAX_BINDINGS_PER_NAMESPACE", default_value_t = 5000)]
     pub max_bindings_per_namespace: usize,
 
+    /// The most distinct Consul paths (key or prefix, with its token) the bindings of one
+    /// namespace watch. A binding whose keys would take its namespace past it watches nothing
+    /// and shows `TooManyWatchedPaths` until paths are freed; the bindings watching already
+    /// keep their paths.
+    #[arg(long, env = "CONSULBIND_MAX_WATCHED_PATHS_PER_NAMESPACE", default_value_t = 20_000)]
+    pub max_watched_paths_per_namespace: usize,
+
     /// The most data keys a bound ConfigMap or Secret may have: the controller keeps a digest
     /// of each. Past it, its bindings show `BindingTooLarge` and roll nothing.
     #[arg(long, env = "CONSULBIND_MAX_OBJECT_KEYS", default_value_t = 4096)]

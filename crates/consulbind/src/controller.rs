@@ -134,6 +134,7 @@ pub async fn run(config: Config, shutdown: signal::Receiver<bool>) -> Result<(),
             max_binding_bytes: config.max_binding_bytes,
             object_failure_grace: config.object_failure_grace,
             max_bindings_per_namespace: config.max_bindings_per_namespace,
+            max_watched_paths_per_namespace: config.max_watched_paths_per_namespace,
         });
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
         caches_ready.push(ready_rx);

@@ -40,6 +40,8 @@ pub struct Context {
     pub object_failure_grace: std::time::Duration,
     /// The most bindings of one namespace served; the oldest are.
     pub max_bindings_per_namespace: usize,
+    /// See `--max-watched-paths-per-namespace`.
+    pub max_watched_paths_per_namespace: usize,
     /// See `--consul-restore-grace`.
     pub restore_grace: std::time::Duration,
     pub bindings: Store<ConsulBinding>,

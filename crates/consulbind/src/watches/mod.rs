@@ -51,6 +51,8 @@ struct Inner {
     paths: HashMap<Arc<KvQuery>, Arc<Path>>,
     /// Each binding's queries, without duplicates: a short list takes less room than a set.
     by_binding: HashMap<BindingRef, Box<[Arc<KvQuery>]>>,
+    /// For each namespace, its bindings' subscriptions to each path (by address).
+    by_namespace: HashMap<String, HashMap<usize, u32>>,
     groups: Groups,
 }
 
@@ -128,6 +130,13 @@ impl Watches {
         queries.iter().filter_map(|q| inner.paths.get(q)?.in_turns()).max()
     }
 
+    /// How many distinct paths the bindings of `binding`'s namespace would watch were it to
+    /// subscribe to exactly `queries`, when that is more than `limit`.
+    pub fn beyond_namespace_share(&self, binding: &BindingRef, queries: &[KvQuery], limit: usize) -> Option<usize> {
+        let after = self.shared.inner.locked().namespace_paths_with(binding, queries);
+        (after > limit).then_some(after)
+    }
+
     /// Releases every path of a binding that is gone.
     pub fn release(&self, binding: &BindingRef) {
         let mut inner = self.shared.inner.locked();
@@ -183,6 +192,23 @@ impl Watches {
 }
 
 impl Inner {
+    /// How many distinct paths the bindings of `binding`'s namespace would watch were it to
+    /// subscribe to exactly `queries`.
+    fn namespace_paths_with(&self, binding: &BindingRef, queries: &[KvQuery]) -> usize {
+        let empty = HashMap::new();
+        let watched = self.by_namespace.get(namespace(binding)).unwrap_or(&empty);
+        let address = |q: &KvQuery| self.paths.get_key_value(q).map(|(shared, _)| Arc::as_ptr(shared) as usize);
+        let wanted: HashSet<&KvQuery> = queries.iter().collect();
+        let added = wanted.iter().filter(|q| address(q).is_none_or(|a| !watched.contains_key(&a))).count();
+        let own = self.by_binding.get(binding).map(|own| &own[..]).unwrap_or_default();
+        let freed = own
+            .iter()
+            .filter(|q| !wanted.contains(&***q))
+            .filter(|q| watched.get(&(Arc::as_ptr(q) as usize)) == Some(&1))
+            .count();
+        watched.len() + added - freed
+    }
+
     /// Returns whether a path came or went, so the groups need planning again.
     fn subscribe(&mut self, binding: &BindingRef, queries: &[KvQuery]) -> bool {
         let wanted: HashSet<&KvQuery> = queries.iter().collect();
@@ -194,6 +220,7 @@ impl Inner {
         let had: HashSet<&KvQuery> = old.iter().map(|q| &**q).collect();
         let mut list: Vec<Arc<KvQuery>> = Vec::with_capacity(wanted.len());
         for query in wanted {
+            let new = !had.contains(query);
             let shared = match self.paths.get_key_value(query) {
                 Some((shared, path)) => {
                     if !had.contains(query) {
@@ -210,6 +237,10 @@ impl Inner {
                     shared
                 }
             };
+            if new {
+                let watched = self.by_namespace.entry(namespace(binding).to_owned()).or_default();
+                *watched.entry(Arc::as_ptr(&shared) as usize).or_default() += 1;
+            }
             list.push(shared);
         }
         self.by_binding.insert(binding.clone(), list.into_boxed_slice());
@@ -218,9 +249,21 @@ impl Inner {
 
     /// Returns whether the path is gone, so the groups need planning again.
     fn unsubscribe(&mut self, binding: &BindingRef, query: &KvQuery) -> bool {
-        let Some(path) = self.paths.get(query) else {
+        let Some((shared, path)) = self.paths.get_key_value(query) else {
             return false;
         };
+        if let Some(watched) = self.by_namespace.get_mut(namespace(binding)) {
+            let address = Arc::as_ptr(shared) as usize;
+            if let Some(count) = watched.get_mut(&address) {
+                *count -= 1;
+                if *count == 0 {
+                    watched.remove(&address);
+                }
+            }
+            if watched.is_empty() {
+                self.by_namespace.remove(namespace(binding));
+            }
+        }
         if !path.unsubscribe(binding) {
             return false;
         }
@@ -228,6 +271,10 @@ impl Inner {
         self.paths.remove(query);
         true
     }
+}
+
+fn namespace(binding: &BindingRef) -> &str {
+    binding.namespace.as_deref().unwrap_or_default()
 }
 
 async fn plan_forever(shared: Arc<Shared>) {
@@ -271,5 +318,26 @@ mod tests {
         assert!(!inner.paths.contains_key(&shared));
         assert!(inner.unsubscribe(&a, &own));
         assert!(inner.paths.is_empty());
+    }
+
+    #[test]
+    fn a_namespace_counts_its_distinct_paths_whichever_binding_adds_or_frees_them() {
+        let mut inner = Inner::default();
+        let (a, b) = (binding("a"), binding("b"));
+        let other = ObjectRef::new("c").within("other");
+        let q = |k: &str| KvQuery::exact(k);
+        inner.subscribe(&a, &[q("x"), q("y")]);
+        // Another namespace's paths, shared or not, count for it alone.
+        inner.subscribe(&other, &[q("x"), q("z")]);
+        assert_eq!(inner.namespace_paths_with(&b, &[q("x")]), 2, "a path the namespace watches already adds none");
+        assert_eq!(inner.namespace_paths_with(&b, &[q("z")]), 3, "one another namespace watches counts here too");
+        assert_eq!(inner.namespace_paths_with(&a, &[q("y")]), 1, "what a binding drops is freed");
+        inner.subscribe(&b, &[q("y"), q("w")]);
+        assert_eq!(inner.namespace_paths_with(&a, &[]), 2, "y stays: b reads it");
+        assert_eq!(inner.namespace_paths_with(&other, &[]), 0);
+        inner.subscribe(&a, &[]);
+        inner.subscribe(&b, &[]);
+        assert!(!inner.by_namespace.contains_key("ns"), "an empty namespace is forgotten");
+        assert_eq!(inner.namespace_paths_with(&other, &[q("x"), q("z")]), 2);
     }
 }

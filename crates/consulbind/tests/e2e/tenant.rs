@@ -648,3 +648,44 @@ async fn overlapping_prefixes_of_many_bindings_count_each_key_once_and_roll_each
     assert_eq!(s.controller().metric("consulbind_consul_entries").await, Some(20.0));
     s.finish().await;
 }
+
+/// A namespace's bindings watch at most `--max-watched-paths-per-namespace` distinct paths: a
+/// binding that would go past it watches nothing and says so, the others go on, and it is
+/// served once paths are freed.
+#[tokio::test]
+async fn a_binding_past_its_namespaces_share_of_watched_paths_waits_and_the_others_go_on() {
+    let Some(s) = Scene::with_args("paths", &["--max-watched-paths-per-namespace=3"]).await else { return };
+    let (a1, a2, b1, b2) = (s.key("a1"), s.key("a2"), s.key("b1"), s.key("b2"));
+    for key in [&a1, &a2, &b1, &b2] {
+        s.put(key, "v1").await;
+    }
+    s.workload(DEPLOY, "web", json!({})).await;
+    s.workload(DEPLOY, "api", json!({})).await;
+    s.binding("first", spec(json!([{"key": a1}, {"key": a2}]), deploy("web"), "0s")).await;
+    s.wait_condition("first", conditions::READY, "True", reason::BASELINED).await;
+    // Paths the namespace watches already cost nothing more.
+    s.binding("same", spec(json!([{"key": a1}]), deploy("api"), "0s")).await;
+    s.wait_condition("same", conditions::READY, "True", reason::BASELINED).await;
+
+    s.binding("second", spec(json!([{"key": b1}, {"key": b2}]), deploy("api"), "0s")).await;
+    let message = s.wait_message("second", conditions::READY, "False", reason::TOO_MANY_WATCHED_PATHS).await;
+    assert!(
+        message.contains("4 distinct Consul paths") && message.contains("--max-watched-paths-per-namespace"),
+        "{message}"
+    );
+    let events = s.events_for("second").await;
+    assert!(events.iter().any(|(r, _)| r == reason::TOO_MANY_WATCHED_PATHS), "{events:?}");
+    let watched = s.controller().metric("consulbind_consul_watches").await;
+    assert_eq!(watched, Some(2.0), "the refused binding watches nothing");
+
+    // The others go on.
+    s.put(&a2, "v2").await;
+    s.wait_revisions(DEPLOY, "web", 2).await;
+
+    // Freed paths let it in, with what its target runs as its baseline.
+    s.bindings().delete("first", &Default::default()).await.unwrap();
+    s.wait_condition("second", conditions::READY, "True", reason::BASELINED).await;
+    s.put(&b2, "v2").await;
+    s.wait_revisions(DEPLOY, "api", 2).await;
+    s.finish().await;
+}
