@@ -230,6 +230,24 @@ pub(crate) async fn kube_client(vars: &[(&'static str, String)]) -> Result<kube:
     Ok(kube::Client::try_from(kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?)?)
 }
 
+/// Clients of the local API server and Consul, and a namespace made for one run, named
+/// `<name>-<pid>`.
+pub(crate) async fn clients_and_namespace(
+    vars: &[(&'static str, String)],
+    name: &str,
+) -> Result<(kube::Client, consul_kv::Client, String)> {
+    use kube::api::PostParams;
+    let client = kube_client(vars).await?;
+    let address = var(vars, "CONSUL_HTTP_ADDR")?;
+    let consul = consul_kv::Client::new(consul_kv::ClientConfig { address, ..Default::default() }).await?;
+    let ns = format!("{name}-{}", std::process::id());
+    let namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": &ns}}))?;
+    kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+        .create(&PostParams::default(), &namespace)
+        .await?;
+    Ok((client, consul, ns))
+}
+
 /// Waits until `bindings` bindings are Ready; false on timeout. Follows a watch rather than
 /// listing thousands of bindings again and again, which would load the API server it measures.
 pub(crate) async fn all_ready(

@@ -7,13 +7,12 @@ use std::{
 };
 
 use anyhow::{Context, Result, ensure};
-use consul_kv::{Client as Consul, ClientConfig};
 use consulbind_api::ConsulBinding;
 use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::{apps::v1::Deployment, core::v1::Namespace};
 use kube::{
     Api,
-    api::{Patch, PatchParams, PostParams},
+    api::{Patch, PatchParams},
 };
 use serde_json::json;
 
@@ -41,14 +40,8 @@ pub fn run(env: &Env, sizes: Sizes) -> Result<()> {
 }
 
 async fn measure(env: &Env, vars: &[(&'static str, String)], sizes: &Sizes) -> Result<()> {
-    let client = crate::bench::kube_client(vars).await?;
-    let consul =
-        Consul::new(ClientConfig { address: crate::bench::var(vars, "CONSUL_HTTP_ADDR")?, ..Default::default() })
-            .await?;
-
-    let ns = format!("bench-big-{}", std::process::id());
+    let (client, consul, ns) = crate::bench::clients_and_namespace(vars, "bench-big").await?;
     let namespaces: Api<Namespace> = Api::all(client.clone());
-    namespaces.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": &ns}}))?).await?;
     let total = sizes.prefixes * sizes.values * sizes.value_bytes;
     println!(
         "==> {} prefixes of {} values of {} bytes ({:.1} MB) under {ns}/",

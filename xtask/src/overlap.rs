@@ -5,13 +5,12 @@
 use std::{process::Command, time::Duration};
 
 use anyhow::{Context, Result, ensure};
-use consul_kv::{Client as Consul, ClientConfig};
 use consulbind_api::ConsulBinding;
 use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::{apps::v1::Deployment, core::v1::Namespace};
 use kube::{
     Api,
-    api::{Patch, PatchParams, PostParams},
+    api::{Patch, PatchParams},
 };
 use serde_json::json;
 
@@ -41,13 +40,8 @@ pub fn run(env: &Env, sizes: Sizes) -> Result<()> {
 }
 
 async fn measure(env: &Env, vars: &[(&'static str, String)], sizes: &Sizes) -> Result<()> {
-    let client = crate::bench::kube_client(vars).await?;
-    let consul =
-        Consul::new(ClientConfig { address: crate::bench::var(vars, "CONSUL_HTTP_ADDR")?, ..Default::default() })
-            .await?;
-    let ns = format!("bench-overlap-{}", std::process::id());
+    let (client, consul, ns) = crate::bench::clients_and_namespace(vars, "bench-overlap").await?;
     let namespaces: Api<Namespace> = Api::all(client.clone());
-    namespaces.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": &ns}}))?).await?;
 
     // Every key lies under every prefix a binding names: `<ns>/`, `<ns>/x`, `<ns>/xx`, …
     let root = format!("{ns}/{}", "x".repeat(sizes.prefixes));
