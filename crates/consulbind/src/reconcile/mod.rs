@@ -159,17 +159,18 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
         Some(source) => 'consul: {
             queries = read::queries(spec, source.into_token());
             let limit = ctx.max_watched_paths_per_namespace;
-            if let Some(count) = ctx.watches.beyond_namespace_share(&oref, &queries, limit) {
-                ctx.watches.release(&oref);
-                let message = format!(
-                    "with this binding's keys the bindings of namespace {namespace} would watch {count} distinct Consul \
+            contents = match read::subscribe(ctx, &oref, &queries) {
+                Ok(contents) => contents,
+                Err(count) => {
+                    let message = format!(
+                        "with this binding's keys the bindings of namespace {namespace} would watch {count} distinct Consul \
                      paths, more than the {limit} the controller watches for one namespace \
                      (--max-watched-paths-per-namespace); this binding watches nothing until other bindings free \
                      paths (bind fewer or shared prefixes), or the limit is raised"
-                );
-                break 'consul Consul::Failed { reason: conditions::reason::TOO_MANY_WATCHED_PATHS, message };
-            }
-            contents = read::subscribe(ctx, &oref, &queries);
+                    );
+                    break 'consul Consul::Failed { reason: conditions::reason::TOO_MANY_WATCHED_PATHS, message };
+                }
+            };
             in_turns = ctx.watches.in_turns(&queries);
             match read::consul_view(spec, &contents, ctx.max_binding_bytes) {
                 Some(consul) => consul,

@@ -153,9 +153,10 @@ pub fn token(ctx: &Context, namespace: &str, spec: &ConsulBindingSpec) -> TokenS
 }
 
 /// Subscribes a binding to its watches, unless it was deleted while this reconcile waited:
-/// the deletion's release may already have run, and must not be undone.
-pub fn subscribe(ctx: &Context, binding: &BindingRef, queries: &[KvQuery]) -> Vec<KeyState> {
-    let states = ctx.watches.subscribe(binding, queries);
+/// the deletion's release may already have run, and must not be undone. Refused, with the
+/// count, when its namespace would watch more paths than `--max-watched-paths-per-namespace`.
+pub fn subscribe(ctx: &Context, binding: &BindingRef, queries: &[KvQuery]) -> Result<Vec<KeyState>, usize> {
+    let states = ctx.watches.subscribe(binding, queries, ctx.max_watched_paths_per_namespace);
     if ctx.bindings.get(binding).is_none() {
         ctx.watches.release(binding);
     }

@@ -82,16 +82,24 @@ impl Watches {
     }
 
     /// Makes `binding` subscribe to exactly `queries`, adding paths as needed and releasing the
-    /// ones it no longer uses. Returns the current state of each query, in order.
-    pub fn subscribe(&self, binding: &BindingRef, queries: &[KvQuery]) -> Vec<KeyState> {
+    /// ones it no longer uses. Returns the current state of each query, in order; or, when the
+    /// bindings of its namespace would then watch more than `limit` distinct paths, releases
+    /// every path of the binding and returns how many that would be.
+    pub fn subscribe(&self, binding: &BindingRef, queries: &[KvQuery], limit: usize) -> Result<Vec<KeyState>, usize> {
         let mut inner = self.shared.inner.locked();
-        let replan = inner.subscribe(binding, queries);
-        let states = queries.iter().map(|q| inner.paths[q].state()).collect();
+        let after = inner.namespace_paths_with(binding, queries);
+        let (replan, result) = match after > limit {
+            true => (inner.release(binding), Err(after)),
+            false => {
+                let replan = inner.subscribe(binding, queries);
+                (replan, Ok(queries.iter().map(|q| inner.paths[q].state()).collect()))
+            }
+        };
         drop(inner);
         if replan {
             self.shared.runner.replan.notify_one();
         }
-        states
+        result
     }
 
     /// Keys the digests that stand in for values; before the first subscription.
@@ -132,19 +140,9 @@ impl Watches {
 
     /// How many distinct paths the bindings of `binding`'s namespace would watch were it to
     /// subscribe to exactly `queries`, when that is more than `limit`.
-    pub fn beyond_namespace_share(&self, binding: &BindingRef, queries: &[KvQuery], limit: usize) -> Option<usize> {
-        let after = self.shared.inner.locked().namespace_paths_with(binding, queries);
-        (after > limit).then_some(after)
-    }
-
     /// Releases every path of a binding that is gone.
     pub fn release(&self, binding: &BindingRef) {
-        let mut inner = self.shared.inner.locked();
-        let mut replan = false;
-        for query in inner.by_binding.remove(binding).unwrap_or_default().iter() {
-            replan |= inner.unsubscribe(binding, query);
-        }
-        drop(inner);
+        let replan = self.shared.inner.locked().release(binding);
         if replan {
             self.shared.runner.replan.notify_one();
         }
@@ -207,6 +205,15 @@ impl Inner {
             .filter(|q| watched.get(&(Arc::as_ptr(q) as usize)) == Some(&1))
             .count();
         watched.len() + added - freed
+    }
+
+    /// Releases every path of `binding`; returns whether a path went.
+    fn release(&mut self, binding: &BindingRef) -> bool {
+        let mut replan = false;
+        for query in self.by_binding.remove(binding).unwrap_or_default().iter() {
+            replan |= self.unsubscribe(binding, query);
+        }
+        replan
     }
 
     /// Returns whether a path came or went, so the groups need planning again.
