@@ -152,6 +152,9 @@ struct Controller {
     /// Its caches list again, in pages, after the API server came back: until the last page they
     /// hold what they listed before, and the binding waits (as `cluster::listing` makes it).
     listing: bool,
+    /// What the ConfigMap cache held when the API server went away: its store until its list
+    /// ends, while the other caches may show what is there now.
+    cached_cm: Option<BTreeMap<&'static str, &'static str>>,
     /// The stamps the bindings hold back, which a write of the same checksum carries.
     desk: Desk,
 }
@@ -280,12 +283,13 @@ impl Sim {
         !self.api_away && self.controller.as_ref().is_none_or(|c| !c.listing)
     }
 
-    /// The controller reconciles: it can reach its API server, and no cache is part-way
-    /// through a list. (Decided on a mix of old and new, a Consul change that came meanwhile
-    /// rolled a workload whose pods then read the new ConfigMap, and rolled it again once the
-    /// ConfigMap's cache had listed: seed 132 of the API schedules.)
+    /// The controller reconciles: it can reach its API server, and the reconcile's own gate
+    /// ([`read::decides`]) lets it while a cache lists. (Decided on a mix of old and new, a Consul
+    /// change that came meanwhile rolled a workload whose pods then read the new ConfigMap, and
+    /// rolled it again once the ConfigMap's cache had listed: seed 132 of the API schedules,
+    /// which fails with the gate open.)
     fn decides(&self) -> bool {
-        self.sees_cluster()
+        !self.api_away && read::decides(self.controller.as_ref().is_some_and(|c| c.listing))
     }
 
     /// Every bound path can be read.
@@ -317,6 +321,7 @@ impl Sim {
             wake_at: None,
             other: (Record::default(), None),
             listing: false,
+            cached_cm: None,
             desk: Desk::default(),
         });
         self.deliver(false);
@@ -470,8 +475,11 @@ impl Sim {
         let bound = read::bound_objects(&spec, &references).expect("one reference");
         let digested = Arc::new(Digested {
             version: "1".into(),
-            entries: self
-                .cm
+            entries: controller
+                .cached_cm
+                .as_ref()
+                .filter(|_| controller.listing)
+                .unwrap_or(&self.cm)
                 .iter()
                 .map(|(k, v)| (k.to_string(), Field::Data, checksum::digest(&KEY, v.as_bytes())))
                 .collect(),
@@ -753,7 +761,9 @@ impl Sim {
     async fn step(&mut self) {
         // A re-list under way ends (its last page), and wakes the binding.
         if self.controller.as_ref().is_some_and(|c| c.listing) && !self.api_away && self.rng.bool() {
-            self.controller.as_mut().expect("a controller").listing = false;
+            let controller = self.controller.as_mut().expect("a controller");
+            controller.listing = false;
+            controller.cached_cm = None;
             self.note("the caches have listed again");
             self.quiet_since = Instant::now();
             self.reconcile().await;
@@ -888,8 +898,11 @@ impl Sim {
             // binding reads what they held.
             92..96 if self.api_faults => {
                 self.api_away = !self.api_away;
-                if let (false, Some(controller)) = (self.api_away, self.controller.as_mut()) {
-                    controller.listing = true;
+                if let Some(controller) = self.controller.as_mut() {
+                    match self.api_away {
+                        true => drop(controller.cached_cm.get_or_insert_with(|| self.cm.clone())),
+                        false => controller.listing = true,
+                    }
                 }
                 format!("the API server is {}", if self.api_away { "away" } else { "back; the caches list again" })
             }
@@ -955,6 +968,7 @@ fn run(seed: u64, kind: Kind) {
         sim.api_away = false;
         if let Some(controller) = sim.controller.as_mut() {
             controller.listing = false;
+            controller.cached_cm = None;
         }
         if sim.controller.is_none() {
             sim.start_controller();

@@ -181,9 +181,8 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
             }
         }
     };
-    // A cache part-way through a list may show a mix of old and new: decide once it has listed
-    // (looked at again below, after the reads that follow wait).
-    if crate::cluster::listing() {
+    // Looked at again below, after the reads that follow wait.
+    if !read::decides(crate::cluster::listing()) {
         return Ok(Action::requeue(Duration::from_millis(500)));
     }
     let annotation = names::annotation_key(&oref.name);
@@ -216,7 +215,7 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
         Err(message) => Err((conditions::reason::BINDING_TOO_LARGE, message.clone())),
     };
 
-    if crate::cluster::listing() {
+    if !read::decides(crate::cluster::listing()) {
         return Ok(Action::requeue(Duration::from_millis(500)));
     }
 

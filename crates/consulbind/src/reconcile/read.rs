@@ -152,6 +152,13 @@ pub fn token(ctx: &Context, namespace: &str, spec: &ConsulBindingSpec) -> TokenS
     }
 }
 
+/// Whether a reconcile decides now, with `listing`: some cache is part-way through a list. Until
+/// its last page its store holds what it listed before while the others may hold what is there
+/// now, and a decision on that mix can roll a workload for a change its pods already read.
+pub fn decides(listing: bool) -> bool {
+    !listing
+}
+
 /// Subscribes a binding to its watches, unless it was deleted while this reconcile waited:
 /// the deletion's release may already have run, and must not be undone. Refused, with the
 /// count, when its namespace would watch more paths than `--max-watched-paths-per-namespace`.
