@@ -87,6 +87,7 @@ impl Watches {
     /// every path of the binding and returns how many that would be.
     pub fn subscribe(&self, binding: &BindingRef, queries: &[KvQuery], limit: usize) -> Result<Vec<KeyState>, usize> {
         let mut inner = self.shared.inner.locked();
+        let _answers = self.shared.runner.answers.read().unwrap_or_else(std::sync::PoisonError::into_inner);
         let after = inner.namespace_paths_with(binding, queries);
         let (replan, result) = match after > limit {
             true => (inner.release(binding), Err(after)),

@@ -104,6 +104,9 @@ pub struct Runner {
     tables: std::sync::Mutex<HashMap<Scope, Table>>,
     /// One copy of each entry across every answer.
     entries: super::entries::Entries,
+    /// Held to apply an answer to its paths, and to read paths: a reading sees an answer on
+    /// all of its paths or on none.
+    pub answers: std::sync::RwLock<()>,
 }
 
 /// One KV table: a datacenter's, in a namespace and partition (Consul Enterprise).
@@ -167,6 +170,7 @@ impl Runner {
             answered_at: Default::default(),
             tables: Default::default(),
             entries: Default::default(),
+            answers: Default::default(),
         }
     }
 
@@ -420,13 +424,21 @@ impl Runner {
         let held = self.entries.share(&mut merged);
         self.metrics.consul_entries.set(held as i64);
         let entries: Arc<[KvEntry]> = merged.into();
+        let applying = self.answers.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut news = Vec::new();
         for (i, path) in members.paths.iter().enumerate() {
             let view = View::new(entries.clone(), group::span(&entries, path));
             match indexes.iter().find(|(new, _)| *new == i) {
-                Some(&(_, index)) => drop(self.hand_over(path, &members.cells[i], view, false, Some(index))),
+                Some(&(_, index)) => {
+                    if self.hand_over(path, &members.cells[i], view, false, Some(index)) != Update::Same {
+                        news.push(&members.cells[i]);
+                    }
+                }
                 None => members.cells[i].rebase(view),
             }
         }
+        drop(applying);
+        news.into_iter().for_each(|cell| cell.wake(&self.wake));
         Some(entries)
     }
 
@@ -507,11 +519,16 @@ impl Runner {
                 changed.push(i);
             }
         }
+        // Every path takes its part of the answer before any binding hears of it, and a reconcile
+        // reads the paths before or after, never between: a binding reading overlapping paths
+        // must not roll their mix and then the whole (two rollouts for one change).
+        let applying = self.answers.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut news = Vec::new();
         for (i, reason, message) in &refused {
             let cell = &members.cells[*i];
             if cell.set_failed(reason, message) {
                 warn!(key = %members.paths[*i].key, %message, "Consul refused to read a bound key");
-                cell.wake(&self.wake);
+                news.push(cell);
             }
         }
         let mut is_changed = vec![false; members.paths.len()];
@@ -526,19 +543,25 @@ impl Runner {
                 continue;
             }
             let own = (path.key == query.key && path.recurse == query.recurse).then_some(index);
-            if self.hand_over(path, &members.cells[i], view, reset, own) == Update::Changed {
+            let update = self.hand_over(path, &members.cells[i], view, reset, own);
+            if update == Update::Changed {
                 info!(key = %path.key, recurse = path.recurse, index, "Consul content changed");
             }
+            if update != Update::Same {
+                news.push(&members.cells[i]);
+            }
         }
+        drop(applying);
+        news.into_iter().for_each(|cell| cell.wake(&self.wake));
         (members.clone(), entries)
     }
 
     /// Gives one path its entries, or the `PrefixTooLarge` failure when they are over the
-    /// limits, and wakes its bindings when that is news.
+    /// limits; the caller wakes its bindings when that is news.
     fn hand_over(&self, path: &WatchPath, cell: &Path, entries: View, reset: bool, index: Option<u64>) -> Update {
         let limits = &self.limits;
         let bytes: u64 = entries.iter().map(|e| e.key.len() as u64 + e.size).sum();
-        let update = if path.recurse && (entries.len() > limits.entries || bytes > limits.bytes) {
+        if path.recurse && (entries.len() > limits.entries || bytes > limits.bytes) {
             let message = format!(
                 "the prefix {:?} holds {} keys and {bytes} bytes, over the limit of {} keys \
                  (--max-prefix-entries) and {} bytes (--max-prefix-bytes); bind a narrower prefix, or ask for a \
@@ -554,11 +577,7 @@ impl Runner {
             }
         } else {
             cell.set_view(entries, reset, index)
-        };
-        if update != Update::Same {
-            cell.wake(&self.wake);
         }
-        update
     }
 
     /// The wait of a group's next blocking query. A young group waits no longer than it has

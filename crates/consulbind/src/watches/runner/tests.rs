@@ -878,3 +878,47 @@ async fn overlapping_paths_hold_views_of_one_answer_and_groups_share_entries() {
     );
     task.abort();
 }
+
+/// A binding woken by an answer finds every path it reads on that answer: woken while one of
+/// its overlapping paths still held the answer before, it rolled their mix, and then the whole.
+#[tokio::test(start_paused = true)]
+async fn a_binding_woken_by_an_answer_finds_all_its_paths_on_that_answer() {
+    let paths: &[(&str, bool, &[&str])] = &[("p/", true, &["a"]), ("p/a", true, &["a"]), ("p/ab", true, &["a"])];
+    let (watch_paths, cells) = cells(paths);
+    let seen: Arc<Mutex<Vec<Vec<String>>>> = Arc::default();
+    let wake: crate::watches::Wake = {
+        let (cells, seen) = (cells.clone(), seen.clone());
+        Arc::new(move |_| {
+            let values = cells
+                .iter()
+                .map(|c| match c.state() {
+                    KeyState::Ready(content) => {
+                        content.entries.iter().map(|e| String::from_utf8_lossy(&e.value).into_owned()).collect()
+                    }
+                    _ => "-".to_owned(),
+                })
+                .collect();
+            seen.locked().push(values);
+        })
+    };
+    let (tx, mut requests) = mpsc::unbounded_channel();
+    let runner =
+        Runner::new(Arc::new(Script(tx)), wake, Arc::new(Metrics::new(&mut Registry::default())), GRACE, no_limits());
+    runner.planned_slots.store(20, std::sync::atomic::Ordering::Relaxed);
+    let runner = Arc::new(runner);
+    let (_roster, rx) = watch::channel(Arc::new(Roster::new(watch_paths, cells, None, false)));
+    let task = tokio::spawn(runner.clone().run_group(KvQuery::prefix("p/"), rx));
+    let next = |requests: &mut mpsc::UnboundedReceiver<Request>| requests.try_recv();
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    next(&mut requests).expect("a first read").reply(10, &[("p/ab1", "1", 5)]);
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    next(&mut requests).expect("a blocking read").reply(11, &[("p/ab1", "2", 11)]);
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let seen = seen.locked().clone();
+    assert!(!seen.is_empty());
+    for values in &seen {
+        assert!(values.iter().all(|v| *v == values[0]), "woken with paths on different answers: {values:?}");
+    }
+    assert!(seen.last().is_some_and(|v| v[0] == "2"));
+    task.abort();
+}
