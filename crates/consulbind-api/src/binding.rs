@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
     printcolumn = r#"{"name":"Targets","type":"string","jsonPath":".status.targetSummary","description":"Targets carrying the applied checksum / targets found"}"#,
     printcolumn = r#"{"name":"Checksum","type":"string","jsonPath":".status.shortChecksum","description":"Start of the applied checksum"}"#,
     printcolumn = r#"{"name":"Last Change","type":"date","jsonPath":".status.lastChangeTime","description":"When a content change was last rolled out"}"#,
+    printcolumn = r#"{"name":"Wave","type":"string","jsonPath":".status.rollout.progress","description":"A staged rollout's wave and phase"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Reason","type":"string","priority":1,"jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
@@ -300,7 +301,7 @@ pub struct SecretKeyRef {
 
 /// Debouncing, as in consul-template's `wait { min, max }`: each new change restarts the quiet
 /// period, and a stream of changes still rolls out once `maxDelay` has passed since the first.
-#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RolloutPolicy {
     /// How long the content must stay unchanged before rolling out, such as `0s`, `5s` or `1m30s`.
@@ -326,6 +327,69 @@ pub struct RolloutPolicy {
     /// the content differs from what they carry.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<RolloutMode>,
+
+    /// Roll the targets in ordered waves, each once the one before is healthy; at most 16. A
+    /// target belongs to the first wave whose filter matches it; a wave without a filter takes
+    /// every target left; targets no wave takes form a last wave. Without waves every target
+    /// rolls at once, with no health wait.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub waves: Vec<Wave>,
+
+    /// How long a target rolled in a wave may take to become healthy before the rollout halts.
+    /// Defaults to `10m`; at most `24h`. Only with `waves`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 24), regex(pattern = crate::DURATION_PATTERN))]
+    pub health_timeout: Option<String>,
+
+    /// Caps how often this binding rolls each target. A change beyond it waits, coalesced with
+    /// later ones, and the latest content rolls as soon as the budget allows. Without it, the
+    /// controller's `--default-rollout-budget` applies, if set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<RolloutBudget>,
+}
+
+/// One wave of a staged rollout.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Wave {
+    /// Only targets of this kind.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<WorkloadKind>,
+
+    /// Only the target of this name. At most one of `name` and `selector` is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub name: Option<String>,
+
+    /// Only targets whose labels match. At most one of `name` and `selector` is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<LabelSelector>,
+
+    /// How many of its targets may be rolling at once (patched and not yet healthy); all when
+    /// absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_parallel: Option<u32>,
+
+    /// How long to wait once the whole wave is healthy before the next wave starts, such as
+    /// `2m`; at most `24h`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 24), regex(pattern = crate::DURATION_PATTERN))]
+    pub pause: Option<String>,
+}
+
+/// At most `maxRollouts` rollouts of each target within any span of `per`.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutBudget {
+    /// Between 1 and 100.
+    #[schemars(range(min = 1, max = 100))]
+    pub max_rollouts: u32,
+
+    /// Such as `1m` or `1h`; at most `24h`.
+    #[schemars(length(max = 24), regex(pattern = crate::DURATION_PATTERN))]
+    pub per: String,
 }
 
 /// Whether changes are rolled out, or only reported.
@@ -390,6 +454,10 @@ pub struct ConsulBindingStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_spec: Option<String>,
 
+    /// A staged rollout (`rollout.waves`) or one waiting for its budget: which wave, since when.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<RolloutStatus>,
+
     /// What the binding would do now if it were not in `DryRun` mode; only set in that mode.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dry_run: Option<DryRunStatus>,
@@ -397,6 +465,73 @@ pub struct ConsulBindingStatus {
     /// `Ready`, `ConsulSynced` and `TargetsUpdated`, each with a reason and message.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+}
+
+/// Where a staged rollout stands.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutStatus {
+    /// The checksum of the content being rolled out.
+    pub checksum: String,
+
+    /// The current wave, from 1.
+    pub wave: u32,
+
+    /// How many waves the targets form.
+    pub waves: u32,
+
+    pub phase: RolloutPhase,
+
+    /// Since when the rollout is in this wave and phase.
+    pub since: Time,
+
+    /// When the rollout of this content started.
+    pub started_time: Time,
+
+    /// `wave/waves phase`, for `kubectl get`.
+    pub progress: String,
+}
+
+/// What a staged rollout is doing.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum RolloutPhase {
+    /// Rolling the current wave's targets and waiting for them to become healthy.
+    #[default]
+    Rolling,
+    /// The current wave is healthy; the next starts after its pause.
+    Paused,
+    /// A target failed or was not healthy in time; nothing more rolls until it is healthy or
+    /// the content changes.
+    Halted,
+    /// Targets wait for the rollout budget.
+    Waiting,
+    /// Every target carries the content and is healthy.
+    Complete,
+}
+
+impl RolloutPhase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Rolling => "Rolling",
+            Self::Paused => "Paused",
+            Self::Halted => "Halted",
+            Self::Waiting => "Waiting",
+            Self::Complete => "Complete",
+        }
+    }
+}
+
+/// Where one target stands in a staged rollout or a budget.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum TargetState {
+    /// Rolled, and not healthy yet.
+    Rolling,
+    /// Rolled, and healthy since.
+    Healthy,
+    /// Rolled, and failed or not healthy within `rollout.healthTimeout`.
+    Halted,
+    /// Behind its content, waiting for the rollout budget.
+    Waiting,
 }
 
 /// One bound key or prefix as last read from Consul.
@@ -501,6 +636,19 @@ pub struct TargetStatus {
     /// started with the content of its time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uid: Option<String>,
+
+    /// In a staged rollout or a budget: whether it is rolling, healthy, halted or waiting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<TargetState>,
+
+    /// Why it is halted or waiting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+
+    /// With a rollout budget: when this binding rolled it within the budget's span, oldest
+    /// first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rolled_times: Vec<Time>,
 }
 
 #[cfg(test)]

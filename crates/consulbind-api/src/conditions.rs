@@ -43,6 +43,14 @@ pub mod reason {
     /// The binding's keys would take its namespace past the distinct Consul paths the
     /// controller watches for one namespace (`--max-watched-paths-per-namespace`).
     pub const TOO_MANY_WATCHED_PATHS: &str = "TooManyWatchedPaths";
+    /// A staged rollout is rolling a wave and waiting for its targets to become healthy.
+    pub const ROLLOUT_IN_PROGRESS: &str = "RolloutInProgress";
+    /// A wave is healthy; the next starts after the wave's pause.
+    pub const WAVE_PAUSED: &str = "WavePaused";
+    /// A rolled target failed or was not healthy within `rollout.healthTimeout`.
+    pub const ROLLOUT_HALTED: &str = "RolloutHalted";
+    /// A target was rolled as often as `rollout.budget` allows; the change waits.
+    pub const ROLLOUT_BUDGET_EXHAUSTED: &str = "RolloutBudgetExhausted";
     /// In `DryRun` mode: the targets would have been rolled, and were not.
     pub const DRY_RUN: &str = "DryRun";
     /// A target's kind is not served by the cluster (Argo Rollouts not installed), or not to

@@ -135,6 +135,7 @@ pub async fn run(config: Config, shutdown: signal::Receiver<bool>) -> Result<(),
             object_failure_grace: config.object_failure_grace,
             max_bindings_per_namespace: config.max_bindings_per_namespace,
             max_watched_paths_per_namespace: config.max_watched_paths_per_namespace,
+            default_rollout_budget: config.default_rollout_budget,
         });
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
         caches_ready.push(ready_rx);

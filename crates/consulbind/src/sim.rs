@@ -525,6 +525,10 @@ impl Sim {
             in_turns: None,
             restore,
             restored: restored && ready,
+            staging: None,
+            health: &BTreeMap::new(),
+            labels: &BTreeMap::new(),
+            clock: k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
         };
         let plan = plan::plan(&input, &mut controller.record.pending, now);
         // Content the targets already carry holds nothing, lost or not.

@@ -14,6 +14,21 @@ pub struct Rollout {
     pub metadata: ObjectMeta,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spec: Option<RolloutSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<RolloutStatus>,
+}
+
+/// What tells whether a Rollout is healthy.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutStatus {
+    /// A number, or its string: Argo has written both.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]

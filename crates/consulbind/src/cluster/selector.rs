@@ -7,9 +7,13 @@ use kube::core::Selector;
 
 /// What is wrong with a target's selector, for spec validation.
 pub fn selector_error(target: &TargetRef) -> Option<String> {
-    let selector = target.selector.as_ref()?;
-    let problem = problem(selector).or_else(|| Selector::try_from(selector.clone()).err().map(|e| e.to_string()))?;
+    let problem = label_selector_error(target.selector.as_ref()?)?;
     Some(format!("invalid selector on {} target: {problem}", target.kind))
+}
+
+/// What the API server would refuse in `selector`.
+pub fn label_selector_error(selector: &LabelSelector) -> Option<String> {
+    problem(selector).or_else(|| Selector::try_from(selector.clone()).err().map(|e| e.to_string()))
 }
 
 /// By the API server's rules for a `LabelSelector`.

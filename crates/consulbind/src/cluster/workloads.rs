@@ -30,6 +30,7 @@ use tokio::sync::watch;
 use super::{
     Live, Version, Workload,
     argo::Rollout,
+    health::{self, Health},
     references::{self, References},
 };
 use crate::names;
@@ -84,6 +85,10 @@ pub struct Resolved {
     pub references: References,
     /// Those each found workload's pod template references, for the workloads with any.
     pub uses: BTreeMap<Workload, References>,
+    /// The found workloads that are not healthy ([`Health`]), with what each reports.
+    pub health: BTreeMap<Workload, Health>,
+    /// The labels of each found workload, which waves select by.
+    pub labels: BTreeMap<Workload, BTreeMap<String, String>>,
 }
 
 impl Workloads {
@@ -176,7 +181,11 @@ impl Workloads {
         let uses =
             found.iter().filter(|(_, s)| !s.references.is_empty()).map(|(w, s)| (w.clone(), s.references.clone()));
         let uses = uses.collect();
-        Resolved { found: found.into_keys().collect(), live, versions, missing, unserved, references, uses }
+        let health = found.iter().filter(|(_, s)| s.health != Health::Healthy);
+        let health = health.map(|(w, s)| (w.clone(), s.health.clone())).collect();
+        let labels = found.iter_mut().map(|(w, s)| (w.clone(), std::mem::take(&mut s.labels))).collect();
+        let found = found.into_keys().collect();
+        Resolved { found, live, versions, missing, unserved, references, uses, health, labels }
     }
 }
 
@@ -297,7 +306,9 @@ where
 /// hash, not a copy: [`Seen`] has an entry per workload in the cluster.
 fn signature<K: Resource>(obj: &PartialObjectMeta<K>) -> u64 {
     let mut hasher = std::hash::DefaultHasher::new();
-    (obj.labels(), obj.annotations()).hash(&mut hasher);
+    // A health detail (replica counts) changes often; its verdict wakes the bindings.
+    let annotations = obj.annotations().iter().filter(|(k, _)| *k != health::DETAIL);
+    (obj.labels(), annotations.collect::<Vec<_>>()).hash(&mut hasher);
     hasher.finish()
 }
 
@@ -380,6 +391,8 @@ pub trait Template {
     fn workload_ref(&self) -> Option<String> {
         None
     }
+
+    fn health(&self) -> Health;
 }
 
 impl Template for Rollout {
@@ -395,11 +408,19 @@ impl Template for Rollout {
         let reference = self.spec.as_ref()?.workload_ref.as_ref()?;
         Some(format!("{} {:?}", reference.kind, reference.name))
     }
+
+    fn health(&self) -> Health {
+        health::rollout(self)
+    }
 }
 
 macro_rules! template {
-    ($($kind:ty),*) => {$(
+    ($($kind:ty: $health:path),*) => {$(
         impl Template for $kind {
+            fn health(&self) -> Health {
+                $health(self)
+            }
+
             fn template_annotations(&self) -> Option<&BTreeMap<String, String>> {
                 self.spec.template.metadata.as_ref()?.annotations.as_ref()
             }
@@ -410,7 +431,7 @@ macro_rules! template {
         }
     )*};
 }
-template!(Deployment, StatefulSet, DaemonSet);
+template!(Deployment: health::deployment, StatefulSet: health::stateful_set, DaemonSet: health::daemon_set);
 
 /// Marks, in a cached workload's annotations, that the binding's own field manager set the
 /// annotation after it; anything else (a rollout undo, a hand edit) set the live value.
@@ -441,6 +462,7 @@ fn live_meta<K: Resource<DynamicType = ()> + Template>(obj: K) -> PartialObjectM
     if let Some(spec) = obj.pod_spec() {
         annotations.extend(references::encode(&references::of(spec)));
     }
+    annotations.extend(obj.health().encode().into_iter().flatten());
     let metadata = ObjectMeta {
         name: meta.name.clone(),
         namespace: meta.namespace.clone(),
@@ -486,6 +508,8 @@ struct Selected {
     workload_ref: Option<String>,
     /// The objects its pod template references, when asked for.
     references: References,
+    health: Health,
+    labels: BTreeMap<String, String>,
 }
 
 fn selected<K: Resource>(obj: &PartialObjectMeta<K>, annotation: &str, with_references: bool) -> Selected {
@@ -498,6 +522,8 @@ fn selected<K: Resource>(obj: &PartialObjectMeta<K>, annotation: &str, with_refe
         version: Version::of(obj),
         workload_ref: annotations.get(WORKLOAD_REF).cloned(),
         references: if with_references { references::decode(annotations) } else { References::new() },
+        health: Health::decode(annotations),
+        labels: obj.labels().clone(),
     }
 }
 

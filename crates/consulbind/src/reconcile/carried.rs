@@ -40,6 +40,11 @@ impl<'a> Carried<'a> {
         Self { rows: rows.map(|t| ((t.kind, t.name.clone()), t)).collect() }
     }
 
+    /// The last status's row of `w`.
+    pub fn row(&self, w: &Workload) -> Option<&'a TargetStatus> {
+        self.rows.get(w).copied()
+    }
+
     /// What the last status recorded `w` as running, if it has a row for it.
     pub fn checksum(&self, w: &Workload) -> Option<&'a str> {
         self.rows.get(w).map(|t| t.checksum.as_str())
@@ -100,7 +105,28 @@ pub fn rows(input: &Input<'_>, plan: &Plan, outcome: &Outcome, now: &Time) -> Ve
             };
             let stamp = stamp.filter(|s| *s != checksum);
             let uid = input.versions.get(w).map(|v| v.uid.clone()).filter(|uid| !uid.is_empty());
-            Some(TargetStatus { kind: w.0, name: w.1.clone(), checksum, stamp, last_rolled_time, uid })
+            let (state, message, rolled_times) = match (&plan.staged, old) {
+                _ if input.staging.is_none() => (None, None, Vec::new()),
+                (Some(step), _) => {
+                    let (state, message) = step.states.get(w).cloned().unzip();
+                    (state, message.flatten(), step.times.get(w).cloned().unwrap_or_default())
+                }
+                // Nothing was staged (a source cannot be read, or is missing): the last word stands.
+                (None, Some(old)) => (old.state, old.message.clone(), old.rolled_times.clone()),
+                (None, None) => (None, None, Vec::new()),
+            };
+            let row = TargetStatus {
+                kind: w.0,
+                name: w.1.clone(),
+                checksum,
+                stamp,
+                last_rolled_time,
+                uid,
+                state,
+                message,
+                rolled_times,
+            };
+            Some(row)
         })
         .collect()
 }

@@ -42,6 +42,8 @@ pub struct Context {
     pub max_bindings_per_namespace: usize,
     /// See `--max-watched-paths-per-namespace`.
     pub max_watched_paths_per_namespace: usize,
+    /// See `--default-rollout-budget`.
+    pub default_rollout_budget: Option<super::waves::Budget>,
     /// See `--consul-restore-grace`.
     pub restore_grace: std::time::Duration,
     pub bindings: Store<ConsulBinding>,

@@ -18,6 +18,7 @@ pub mod stamp;
 pub mod state;
 pub mod status;
 pub mod upgrade;
+pub mod waves;
 
 use std::{any::Any, panic::AssertUnwindSafe, sync::Arc, time::Duration};
 
@@ -251,6 +252,7 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
         [c.datacenter.as_deref(), c.namespace.as_deref(), c.partition.as_deref()].map(Option::unwrap_or_default)
     });
     let key = ctx.checksum_key.scoped(&namespace, consul_scope);
+    let staging = waves::Staging::of(spec, ctx.default_rollout_budget).ok().flatten();
     let input = Input {
         key: &key,
         spec,
@@ -269,6 +271,10 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
         in_turns,
         restore,
         restored,
+        staging: staging.as_ref(),
+        health: &resolved.health,
+        labels: &resolved.labels,
+        clock: Timestamp::now(),
     };
     let upgraded = match upgrade::older_values(&input) {
         true => match ctx.watches.read_with_values(&queries).await.map(|values| upgrade::upgrade(&input, &values)) {

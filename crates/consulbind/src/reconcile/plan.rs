@@ -5,9 +5,10 @@ use std::collections::BTreeMap;
 
 use consul_kv::KvEntry;
 use consulbind_api::{
-    ConsulBindingSpec, ConsulBindingStatus, KeySource, KeyStatus, ObjectKind, ObjectSource, ObjectStatus,
+    ConsulBindingSpec, ConsulBindingStatus, KeySource, KeyStatus, ObjectKind, ObjectSource, ObjectStatus, RolloutPhase,
     conditions::reason,
 };
+use k8s_openapi::jiff::Timestamp;
 use tokio::time::Instant;
 
 use super::{
@@ -15,10 +16,11 @@ use super::{
     content,
     debounce::{Decision, Pending, Window},
     loss,
+    waves::{self, Staging},
 };
 use crate::{
     checksum::{self, Source},
-    cluster::{Live, Version, Workload, objects::Digested, references::References},
+    cluster::{Live, Version, Workload, health::Health, objects::Digested, references::References},
 };
 
 /// The content of one bound key or prefix, each value as its keyed digest; no entries means
@@ -87,6 +89,14 @@ pub struct Input<'a> {
     /// This replica's first read found Consul restored since the status was written
     /// ([`loss::restored_since`]).
     pub restored: bool,
+    /// Waves, a health gate and a budget, when the binding stages its rollouts.
+    pub staging: Option<&'a Staging>,
+    /// The found workloads that are not healthy, with what each reports.
+    pub health: &'a BTreeMap<Workload, Health>,
+    /// The found workloads' labels, which waves select by.
+    pub labels: &'a BTreeMap<Workload, BTreeMap<String, String>>,
+    /// The wall clock, for what the status records across restarts.
+    pub clock: Timestamp,
 }
 
 /// The annotation value that rolls a workload whose template already carries `checksum` (put
@@ -124,6 +134,8 @@ pub struct Plan {
     /// In a dry run, the workloads that would have been rolled, and why.
     pub would_roll: Vec<Workload>,
     pub why: Option<String>,
+    /// A staged rollout's step: target states, roll times, the wave. `None` keeps the last ones.
+    pub staged: Option<waves::Step>,
 }
 
 impl Plan {
@@ -138,6 +150,18 @@ impl Plan {
             self.values.insert(w.clone(), value);
         }
         self.roll = targets;
+    }
+
+    /// Takes a staged rollout's step; a hold already decided (a quiet period, a suspend) stands.
+    fn stage(&mut self, mut step: waves::Step, now: Instant) {
+        if self.hold.is_none() {
+            self.hold = step.hold.take();
+        }
+        if let Some(wake) = step.wake {
+            let at = now + wake.max(std::time::Duration::from_millis(50));
+            self.wake_at = Some(self.wake_at.map_or(at, |w| w.min(at)));
+        }
+        self.staged = Some(step);
     }
 
     /// A dry run's result: `targets` would roll for `why`; nothing is patched.
@@ -259,8 +283,15 @@ pub fn plan(input: &Input<'_>, pending: &mut Option<Pending>, now: Instant) -> P
             _ => behind.push(w.clone()),
         }
     }
+    let staging = input.staging.filter(|_| !input.dry_run);
+    // A staged rollout under way goes on without a second quiet period.
+    let in_progress = staging.is_some()
+        && input.previous.rollout.as_ref().is_some_and(|r| r.checksum == desired && r.phase != RolloutPhase::Complete);
     if behind.is_empty() {
         *pending = None;
+        if let Some(staging) = staging {
+            plan.stage(waves::step(staging, input, &[], true, &desired), now);
+        }
         return plan;
     }
     if !input.dry_run {
@@ -268,6 +299,9 @@ pub fn plan(input: &Input<'_>, pending: &mut Option<Pending>, now: Instant) -> P
     }
     if input.spec.suspend {
         plan.hold = Some((reason::SUSPENDED, "rollouts are suspended; the change is rolled out on resume".into()));
+        if let Some(staging) = staging {
+            plan.stage(waves::step(staging, input, &behind, false, &desired), now);
+        }
         return plan;
     }
     // A dry run already reported this very rollout: no second debounce, and no second event.
@@ -289,7 +323,11 @@ pub fn plan(input: &Input<'_>, pending: &mut Option<Pending>, now: Instant) -> P
     // Every target's, so that a change of what one reads restarts the quiet period while another
     // waits; a target found or gone changes none of the others'.
     let wants = input.found.iter().map(|w| (format!("{}/{}", w.0, w.1), plan.content[w].as_str()));
-    match Pending::observe(pending, wants, now, window) {
+    let decision = match in_progress {
+        true => Decision::RollNow,
+        false => Pending::observe(pending, wants, now, window),
+    };
+    match decision {
         // With nothing to roll, a dry run records the content like any other mode.
         Decision::RollNow if dry_run => {
             *pending = None;
@@ -303,8 +341,18 @@ pub fn plan(input: &Input<'_>, pending: &mut Option<Pending>, now: Instant) -> P
         }
         Decision::RollNow => {
             *pending = None;
-            plan.held.clear();
-            plan.roll(behind, input.live);
+            match staging {
+                None => {
+                    plan.held.clear();
+                    plan.roll(behind, input.live);
+                }
+                Some(staging) => {
+                    let step = waves::step(staging, input, &behind, true, &desired);
+                    plan.held.retain(|w| !step.roll.contains(w));
+                    plan.roll(step.roll.clone(), input.live);
+                    plan.stage(step, now);
+                }
+            }
         }
         Decision::WaitUntil(at) => {
             let secs = at.saturating_duration_since(now).as_secs_f64();
@@ -319,6 +367,9 @@ pub fn plan(input: &Input<'_>, pending: &mut Option<Pending>, now: Instant) -> P
             };
             plan.hold = Some((reason::PENDING, message));
             plan.wake_at = Some(at);
+            if let Some(staging) = staging {
+                plan.stage(waves::step(staging, input, &behind, false, &desired), now);
+            }
         }
     }
     plan
@@ -491,6 +542,8 @@ mod tests {
     static NO_LIVE: BTreeMap<Workload, Live> = BTreeMap::new();
     static NO_USES: BTreeMap<Workload, References> = BTreeMap::new();
     static NO_VERSIONS: BTreeMap<Workload, Version> = BTreeMap::new();
+    static NO_HEALTH: BTreeMap<Workload, Health> = BTreeMap::new();
+    static NO_LABELS: BTreeMap<Workload, BTreeMap<String, String>> = BTreeMap::new();
 
     /// What a binding that reads `spec.keys[0]` sees: `entries` from Consul, and `found`
     /// workloads that carry nothing. Tests change the rest with `..input(...)`.
@@ -518,6 +571,10 @@ mod tests {
             in_turns: None,
             restore: None,
             restored: false,
+            staging: None,
+            health: &NO_HEALTH,
+            labels: &NO_LABELS,
+            clock: Timestamp::UNIX_EPOCH,
         }
     }
 

@@ -20,6 +20,7 @@ use crate::{
     BindingRef,
     cluster::{
         Live, Version, Workload,
+        health::Health,
         objects::{Digested, Unknown},
         references::References,
         selector,
@@ -85,6 +86,7 @@ pub fn validate(spec: &ConsulBindingSpec) -> Result<Window, String> {
             false => Err(format!("spec.rollout.{field} is {text}; at most {} is allowed", human(limit))),
         }
     };
+    super::waves::Staging::of(spec, None)?;
     let quiet = duration("quietPeriod", rollout.quiet_period, DEFAULT_QUIET, MAX_QUIET_PERIOD)?;
     let max = duration("maxDelay", rollout.max_delay, DEFAULT_MAX.max(quiet), MAX_DELAY)?;
     Ok(Window { quiet, max })
@@ -344,6 +346,11 @@ pub fn trust_own_stamps(ctx: &Context, binding: &BindingRef, resolved: &mut Reso
 /// made again under the same name (another uid), which carries nothing of the old stamp.
 fn trust(stamps: &mut BTreeMap<Workload, (Version, String)>, resolved: &mut Resolved) {
     trust_stamps(stamps, &resolved.versions, &mut resolved.live);
+    // The cached status is of the template before the stamp.
+    for workload in stamps.keys() {
+        let news = Health::Progressing("its controller has not observed the new template yet".into());
+        resolved.health.insert(workload.clone(), news);
+    }
 }
 
 /// [`trust`] over the cached versions and annotations alone.

@@ -40,7 +40,12 @@ pub async fn status(
         };
         ctx.states.set_ready(&oref, state);
         let is_new_problem = new.status == "False" && old.as_ref().is_none_or(|o| o.reason != new.reason);
-        let quiet = [conditions::reason::PENDING, conditions::reason::SUSPENDED];
+        let quiet = [
+            conditions::reason::PENDING,
+            conditions::reason::SUSPENDED,
+            conditions::reason::ROLLOUT_IN_PROGRESS,
+            conditions::reason::WAVE_PAUSED,
+        ];
         if is_new_problem && !quiet.contains(&new.reason.as_str()) {
             warn!(binding = %oref, reason = %new.reason, message = %new.message, "binding not ready");
             publish(ctx, binding.object_ref(&()), EventType::Warning, &new.reason, new.message.clone());

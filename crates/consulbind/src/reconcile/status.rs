@@ -113,6 +113,11 @@ pub fn status(input: &Input<'_>, plan: &Plan, outcome: &Outcome, now: &Time) -> 
         last_change_time: if changed { Some(now.clone()) } else { previous.last_change_time.clone() },
         observed_spec: Some(loss::spec_digest(input.spec)),
         former_targets: carried::former(previous, input.found),
+        rollout: match &plan.staged {
+            _ if input.staging.is_none() => None,
+            Some(step) => step.rollout.clone(),
+            None => previous.rollout.clone(),
+        },
         dry_run: match desired {
             Some(desired) if input.dry_run => Some(DryRunStatus {
                 checksum: desired.to_owned(),

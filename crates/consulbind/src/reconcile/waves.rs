@@ -1,0 +1,408 @@
+//! Staged rollouts, as a state machine over what the status recorded and what the workloads
+//! report now. Each target is pending (behind its content), rolling (rolled, not healthy yet),
+//! healthy, halted (failed, or not healthy within the health timeout) or waiting (behind, and
+//! rolled as often as the budget allows). The targets form ordered waves; the first wave with
+//! work is current:
+//! - a halted target in it halts the rollout, until it is healthy or the content changes;
+//! - otherwise its pending targets roll, at most `maxParallel` rolling at once;
+//! - a wave that rolled and is healthy pauses before the next one starts.
+//!
+//! Everything it needs survives the controller: target states, roll times and the wave's
+//! phase and time live in the status, health in the workloads themselves.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    time::Duration,
+};
+
+use consulbind_api::{
+    ConsulBindingSpec, RolloutPhase, RolloutStatus, TargetState, WorkloadKind, conditions::reason, parse_duration,
+};
+use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
+use kube::core::{Selector, SelectorExt};
+
+use super::{carried::Carried, plan::Input};
+use crate::cluster::{Workload, health::Health, selector};
+
+/// The longest `healthTimeout`, `pause` or budget span a binding may ask for.
+pub const MAX_WAIT: Duration = Duration::from_secs(24 * 3600);
+/// `healthTimeout` when the spec sets none.
+pub const DEFAULT_HEALTH_TIMEOUT: Duration = Duration::from_secs(600);
+/// How soon a binding with a target rolling is looked at again, whatever wakes it before.
+const HEALTH_POLL: Duration = Duration::from_secs(30);
+
+/// A binding's rules for staging its rollouts.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Staging {
+    pub waves: Vec<WaveRule>,
+    pub health_timeout: Duration,
+    pub budget: Option<Budget>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct WaveRule {
+    kind: Option<WorkloadKind>,
+    name: Option<String>,
+    selector: Option<Selector>,
+    max_parallel: Option<u32>,
+    pause: Duration,
+}
+
+/// At most `max` rollouts of each target within any span of `per`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Budget {
+    pub max: u32,
+    pub per: Duration,
+}
+
+impl Budget {
+    /// `N/span`, as the controller's `--default-rollout-budget` takes it, such as `3/1h`.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let (max, per) = text.split_once('/').ok_or_else(|| format!("{text:?}: expected N/span, such as 3/1h"))?;
+        let max: u32 = max.parse().map_err(|_| format!("{text:?}: {max:?} is not a count"))?;
+        budget(max, per, "the rollout budget")
+    }
+}
+
+fn budget(max: u32, per: &str, field: &str) -> Result<Budget, String> {
+    if !(1..=100).contains(&max) {
+        return Err(format!("{field} allows {max} rollouts; between 1 and 100 are allowed"));
+    }
+    let per = duration(per, field)?.filter(|d| !d.is_zero()).ok_or_else(|| format!("{field}: the span is zero"))?;
+    Ok(Budget { max, per })
+}
+
+fn duration(text: &str, field: &str) -> Result<Option<Duration>, String> {
+    let value = parse_duration(text).map_err(|e| format!("{field}: {e}"))?;
+    match value <= MAX_WAIT {
+        true => Ok(Some(value)),
+        false => Err(format!("{field} is {text}; at most 24h is allowed")),
+    }
+}
+
+impl Staging {
+    /// The binding's staging rules, with `default_budget` for a binding without a budget of its
+    /// own; `None` when it has neither waves nor a budget.
+    pub fn of(spec: &ConsulBindingSpec, default_budget: Option<Budget>) -> Result<Option<Self>, String> {
+        let rollout = spec.rollout.clone().unwrap_or_default();
+        let mut waves = Vec::new();
+        for (i, wave) in rollout.waves.iter().enumerate() {
+            let field = format!("spec.rollout.waves[{i}]");
+            if wave.name.is_some() && wave.selector.is_some() {
+                return Err(format!("{field} sets both name and selector; set at most one"));
+            }
+            if wave.max_parallel == Some(0) {
+                return Err(format!("{field}.maxParallel is 0; at least 1 target must be able to roll"));
+            }
+            let selector = match &wave.selector {
+                None => None,
+                Some(s) => match selector::label_selector_error(s) {
+                    Some(problem) => return Err(format!("{field}.selector: {problem}")),
+                    None => Selector::try_from(s.clone()).ok(),
+                },
+            };
+            let pause = match &wave.pause {
+                Some(text) => duration(text, &format!("{field}.pause"))?.unwrap_or_default(),
+                None => Duration::ZERO,
+            };
+            let (kind, name, max_parallel) = (wave.kind, wave.name.clone(), wave.max_parallel);
+            waves.push(WaveRule { kind, name, selector, max_parallel, pause });
+        }
+        let health_timeout = match &rollout.health_timeout {
+            Some(text) => duration(text, "spec.rollout.healthTimeout")?.unwrap_or(DEFAULT_HEALTH_TIMEOUT),
+            None => DEFAULT_HEALTH_TIMEOUT,
+        };
+        let budget = match &rollout.budget {
+            Some(b) => Some(budget(b.max_rollouts, &b.per, "spec.rollout.budget")?),
+            None => default_budget,
+        };
+        Ok((!waves.is_empty() || budget.is_some()).then_some(Self { waves, health_timeout, budget }))
+    }
+
+    /// The wave a target belongs to: the first whose filter takes it, else the last.
+    fn wave_of(&self, w: &Workload, labels: Option<&BTreeMap<String, String>>) -> usize {
+        let empty = BTreeMap::new();
+        let labels = labels.unwrap_or(&empty);
+        let takes = |rule: &WaveRule| {
+            rule.kind.is_none_or(|k| k == w.0)
+                && rule.name.as_ref().is_none_or(|n| *n == w.1)
+                && rule.selector.as_ref().is_none_or(|s| s.matches(labels))
+        };
+        self.waves.iter().position(takes).unwrap_or(self.waves.len())
+    }
+}
+
+/// What one step of the state machine decided.
+#[derive(Debug, Default, PartialEq)]
+pub struct Step {
+    /// Targets to roll now.
+    pub roll: Vec<Workload>,
+    /// Each found target's state, and why it is halted or waiting.
+    pub states: BTreeMap<Workload, (TargetState, Option<String>)>,
+    /// With a budget: the times each target was rolled within its span, this roll included.
+    pub times: BTreeMap<Workload, Vec<Time>>,
+    pub rollout: Option<RolloutStatus>,
+    pub hold: Option<(&'static str, String)>,
+    /// Look again after this.
+    pub wake: Option<Duration>,
+}
+
+fn since(at: &Time, now: Timestamp) -> Duration {
+    Duration::try_from(now.duration_since(at.0)).unwrap_or_default()
+}
+
+fn later(now: Timestamp, wait: Duration) -> Timestamp {
+    let wait = k8s_openapi::jiff::SignedDuration::try_from(wait).unwrap_or(k8s_openapi::jiff::SignedDuration::MAX);
+    now.checked_add(wait).unwrap_or(Timestamp::MAX)
+}
+
+/// A time for people: to the second.
+fn shown(at: Timestamp) -> String {
+    at.round(k8s_openapi::jiff::Unit::Second).unwrap_or(at).to_string()
+}
+
+fn name(w: &Workload) -> String {
+    format!("{} {}", w.0, w.1)
+}
+
+fn names<'a>(ws: impl IntoIterator<Item = &'a Workload>) -> String {
+    let all: Vec<String> = ws.into_iter().map(name).collect();
+    match all.len() {
+        0..=3 => all.join(", "),
+        n => format!("{} and {} more", all[..3].join(", "), n - 3),
+    }
+}
+
+fn human(d: Duration) -> String {
+    let secs = d.as_secs();
+    match secs {
+        _ if secs >= 3600 && secs % 3600 == 0 => format!("{}h", secs / 3600),
+        _ if secs >= 60 && secs % 60 == 0 => format!("{}m", secs / 60),
+        _ => format!("{secs}s"),
+    }
+}
+
+/// One step: `behind` are the targets whose content differs from what they carry, `go` says
+/// whether the change may roll now (its quiet period is over), `desired` is the content's
+/// checksum. Pure: the same recorded state and reports give the same step.
+pub fn step(staging: &Staging, input: &Input<'_>, behind: &[Workload], go: bool, desired: &str) -> Step {
+    let mut step = decide(staging, input, behind, go, desired);
+    if staging.budget.is_some() {
+        for w in &step.roll {
+            step.times.entry(w.clone()).or_default().push(Time(input.clock));
+        }
+    }
+    step
+}
+
+fn decide(staging: &Staging, input: &Input<'_>, behind: &[Workload], go: bool, desired: &str) -> Step {
+    let now = input.clock;
+    let previous = input.previous;
+    let carried = Carried::new(previous, input.versions);
+    let behind: BTreeSet<&Workload> = behind.iter().collect();
+    let mut step = Step::default();
+
+    // Budget: the rolls of each target still within the span; a target at the cap waits.
+    let mut blocked: BTreeMap<&Workload, Timestamp> = BTreeMap::new();
+    if let Some(budget) = staging.budget {
+        for w in input.found {
+            let times: Vec<Time> = carried
+                .row(w)
+                .map(|r| r.rolled_times.iter().filter(|t| since(t, now) < budget.per).cloned().collect())
+                .unwrap_or_default();
+            if behind.contains(w) && times.len() >= budget.max as usize {
+                let next = later(times[times.len() - budget.max as usize].0, budget.per);
+                blocked.insert(w, next);
+                let message = format!(
+                    "rolled {} times in the last {} (rollout.budget); the next rollout may happen at {}",
+                    times.len(),
+                    human(budget.per),
+                    shown(next)
+                );
+                step.states.insert(w.clone(), (TargetState::Waiting, Some(message)));
+            }
+            if !times.is_empty() {
+                step.times.insert(w.clone(), times);
+            }
+        }
+    }
+
+    // Health of the targets a staged rollout rolled.
+    if !staging.waves.is_empty() {
+        for w in input.found.iter().filter(|w| !behind.contains(w)) {
+            let Some(row) = carried.row(w) else { continue };
+            let state = match row.state {
+                Some(TargetState::Rolling | TargetState::Halted) => match input.health.get(w) {
+                    None | Some(Health::Healthy) => (TargetState::Healthy, None),
+                    Some(Health::Failed(what)) => (TargetState::Halted, Some(what.clone())),
+                    Some(Health::Progressing(what)) => {
+                        let rolled = row.last_rolled_time.as_ref().map_or(Duration::MAX, |t| since(t, now));
+                        match rolled >= staging.health_timeout {
+                            true => (
+                                TargetState::Halted,
+                                Some(format!("not healthy within {} (rollout.healthTimeout): {what}", {
+                                    human(staging.health_timeout)
+                                })),
+                            ),
+                            false => {
+                                let left = staging.health_timeout.saturating_sub(rolled);
+                                step.wake = Some(step.wake.map_or(left, |w| w.min(left)));
+                                (TargetState::Rolling, Some(what.clone()))
+                            }
+                        }
+                    }
+                },
+                Some(TargetState::Healthy) => (TargetState::Healthy, None),
+                _ => continue,
+            };
+            step.states.insert(w.clone(), state);
+        }
+    }
+    if !go {
+        // The change waits for its quiet period: the last rollout's record stands.
+        step.rollout = previous.rollout.clone();
+        return step;
+    }
+
+    let ours = previous.rollout.as_ref().filter(|r| r.checksum == desired);
+    let started = ours.map_or_else(|| Time(now), |r| r.started_time.clone());
+    let count =
+        staging.waves.len() + usize::from(input.found.iter().any(|w| wave(staging, input, w) == staging.waves.len()));
+    let count = count.max(1);
+    let at = |wave: usize, phase: RolloutPhase, step: &mut Step| {
+        let wave = u32::try_from(wave + 1).unwrap_or(u32::MAX).min(u32::try_from(count).unwrap_or(u32::MAX));
+        let same = ours.filter(|r| r.wave == wave && r.phase == phase);
+        step.rollout = Some(RolloutStatus {
+            checksum: desired.to_owned(),
+            wave,
+            waves: u32::try_from(count).unwrap_or(u32::MAX),
+            phase,
+            since: same.map_or_else(|| Time(now), |r| r.since.clone()),
+            started_time: started.clone(),
+            progress: format!("{wave}/{count} {}", phase.as_str()),
+        });
+    };
+    let state = |step: &Step, w: &Workload| step.states.get(w).map(|(s, _)| *s);
+
+    if staging.waves.is_empty() {
+        // A budget alone: everything it allows rolls now.
+        step.roll = behind.iter().filter(|w| !blocked.contains_key(*w)).map(|w| (*w).clone()).collect();
+        if let Some((w, next)) = blocked.iter().min_by_key(|(_, next)| **next) {
+            let waiting = names(blocked.keys().copied());
+            let (_, message) = &step.states[*w];
+            step.hold = Some((
+                reason::ROLLOUT_BUDGET_EXHAUSTED,
+                format!("{waiting} wait for the rollout budget: {}: {}", name(w), message.as_deref().unwrap_or("")),
+            ));
+            step.wake = Some(Duration::try_from(next.duration_since(now)).unwrap_or_default());
+            at(0, RolloutPhase::Waiting, &mut step);
+        }
+        return step;
+    }
+
+    for i in 0..=staging.waves.len() {
+        let members: Vec<&Workload> = input.found.iter().filter(|w| wave(staging, input, w) == i).collect();
+        if members.is_empty() {
+            continue;
+        }
+        let shown_wave = i + 1;
+        if let Some(w) = members.iter().find(|w| state(&step, w) == Some(TargetState::Halted)) {
+            let what = step.states[*w].1.clone().unwrap_or_default();
+            step.hold = Some((
+                reason::ROLLOUT_HALTED,
+                format!(
+                    "wave {shown_wave}/{count}: {} {what}; the rollout is halted and targets not yet rolled keep what \
+                     they carry. It goes on once {} is healthy; a new change (a fix or a revert) starts again from \
+                     the first wave",
+                    name(w),
+                    name(w)
+                ),
+            ));
+            at(i, RolloutPhase::Halted, &mut step);
+            step.wake = Some(HEALTH_POLL);
+            return step;
+        }
+        let rolling: Vec<&Workload> =
+            members.iter().copied().filter(|w| state(&step, w) == Some(TargetState::Rolling)).collect();
+        let pending: Vec<&Workload> = members.iter().copied().filter(|w| behind.contains(*w)).collect();
+        if rolling.is_empty() && pending.is_empty() {
+            let pause = staging.waves.get(i).map_or(Duration::ZERO, |r| r.pause);
+            let rolled_now = |w: &&Workload| {
+                carried.row(w).and_then(|r| r.last_rolled_time.as_ref()).is_some_and(|t| t.0 >= started.0)
+            };
+            let more = input.found.iter().any(|w| behind.contains(w) && wave(staging, input, w) > i);
+            // A rollout that went past this wave has had its pause.
+            let passed = ours.is_some_and(|r| r.wave as usize > shown_wave);
+            if !pause.is_zero() && more && !passed && members.iter().any(rolled_now) {
+                let paused_since = ours
+                    .filter(|r| r.wave as usize == shown_wave && r.phase == RolloutPhase::Paused)
+                    .map_or(now, |r| r.since.0);
+                let until = later(paused_since, pause);
+                if now < until {
+                    step.hold = Some((
+                        reason::WAVE_PAUSED,
+                        format!(
+                            "wave {shown_wave}/{count} is healthy; the next wave starts at {} (a pause of {})",
+                            shown(until),
+                            human(pause)
+                        ),
+                    ));
+                    step.wake = Some(Duration::try_from(until.duration_since(now)).unwrap_or_default());
+                    at(i, RolloutPhase::Paused, &mut step);
+                    return step;
+                }
+            }
+            continue;
+        }
+        // The current wave.
+        let max = staging.waves.get(i).and_then(|r| r.max_parallel).map_or(usize::MAX, |m| m as usize);
+        let slots = max.saturating_sub(rolling.len());
+        let rollable = pending.iter().filter(|w| !blocked.contains_key(**w));
+        step.roll = rollable.take(slots).map(|w| (*w).clone()).collect();
+        for w in &step.roll {
+            step.states.insert(w.clone(), (TargetState::Rolling, None));
+        }
+        let rolling: Vec<&Workload> = rolling.into_iter().chain(&step.roll).collect();
+        let waiting: Vec<&Workload> = pending.iter().copied().filter(|w| !step.roll.contains(w)).collect();
+        let budget_bound: Vec<&Workload> = waiting.iter().copied().filter(|w| blocked.contains_key(w)).collect();
+        if rolling.is_empty() {
+            let next = budget_bound.iter().filter_map(|w| blocked.get(*w).copied()).min().unwrap_or(now);
+            step.hold = Some((
+                reason::ROLLOUT_BUDGET_EXHAUSTED,
+                format!(
+                    "wave {shown_wave}/{count}: {} wait for the rollout budget; the next rollout may happen at {}",
+                    names(budget_bound),
+                    shown(next)
+                ),
+            ));
+            step.wake = Some(Duration::try_from(next.duration_since(now)).unwrap_or_default());
+            at(i, RolloutPhase::Waiting, &mut step);
+            return step;
+        }
+        let mut message = format!(
+            "wave {shown_wave}/{count}: waiting for {} to become healthy (rollout.healthTimeout {})",
+            names(rolling.iter().copied()),
+            human(staging.health_timeout)
+        );
+        if !waiting.is_empty() {
+            message.push_str(&format!("; {} more to roll in this wave", waiting.len()));
+        }
+        step.hold = Some((reason::ROLLOUT_IN_PROGRESS, message));
+        if !step.roll.is_empty() {
+            step.wake = Some(step.wake.map_or(staging.health_timeout, |w| w.min(staging.health_timeout)));
+        }
+        step.wake = Some(step.wake.map_or(HEALTH_POLL, |w| w.min(HEALTH_POLL)));
+        at(i, RolloutPhase::Rolling, &mut step);
+        return step;
+    }
+    let last = count - 1;
+    at(last, RolloutPhase::Complete, &mut step);
+    step
+}
+
+fn wave(staging: &Staging, input: &Input<'_>, w: &Workload) -> usize {
+    staging.wave_of(w, input.labels.get(w))
+}
+
+#[cfg(test)]
+mod tests;
