@@ -11,6 +11,7 @@ mod scale;
 mod sources;
 mod support;
 mod tenant;
+mod waves;
 
 use consulbind::names;
 use consulbind_api::conditions::{self, reason};

@@ -1,0 +1,226 @@
+//! Staged rollouts on the real servers. The bed has no kubelet: a Deployment of zero replicas
+//! is healthy once its controller observes a new template; one of one replica never is, and
+//! with `progressDeadlineSeconds` it reports `ProgressDeadlineExceeded`. A rollout is counted
+//! as a bump of `metadata.generation`, the binding's stamp as its pod-template annotation.
+
+use consulbind::names;
+use consulbind_api::{
+    RolloutPhase, TargetState,
+    conditions::{self, reason},
+};
+use serde_json::{Value, json};
+
+use crate::support::{self, Scene, wait};
+
+/// A Deployment of `replicas`, labelled `track`.
+fn deployment(name: &str, replicas: i32, track: &str) -> Value {
+    json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name, "labels": {"app": name, "track": track}},
+        "spec": {"replicas": replicas, "progressDeadlineSeconds": 5, "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}},
+                "spec": {"containers": [{"name": "app", "image": "example.invalid/app:1"}]}}}})
+}
+
+fn staged(key: &str, rollout: Value) -> Value {
+    let mut rollout = rollout;
+    rollout["quietPeriod"] = json!("0s");
+    json!({"keys": [{"key": key}], "targets": [{"kind": "Deployment", "selector": {"matchLabels": {}}}],
+        "rollout": rollout})
+}
+
+fn canary_first(pause: &str) -> Value {
+    json!({"waves": [{"selector": {"matchLabels": {"track": "canary"}}, "pause": pause}, {}]})
+}
+
+impl Scene {
+    async fn deployments(&self, list: &[(&str, i32, &str)]) {
+        for (name, replicas, track) in list {
+            self.apply(deployment(name, *replicas, track)).await.unwrap();
+        }
+    }
+
+    async fn generations(&self, names: &[&str]) -> Vec<i64> {
+        let mut all = Vec::new();
+        for name in names {
+            all.push(self.generation(name).await);
+        }
+        all
+    }
+
+    /// Whether the Deployment carries the binding's stamp of `checksum`.
+    async fn carries(&self, binding: &str, name: &str, checksum: &str) -> bool {
+        let annotations = self.template_annotations("Deployment", name).await;
+        annotations.get(&names::annotation_key(binding)).is_some_and(|v| v.starts_with(checksum))
+    }
+
+    async fn wait_generation(&self, name: &str, want: i64) {
+        let what = format!("Deployment {name} at generation {want}");
+        if let Err(error) = wait(&what, || async { Ok(self.generation(name).await >= want) }).await {
+            panic!("{error} (at {})\n{}", self.generation(name).await, self.log());
+        }
+    }
+
+    async fn scale(&self, name: &str, replicas: i32) {
+        self.kubectl(&["scale", "deployment", name, &format!("--replicas={replicas}")]);
+    }
+}
+
+#[tokio::test]
+async fn a_canary_wave_rolls_first_and_the_rest_follow_once_it_is_healthy_and_paused() {
+    let Some(s) = Scene::new("waves-canary").await else { return };
+    let key = s.key("config");
+    s.put(&key, "v1").await;
+    s.deployments(&[("canary", 0, "canary"), ("web-a", 0, "stable"), ("web-b", 0, "stable")]).await;
+    s.binding("app", staged(&key, canary_first("4s"))).await;
+    s.wait_condition("app", conditions::READY, "True", reason::BASELINED).await;
+
+    s.put(&key, "v2").await;
+    let paused = s.wait_condition("app", conditions::READY, "False", reason::WAVE_PAUSED).await;
+    let rollout = paused.status.as_ref().and_then(|s| s.rollout.clone()).expect("status.rollout");
+    assert_eq!((rollout.wave, rollout.waves, rollout.phase), (1, 2, RolloutPhase::Paused));
+    assert_eq!(s.generations(&["canary", "web-a", "web-b"]).await, [2, 1, 1], "only the canary rolled");
+    let shown = s.kubectl(&["get", "consulbinding", "app"]);
+    assert!(shown.contains("1/2 Paused"), "kubectl get shows the wave:\n{shown}");
+
+    let done = s.wait_condition("app", conditions::READY, "True", reason::UP_TO_DATE).await;
+    let status = done.status.unwrap();
+    assert_eq!(status.rollout.map(|r| (r.wave, r.phase)), Some((2, RolloutPhase::Complete)));
+    assert!(status.targets.iter().all(|t| t.state == Some(TargetState::Healthy)), "{:?}", status.targets);
+    tokio::time::sleep(support::SETTLE).await;
+    assert_eq!(s.generations(&["canary", "web-a", "web-b"]).await, [2, 2, 2], "each rolled once");
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn a_failing_canary_halts_the_rest_and_once_healthy_they_roll_once_each() {
+    let Some(s) = Scene::new("waves-halt").await else { return };
+    let key = s.key("config");
+    s.put(&key, "v1").await;
+    s.deployments(&[("canary", 1, "canary"), ("web-a", 0, "stable"), ("web-b", 0, "stable")]).await;
+    s.binding("app", staged(&key, canary_first("0s"))).await;
+    s.wait_condition("app", conditions::READY, "True", reason::BASELINED).await;
+
+    s.put(&key, "v2").await;
+    let halted = s.wait_message("app", conditions::READY, "False", reason::ROLLOUT_HALTED).await;
+    assert!(halted.contains("Deployment canary ProgressDeadlineExceeded"), "{halted}");
+    let events = s.events_for("app").await;
+    assert!(events.iter().any(|(reason, _)| reason == reason::ROLLOUT_HALTED), "a Warning event: {events:?}");
+    tokio::time::sleep(support::SETTLE).await;
+    assert_eq!(s.generations(&["canary", "web-a", "web-b"]).await, [2, 1, 1], "the rest keep what they carry");
+
+    // Someone fixes capacity: the rollout goes on by itself.
+    s.scale("canary", 0).await;
+    s.wait_condition("app", conditions::READY, "True", reason::UP_TO_DATE).await;
+    tokio::time::sleep(support::SETTLE).await;
+    assert_eq!(s.generations(&["canary", "web-a", "web-b"]).await, [3, 2, 2], "the scale, and one rollout each");
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn a_revert_during_a_halt_rolls_back_only_the_canary() {
+    let Some(s) = Scene::new("waves-revert").await else { return };
+    let key = s.key("config");
+    s.put(&key, "good").await;
+    s.deployments(&[("canary", 1, "canary"), ("web-a", 0, "stable")]).await;
+    s.binding("app", staged(&key, canary_first("0s"))).await;
+    let baseline = s.wait_condition("app", conditions::READY, "True", reason::BASELINED).await;
+    let good = baseline.status.unwrap().applied_checksum.unwrap();
+
+    s.put(&key, "bad").await;
+    s.wait_condition("app", conditions::READY, "False", reason::ROLLOUT_HALTED).await;
+    s.put(&key, "good").await;
+    s.wait_generation("canary", 3).await;
+    let wait_back = || async { Ok(s.carries("app", "canary", &good).await) };
+    wait("the canary back on the good content", wait_back).await.unwrap();
+    tokio::time::sleep(support::SETTLE).await;
+    assert_eq!(s.generations(&["canary", "web-a"]).await, [3, 1], "web-a never received the bad content");
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn max_parallel_two_rolls_six_targets_in_pairs() {
+    let Some(s) = Scene::new("waves-pairs").await else { return };
+    let key = s.key("config");
+    s.put(&key, "v1").await;
+    let names = ["d1", "d2", "d3", "d4", "d5", "d6"];
+    let list: Vec<(&str, i32, &str)> = names.iter().map(|n| (*n, 1, "stable")).collect();
+    s.deployments(&list).await;
+    s.binding("app", staged(&key, json!({"waves": [{"maxParallel": 2}], "healthTimeout": "10m"}))).await;
+    s.wait_condition("app", conditions::READY, "True", reason::BASELINED).await;
+
+    s.put(&key, "v2").await;
+    let desired = s.checksum_of(&key, b"v2").await;
+    for pair in names.chunks(2) {
+        for name in pair {
+            s.wait_generation(name, 2).await;
+        }
+        tokio::time::sleep(support::SETTLE).await;
+        let mut carrying = Vec::new();
+        for name in names {
+            if s.carries("app", name, &desired).await {
+                carrying.push(name);
+            }
+        }
+        let upto = names.iter().position(|n| n == pair.last().unwrap()).unwrap() + 1;
+        assert_eq!(carrying, names[..upto], "two at a time, each pair once the one before is healthy");
+        // Each of the pair becomes healthy: no replicas to wait for.
+        for name in pair {
+            s.scale(name, 0).await;
+        }
+    }
+    s.wait_condition("app", conditions::READY, "True", reason::UP_TO_DATE).await;
+    tokio::time::sleep(support::SETTLE).await;
+    assert!(s.generations(&names).await.iter().all(|g| *g == 3), "one rollout and one scale each");
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn a_budget_of_two_per_span_gives_three_rollouts_for_five_changes_with_the_last_content() {
+    let Some(s) = Scene::new("waves-budget").await else { return };
+    let key = s.key("config");
+    s.put(&key, "v1").await;
+    s.deployments(&[("web", 0, "stable")]).await;
+    s.binding("app", staged(&key, json!({"budget": {"maxRollouts": 2, "per": "20s"}}))).await;
+    s.wait_condition("app", conditions::READY, "True", reason::BASELINED).await;
+
+    for (i, value) in ["v2", "v3", "v4", "v5", "v6"].iter().enumerate() {
+        s.put(&key, value).await;
+        if i < 2 {
+            s.wait_generation("web", 2 + i as i64).await;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+    }
+    let waiting = s.wait_message("app", conditions::READY, "False", reason::ROLLOUT_BUDGET_EXHAUSTED).await;
+    assert!(waiting.contains("the next rollout may happen at"), "{waiting}");
+    assert_eq!(s.generation("web").await, 3, "two rollouts within the span");
+
+    // A restart during the wait changes nothing: the roll times are in the status.
+    let mut s = s;
+    s.stop_controller().await;
+    s.start_controller(&[]).await;
+    s.wait_condition("app", conditions::READY, "True", reason::UP_TO_DATE).await;
+    let last = s.checksum_of(&key, b"v6").await;
+    assert!(s.carries("app", "web", &last).await, "the last content rolled");
+    tokio::time::sleep(support::SETTLE).await;
+    assert_eq!(s.generation("web").await, 4, "three rollouts for five changes");
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn a_restart_in_the_middle_of_a_wave_pause_goes_on_where_it_was() {
+    let Some(mut s) = Scene::new("waves-restart").await else { return };
+    let key = s.key("config");
+    s.put(&key, "v1").await;
+    s.deployments(&[("canary", 0, "canary"), ("web-a", 0, "stable")]).await;
+    s.binding("app", staged(&key, canary_first("6s"))).await;
+    s.wait_condition("app", conditions::READY, "True", reason::BASELINED).await;
+
+    s.put(&key, "v2").await;
+    s.wait_condition("app", conditions::READY, "False", reason::WAVE_PAUSED).await;
+    s.stop_controller().await;
+    s.start_controller(&[]).await;
+    s.wait_condition("app", conditions::READY, "True", reason::UP_TO_DATE).await;
+    tokio::time::sleep(support::SETTLE).await;
+    assert_eq!(s.generations(&["canary", "web-a"]).await, [2, 2], "each rolled once across the restart");
+    s.finish().await;
+}
