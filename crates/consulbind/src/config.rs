@@ -106,7 +106,7 @@ pub struct Config {
     /// A rollout budget for bindings without `spec.rollout.budget`, as `N/span`, such as `3/1h`:
     /// each target is rolled at most N times by one binding within any span. None by default,
     /// so that no change is held back by surprise.
-    #[arg(long, env = "CONSULBIND_DEFAULT_ROLLOUT_BUDGET", value_parser = parse_budget)]
+    #[arg(long, env = "CONSULBIND_DEFAULT_ROLLOUT_BUDGET", value_parser = crate::reconcile::waves::Budget::parse)]
     pub default_rollout_budget: Option<crate::reconcile::waves::Budget>,
 
     /// The most data keys a bound ConfigMap or Secret may have: the controller keeps a digest
@@ -302,8 +302,4 @@ mod tests {
         let no_election = Config::parse_from(["consulbind", "--lease-renew=1h"]);
         assert!(no_election.check().is_ok(), "only checked with --leader-elect");
     }
-}
-
-fn parse_budget(text: &str) -> Result<crate::reconcile::waves::Budget, String> {
-    crate::reconcile::waves::Budget::parse(text)
 }

@@ -27,6 +27,19 @@ pub struct RolloutLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WorkloadLabels {
+    pub namespace: String,
+    pub kind: &'static str,
+    pub workload: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BindingLabels {
+    pub namespace: String,
+    pub binding: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct NamespaceLabels {
     pub namespace: String,
 }
@@ -54,6 +67,8 @@ pub struct Metrics {
     pub reconciles: Family<ResultLabels, Counter>,
     reconcile_duration: Family<ResultLabels, Histogram, fn() -> Histogram>,
     pub rollouts: Family<RolloutLabels, Counter>,
+    pub workload_rollouts: Family<WorkloadLabels, Counter>,
+    pub rollout_halts: Family<BindingLabels, Counter>,
     consul_requests: Family<ResultLabels, Counter>,
     consul_request_duration: Histogram,
     pub consul_watches: Gauge,
@@ -74,6 +89,8 @@ impl Metrics {
             reconciles: Family::default(),
             reconcile_duration: Family::new_with_constructor(seconds as fn() -> Histogram),
             rollouts: Family::default(),
+            workload_rollouts: Family::default(),
+            rollout_halts: Family::default(),
             consul_requests: Family::default(),
             consul_request_duration: Histogram::new(exponential_buckets(0.005, 2.0, 18)),
             consul_watches: Gauge::default(),
@@ -91,6 +108,16 @@ impl Metrics {
         r.register("reconciles", "Reconciles by result", metrics.reconciles.clone());
         r.register("reconcile_duration_seconds", "Reconcile duration by result", metrics.reconcile_duration.clone());
         r.register("rollouts", "Workload rollouts triggered", metrics.rollouts.clone());
+        r.register(
+            "workload_rollouts",
+            "Rollouts of each workload, by any binding: one rolled unusually often has a flapping source",
+            metrics.workload_rollouts.clone(),
+        );
+        r.register(
+            "rollout_halts",
+            "Staged rollouts halted by a target that failed or was not healthy in time",
+            metrics.rollout_halts.clone(),
+        );
         r.register("consul_requests", "Consul KV requests by result", metrics.consul_requests.clone());
         r.register(
             "consul_request_duration_seconds",

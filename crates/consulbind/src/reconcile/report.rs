@@ -17,7 +17,11 @@ use serde_json::json;
 use tracing::{info, warn};
 
 use super::{context::Context, plan::Outcome, read::latest_change, status};
-use crate::{Error, binding_ref, checksum, metrics::RolloutLabels, watches::KeyState};
+use crate::{
+    Error, binding_ref, checksum,
+    metrics::{BindingLabels, RolloutLabels, WorkloadLabels},
+    watches::KeyState,
+};
 
 /// Field manager for binding status.
 pub const STATUS_MANAGER: &str = "consulbind";
@@ -46,6 +50,11 @@ pub async fn status(
             conditions::reason::ROLLOUT_IN_PROGRESS,
             conditions::reason::WAVE_PAUSED,
         ];
+        if is_new_problem && new.reason == conditions::reason::ROLLOUT_HALTED {
+            let labels =
+                BindingLabels { namespace: oref.namespace.clone().unwrap_or_default(), binding: oref.name.clone() };
+            ctx.metrics.rollout_halts.get_or_create(&labels).inc();
+        }
         if is_new_problem && !quiet.contains(&new.reason.as_str()) {
             warn!(binding = %oref, reason = %new.reason, message = %new.message, "binding not ready");
             publish(ctx, binding.object_ref(&()), EventType::Warning, &new.reason, new.message.clone());
@@ -115,6 +124,8 @@ pub fn rolled_out(
             .rollouts
             .get_or_create(&RolloutLabels { namespace: namespace.clone(), binding: name.clone(), kind: kind.as_str() })
             .inc();
+        let labels = WorkloadLabels { namespace: namespace.clone(), kind: kind.as_str(), workload: workload.clone() };
+        ctx.metrics.workload_rollouts.get_or_create(&labels).inc();
         let reference = ObjectReference {
             api_version: Some(kind.api_version().into()),
             kind: Some(kind.as_str().into()),

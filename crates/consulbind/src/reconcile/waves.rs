@@ -176,8 +176,8 @@ fn names<'a>(ws: impl IntoIterator<Item = &'a Workload>) -> String {
 fn human(d: Duration) -> String {
     let secs = d.as_secs();
     match secs {
-        _ if secs >= 3600 && secs % 3600 == 0 => format!("{}h", secs / 3600),
-        _ if secs >= 60 && secs % 60 == 0 => format!("{}m", secs / 60),
+        _ if secs >= 3600 && secs.is_multiple_of(3600) => format!("{}h", secs / 3600),
+        _ if secs >= 60 && secs.is_multiple_of(60) => format!("{}m", secs / 60),
         _ => format!("{secs}s"),
     }
 }
