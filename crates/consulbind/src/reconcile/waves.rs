@@ -202,7 +202,41 @@ fn decide(staging: &Staging, input: &Input<'_>, behind: &[Workload], go: bool, d
     let behind: BTreeSet<&Workload> = behind.iter().collect();
     let mut step = Step::default();
 
-    // Budget: the rolls of each target still within the span; a target at the cap waits.
+    // Health of the targets a staged rollout rolled, behind their content or not: a target
+    // whose content changes and changes back is still the one rolled, and may not be healthy
+    // (dropped while it was behind, the next wave rolled: simulator seed 1).
+    if !staging.waves.is_empty() {
+        for w in input.found {
+            let Some(row) = carried.row(w) else { continue };
+            let state = match row.state {
+                Some(TargetState::Rolling | TargetState::Halted | TargetState::Waiting) => match input.health.get(w) {
+                    None | Some(Health::Healthy) => (TargetState::Healthy, None),
+                    Some(Health::Failed(what)) => (TargetState::Halted, Some(what.clone())),
+                    Some(Health::Progressing(what)) => {
+                        let rolled = row.last_rolled_time.as_ref().map_or(Duration::MAX, |t| since(t, now));
+                        match rolled >= staging.health_timeout {
+                            true => {
+                                let timeout = human(staging.health_timeout);
+                                let what = format!("not healthy within {timeout} (rollout.healthTimeout): {what}");
+                                (TargetState::Halted, Some(what))
+                            }
+                            false if behind.contains(w) => (TargetState::Rolling, Some(what.clone())),
+                            false => {
+                                let left = staging.health_timeout.saturating_sub(rolled);
+                                step.wake = Some(step.wake.map_or(left, |w| w.min(left)));
+                                (TargetState::Rolling, Some(what.clone()))
+                            }
+                        }
+                    }
+                },
+                Some(TargetState::Healthy) => (TargetState::Healthy, None),
+                None => continue,
+            };
+            step.states.insert(w.clone(), state);
+        }
+    }
+
+    // Budget: the rolls of each target still within the span; a target behind at the cap waits.
     let mut blocked: BTreeMap<&Workload, Timestamp> = BTreeMap::new();
     if let Some(budget) = staging.budget {
         for w in input.found {
@@ -227,37 +261,6 @@ fn decide(staging: &Staging, input: &Input<'_>, behind: &[Workload], go: bool, d
         }
     }
 
-    // Health of the targets a staged rollout rolled.
-    if !staging.waves.is_empty() {
-        for w in input.found.iter().filter(|w| !behind.contains(w)) {
-            let Some(row) = carried.row(w) else { continue };
-            let state = match row.state {
-                Some(TargetState::Rolling | TargetState::Halted) => match input.health.get(w) {
-                    None | Some(Health::Healthy) => (TargetState::Healthy, None),
-                    Some(Health::Failed(what)) => (TargetState::Halted, Some(what.clone())),
-                    Some(Health::Progressing(what)) => {
-                        let rolled = row.last_rolled_time.as_ref().map_or(Duration::MAX, |t| since(t, now));
-                        match rolled >= staging.health_timeout {
-                            true => (
-                                TargetState::Halted,
-                                Some(format!("not healthy within {} (rollout.healthTimeout): {what}", {
-                                    human(staging.health_timeout)
-                                })),
-                            ),
-                            false => {
-                                let left = staging.health_timeout.saturating_sub(rolled);
-                                step.wake = Some(step.wake.map_or(left, |w| w.min(left)));
-                                (TargetState::Rolling, Some(what.clone()))
-                            }
-                        }
-                    }
-                },
-                Some(TargetState::Healthy) => (TargetState::Healthy, None),
-                _ => continue,
-            };
-            step.states.insert(w.clone(), state);
-        }
-    }
     if !go {
         // The change waits for its quiet period: the last rollout's record stands.
         step.rollout = previous.rollout.clone();
@@ -306,7 +309,9 @@ fn decide(staging: &Staging, input: &Input<'_>, behind: &[Workload], go: bool, d
             continue;
         }
         let shown_wave = i + 1;
-        if let Some(w) = members.iter().find(|w| state(&step, w) == Some(TargetState::Halted)) {
+        // A target behind its content rolls again, whatever it reports: a fix or a revert.
+        let halted = |w: &&&Workload| state(&step, w) == Some(TargetState::Halted) && !behind.contains(**w);
+        if let Some(w) = members.iter().find(halted) {
             let what = step.states[*w].1.clone().unwrap_or_default();
             step.hold = Some((
                 reason::ROLLOUT_HALTED,
@@ -322,8 +327,11 @@ fn decide(staging: &Staging, input: &Input<'_>, behind: &[Workload], go: bool, d
             step.wake = Some(HEALTH_POLL);
             return step;
         }
-        let rolling: Vec<&Workload> =
-            members.iter().copied().filter(|w| state(&step, w) == Some(TargetState::Rolling)).collect();
+        let rolling: Vec<&Workload> = members
+            .iter()
+            .copied()
+            .filter(|w| state(&step, w) == Some(TargetState::Rolling) && !behind.contains(*w))
+            .collect();
         let pending: Vec<&Workload> = members.iter().copied().filter(|w| behind.contains(*w)).collect();
         if rolling.is_empty() && pending.is_empty() {
             let pause = staging.waves.get(i).map_or(Duration::ZERO, |r| r.pause);

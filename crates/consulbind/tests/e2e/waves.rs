@@ -224,3 +224,69 @@ async fn a_restart_in_the_middle_of_a_wave_pause_goes_on_where_it_was() {
     assert_eq!(s.generations(&["canary", "web-a"]).await, [2, 2], "each rolled once across the restart");
     s.finish().await;
 }
+
+/// A change that waits for its quiet period puts the rolled canary behind its content for a
+/// moment; reverted within it, the canary is current again and still not healthy, and the rest
+/// wait (they rolled, before the fix: the canary's state was dropped while it was behind).
+#[tokio::test]
+async fn a_canary_whose_content_changes_and_changes_back_within_the_quiet_period_still_gates_the_rest() {
+    let Some(s) = Scene::new("waves-flicker").await else { return };
+    let key = s.key("config");
+    s.put(&key, "v1").await;
+    s.deployments(&[("canary", 1, "canary"), ("web", 0, "stable")]).await;
+    let mut spec = staged(&key, canary_first("0s"));
+    spec["rollout"]["quietPeriod"] = json!("2s");
+    s.binding("app", spec).await;
+    s.wait_condition("app", conditions::READY, "True", reason::BASELINED).await;
+
+    s.put(&key, "v2").await;
+    s.wait_generation("canary", 2).await;
+    s.put(&key, "v3").await;
+    s.wait_condition("app", conditions::READY, "False", reason::PENDING).await;
+    s.put(&key, "v2").await;
+    tokio::time::sleep(support::SETTLE).await;
+    assert_eq!(s.generations(&["canary", "web"]).await, [2, 1], "web waits for the canary");
+
+    s.scale("canary", 0).await;
+    s.wait_condition("app", conditions::READY, "True", reason::UP_TO_DATE).await;
+    tokio::time::sleep(support::SETTLE).await;
+    assert_eq!(s.generations(&["canary", "web"]).await, [3, 2], "the scale, and one rollout each");
+    s.finish().await;
+}
+
+/// A wave's pause comes once: the next wave, rolled one at a time, goes on as each target is
+/// healthy (before the fix, the first wave paused again before each of them).
+#[tokio::test]
+async fn a_wave_pauses_once_and_the_next_rolls_one_at_a_time_without_pausing_again() {
+    let Some(s) = Scene::new("waves-once").await else { return };
+    let key = s.key("config");
+    s.put(&key, "v1").await;
+    s.deployments(&[("canary", 0, "canary"), ("web-a", 0, "stable"), ("web-b", 0, "stable")]).await;
+    let rollout = json!({"waves": [{"selector": {"matchLabels": {"track": "canary"}}, "pause": "5s"},
+        {"maxParallel": 1}]});
+    s.binding("app", staged(&key, rollout)).await;
+    s.wait_condition("app", conditions::READY, "True", reason::BASELINED).await;
+
+    s.put(&key, "v2").await;
+    let desired = s.checksum_of(&key, b"v2").await;
+    let mut seen: Vec<String> = Vec::new();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let status = s.get_binding("app").await.status.unwrap_or_default();
+        let rollout = status.rollout.filter(|r| r.checksum == desired);
+        let progress = rollout.map(|r| r.progress).unwrap_or_default();
+        if seen.last() != Some(&progress) {
+            seen.push(progress.clone());
+        }
+        if progress == "2/2 Complete" {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "not complete: {seen:?}\n{}", s.log());
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let paused = seen.iter().filter(|p| p.as_str() == "1/2 Paused").count();
+    assert_eq!(paused, 1, "one pause, before the second wave: {seen:?}");
+    tokio::time::sleep(support::SETTLE).await;
+    assert_eq!(s.generations(&["canary", "web-a", "web-b"]).await, [2, 2, 2]);
+    s.finish().await;
+}

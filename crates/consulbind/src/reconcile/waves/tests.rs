@@ -118,7 +118,7 @@ impl World {
         let input = Input {
             key: &KEY,
             spec: &self.spec,
-            window: Window { quiet: Duration::ZERO, max: Duration::from_secs(30) },
+            window: crate::reconcile::read::validate(&self.spec).unwrap(),
             generation: Some(1),
             previous: &self.status,
             consul: Consul::Ready(vec![KeyContent {
@@ -317,6 +317,25 @@ fn a_new_change_during_a_wave_supersedes_it_from_the_first_wave() {
 }
 
 #[test]
+fn a_rolling_canary_whose_content_changes_and_changes_back_still_gates_the_next_wave() {
+    let mut world = World::staged(&["canary", "web"], canary_then_rest(None, None));
+    world.write("v2");
+    assert_eq!(world.tick(), ["canary"]);
+    // A change that waits for its quiet period leaves the canary behind for a while...
+    let rollout = world.spec.rollout.as_mut().unwrap();
+    (rollout.quiet_period, rollout.max_delay) = (Some("1h".into()), Some("2h".into()));
+    world.write("v3");
+    assert_eq!(world.tick(), Vec::<String>::new());
+    assert_eq!(world.ready().reason, reason::PENDING);
+    // ...and its revert makes it current again, still not healthy.
+    world.write("v2");
+    assert_eq!(world.tick(), Vec::<String>::new(), "web waits for the canary's health");
+    assert_eq!(world.state("canary"), Some(TargetState::Rolling));
+    world.healthy("canary");
+    assert_eq!(world.tick(), ["web"]);
+}
+
+#[test]
 fn a_budget_of_two_per_minute_gives_three_rollouts_for_five_changes_the_last_with_the_last_content() {
     let budget = RolloutBudget { max_rollouts: 2, per: "1m".into() };
     let mut world = World::new(&["web"], Vec::new(), Some(budget));
@@ -383,3 +402,5 @@ fn without_waves_or_a_budget_nothing_is_staged() {
     assert_eq!(Budget::parse("3/1h"), Ok(Budget { max: 3, per: Duration::from_secs(3600) }));
     assert!(Budget::parse("0/1h").is_err() && Budget::parse("3").is_err() && Budget::parse("3/0s").is_err());
 }
+
+mod sim;

@@ -1,0 +1,294 @@
+//! A deterministic simulator of staged rollouts: random waves, `maxParallel`, pauses, health
+//! timeouts and budgets, against schedules of content changes (reverts among them), targets
+//! that become healthy, fail or hang after a roll and are fixed later, and restarts that keep
+//! only the status. Time is Tokio's paused clock and the status's wall clock, moved together.
+//!
+//! After every reconcile, against a model that knows what happened:
+//! - a target is rolled only to content it does not carry: never twice for one change;
+//! - a target of a wave rolls only while every target of the earlier waves carries the
+//!   content and is healthy, and after their wave's pause since they were;
+//! - no wave has more than `maxParallel` targets rolled and not healthy;
+//! - no target is rolled more often than its budget allows;
+//! - once the content is stable and every target can become healthy, every target carries the
+//!   current content and the binding is up to date.
+//!
+//! `CONSULBIND_SIM_SEEDS=N` runs seeds 0..N (default 500); `CONSULBIND_SIM_SEED=S` replays one
+//! with its steps printed.
+
+use std::fmt::Write as _;
+
+use super::*;
+
+const VALUES: [&str; 4] = ["v1", "v2", "v3", "v4"];
+const STEPS: usize = 120;
+
+/// What a rolled target will do.
+#[derive(Clone, Copy, Debug)]
+enum Fate {
+    HealthyAt(Timestamp),
+    FailsAt(Timestamp),
+    Hangs,
+}
+
+struct Sim {
+    rng: fastrand::Rng,
+    world: World,
+    staging: Staging,
+    fates: BTreeMap<Workload, Fate>,
+    /// Each target's rolls: when, and to what.
+    history: BTreeMap<Workload, Vec<Timestamp>>,
+    /// When each target last became healthy after a roll.
+    healthy_at: BTreeMap<Workload, Timestamp>,
+    /// When the content last changed to what it is.
+    changed_at: Timestamp,
+    log: String,
+}
+
+fn at(world: &World, secs: u64) -> Timestamp {
+    world.clock.checked_add(k8s_openapi::jiff::SignedDuration::from_secs(secs as i64)).unwrap()
+}
+
+impl Sim {
+    async fn new(seed: u64) -> Self {
+        let mut rng = fastrand::Rng::with_seed(seed);
+        let count = rng.usize(2..=6);
+        let names: Vec<String> =
+            (0..count).map(|i| if i < 2 { format!("canary-{i}") } else { format!("w{i}") }).collect();
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        let pause = |rng: &mut fastrand::Rng| ["0s", "10s", "45s"][rng.usize(..3)].to_owned();
+        let parallel = |rng: &mut fastrand::Rng| rng.bool().then(|| rng.u32(1..=3));
+        let waves = match rng.usize(..4) {
+            0 => Vec::new(),
+            1 => vec![Wave { max_parallel: parallel(&mut rng), ..Default::default() }],
+            2 => vec![
+                Wave { selector: Some(canary()), pause: Some(pause(&mut rng)), ..Default::default() },
+                Wave { max_parallel: parallel(&mut rng), ..Default::default() },
+            ],
+            _ => vec![
+                Wave { name: Some("w2".into()), pause: Some(pause(&mut rng)), ..Default::default() },
+                Wave { selector: Some(canary()), max_parallel: parallel(&mut rng), ..Default::default() },
+            ],
+        };
+        let budget = (waves.is_empty() || rng.u8(..3) == 0)
+            .then(|| RolloutBudget { max_rollouts: rng.u32(1..=3), per: ["30s", "2m"][rng.usize(..2)].into() });
+        let mut world = World::new(&names, waves, budget);
+        let rollout = world.spec.rollout.as_mut().unwrap();
+        rollout.health_timeout = Some(["20s", "90s"][rng.usize(..2)].into());
+        rollout.quiet_period = Some(["0s", "0s", "3s"][rng.usize(..3)].into());
+        let staging = Staging::of(&world.spec, None).unwrap().unwrap();
+        let changed_at = world.clock;
+        let log = format!("seed {seed}: {names:?}, {:?}\n", world.spec.rollout);
+        Self {
+            rng,
+            world,
+            staging,
+            fates: BTreeMap::new(),
+            history: BTreeMap::new(),
+            healthy_at: BTreeMap::new(),
+            changed_at,
+            log,
+        }
+    }
+
+    fn note(&mut self, text: impl std::fmt::Display) {
+        let _ = writeln!(self.log, "  [{}] {text}", self.world.clock);
+    }
+
+    fn fail(&self, what: impl std::fmt::Display) -> ! {
+        panic!("{what}\n{}\nstatus: {:#?}", self.log, self.world.status);
+    }
+
+    async fn advance(&mut self, secs: u64) {
+        let by = Duration::from_secs(secs);
+        self.world.advance(by);
+        tokio::time::advance(by).await;
+        self.note(format_args!("{secs}s pass"));
+        let now = self.world.clock;
+        for (w, fate) in self.fates.clone() {
+            match fate {
+                Fate::HealthyAt(t) if t <= now => {
+                    self.world.health.remove(&w);
+                    self.healthy_at.insert(w.clone(), now);
+                    self.fates.remove(&w);
+                }
+                Fate::FailsAt(t) if t <= now => {
+                    self.world.health.insert(w.clone(), Health::Failed("ProgressDeadlineExceeded".into()));
+                    self.fates.insert(w, Fate::Hangs);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    fn wave(&self, w: &Workload) -> usize {
+        self.staging.wave_of(w, self.world.labels.get(w))
+    }
+
+    /// What `w` should carry now: the binding's content for it.
+    fn wants(&self, w: &Workload) -> Option<String> {
+        self.world.last.as_ref().and_then(|p| p.content.get(w).cloned())
+    }
+
+    fn carries(&self, w: &Workload) -> Option<String> {
+        self.world.live.get(w).map(|l| l.checksum().to_owned())
+    }
+
+    fn is_healthy(&self, w: &Workload) -> bool {
+        !self.world.health.contains_key(w)
+    }
+
+    /// One reconcile, with the invariants checked on what it rolled.
+    async fn reconcile(&mut self) {
+        let before: BTreeMap<Workload, Option<String>> =
+            self.world.found.iter().map(|w| (w.clone(), self.carries(w))).collect();
+        let healthy: BTreeMap<Workload, bool> =
+            self.world.found.iter().map(|w| (w.clone(), self.is_healthy(w))).collect();
+        let rolled = self.world.tick();
+        let now = self.world.clock;
+        if !rolled.is_empty() {
+            self.note(format_args!("rolled {rolled:?}"));
+        }
+        let states: Vec<String> =
+            self.world.status.targets.iter().map(|t| format!("{}={:?}", t.name, t.state)).collect();
+        let progress = self.world.status.rollout.as_ref().map(|r| r.progress.clone());
+        self.note(format_args!("  {} {progress:?} {states:?}", self.world.ready().reason));
+        for name in &rolled {
+            let w = deploy(name);
+            let want = self.wants(&w).unwrap();
+            if before[&w].as_deref() == Some(want.as_str()) {
+                self.fail(format_args!("{name} was rolled to content it carried"));
+            }
+            // Earlier waves carry the content, are healthy, and have had their pause.
+            let wave = self.wave(&w);
+            for e in self.world.found.iter().filter(|e| self.wave(e) < wave) {
+                if before[e] != self.wants(e) || !healthy[e] {
+                    self.fail(format_args!("{name} (wave {wave}) rolled before {} of an earlier wave was done", e.1));
+                }
+                let pause = self.staging.waves[self.wave(e)].pause;
+                let rolled_for_this = self.history.get(e).and_then(|h| h.last()).is_some_and(|t| *t >= self.changed_at);
+                if let (true, Some(since)) = (rolled_for_this && !pause.is_zero(), self.healthy_at.get(e)) {
+                    if now.duration_since(*since) < k8s_openapi::jiff::SignedDuration::try_from(pause).unwrap() {
+                        self.fail(format_args!("{name} rolled within the pause of {}'s wave", e.1));
+                    }
+                }
+            }
+            self.history.entry(w.clone()).or_default().push(now);
+            self.healthy_at.remove(&w);
+            let fate = match self.rng.usize(..10) {
+                0..=5 => Fate::HealthyAt(at(&self.world, self.rng.u64(1..30))),
+                6 => Fate::FailsAt(at(&self.world, self.rng.u64(3..20))),
+                7 => Fate::Hangs,
+                _ => Fate::HealthyAt(now),
+            };
+            self.note(format_args!("{name} will be {fate:?}"));
+            self.fates.insert(w.clone(), fate);
+            if let Some(budget) = self.staging.budget {
+                let within = |t: &&Timestamp| {
+                    now.duration_since(**t) < k8s_openapi::jiff::SignedDuration::try_from(budget.per).unwrap()
+                };
+                let count = self.history[&w].iter().filter(within).count();
+                if count > budget.max as usize {
+                    self.fail(format_args!("{name} rolled {count} times within {:?}", budget.per));
+                }
+            }
+        }
+        // Targets rolled and not healthy, per wave, within maxParallel.
+        for (i, rule) in self.staging.waves.iter().enumerate() {
+            let Some(max) = rule.max_parallel else { continue };
+            let rolling = self
+                .world
+                .found
+                .iter()
+                .filter(|w| self.wave(w) == i && self.history.contains_key(*w) && !self.is_healthy(w))
+                .filter(|w| self.carries(w) == self.wants(w))
+                .count();
+            if rolling > max as usize {
+                self.fail(format_args!("wave {} has {rolling} targets rolling, over maxParallel {max}", i + 1));
+            }
+        }
+    }
+
+    async fn run(&mut self) {
+        for _ in 0..STEPS {
+            match self.rng.usize(..10) {
+                0..=2 => {
+                    let value = VALUES[self.rng.usize(..VALUES.len())];
+                    if value != self.world.value {
+                        self.note(format_args!("Consul: {value}"));
+                        self.world.write(value);
+                        self.changed_at = self.world.clock;
+                    }
+                }
+                3..=6 => {
+                    let secs = [1, 3, 10, 30][self.rng.usize(..4)];
+                    self.advance(secs).await;
+                }
+                7 => {
+                    let stuck: Vec<Workload> = self.world.health.keys().cloned().collect();
+                    if let Some(w) = stuck.get(self.rng.usize(..stuck.len().max(1))) {
+                        self.note(format_args!("{} fixed", w.1));
+                        self.world.health.remove(w);
+                        self.healthy_at.insert(w.clone(), self.world.clock);
+                        self.fates.remove(w);
+                    }
+                }
+                8 => {
+                    self.note("controller restarts");
+                    self.world.pending = None;
+                }
+                _ => {}
+            }
+            self.reconcile().await;
+        }
+        // Settle: no more changes, every target can become healthy.
+        self.note("settling");
+        for w in self.world.health.keys().cloned().collect::<Vec<_>>() {
+            self.fates.insert(w, Fate::HealthyAt(at(&self.world, 5)));
+        }
+        for _ in 0..150 {
+            self.advance(10).await;
+            for w in self.fates.keys().cloned().collect::<Vec<_>>() {
+                if matches!(self.fates[&w], Fate::Hangs) {
+                    self.fates.insert(w, Fate::HealthyAt(at(&self.world, 5)));
+                }
+            }
+            self.reconcile().await;
+        }
+        for w in self.world.found.clone() {
+            if self.carries(&w).is_some_and(|c| Some(c) != self.wants(&w)) || !self.is_healthy(&w) {
+                self.fail(format_args!("{} does not run the current content once settled", w.1));
+            }
+        }
+        let ready = self.world.ready();
+        if ready.reason != reason::UP_TO_DATE {
+            self.fail(format_args!("settled, yet Ready is {}: {}", ready.reason, ready.message));
+        }
+    }
+}
+
+fn run(seed: u64) {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().unwrap();
+    runtime.block_on(async {
+        let mut sim = Sim::new(seed).await;
+        let replay = std::env::var("CONSULBIND_SIM_SEED").is_ok();
+        sim.run().await;
+        if replay {
+            println!("{}", sim.log);
+        }
+    });
+}
+
+/// Waves, halts, pauses and budgets under random schedules.
+#[test]
+fn schedules_of_staged_rollouts_keep_every_invariant() {
+    if let Some(seed) = std::env::var("CONSULBIND_SIM_SEED").ok().and_then(|s| s.parse().ok()) {
+        return run(seed);
+    }
+    let seeds: u64 = std::env::var("CONSULBIND_SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(500);
+    for seed in 0..seeds {
+        if let Err(panic) = std::panic::catch_unwind(|| run(seed)) {
+            eprintln!("seed {seed} failed; replay it with CONSULBIND_SIM_SEED={seed}");
+            std::panic::resume_unwind(panic);
+        }
+    }
+}
