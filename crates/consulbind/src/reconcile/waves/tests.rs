@@ -19,7 +19,7 @@ use crate::{
     checksum,
     cluster::{Live, Version},
     reconcile::{
-        debounce::{Pending, Window},
+        debounce::Pending,
         plan::{Consul, KeyContent, Outcome, plan},
         status::status,
     },

@@ -166,10 +166,10 @@ impl Sim {
                 }
                 let pause = self.staging.waves[self.wave(e)].pause;
                 let rolled_for_this = self.history.get(e).and_then(|h| h.last()).is_some_and(|t| *t >= self.changed_at);
-                if let (true, Some(since)) = (rolled_for_this && !pause.is_zero(), self.healthy_at.get(e)) {
-                    if now.duration_since(*since) < k8s_openapi::jiff::SignedDuration::try_from(pause).unwrap() {
-                        self.fail(format_args!("{name} rolled within the pause of {}'s wave", e.1));
-                    }
+                let pause = k8s_openapi::jiff::SignedDuration::try_from(pause).unwrap();
+                let since = self.healthy_at.get(e).filter(|_| rolled_for_this && !pause.is_zero());
+                if since.is_some_and(|since| now.duration_since(*since) < pause) {
+                    self.fail(format_args!("{name} rolled within the pause of {}'s wave", e.1));
                 }
             }
             self.history.entry(w.clone()).or_default().push(now);
