@@ -161,6 +161,9 @@ enum Bench {
         /// Bytes of data in each.
         #[arg(long, default_value_t = 8_192)]
         bytes: usize,
+        /// Deployments that no binding targets, beside them.
+        #[arg(long, default_value_t = 3_000)]
+        deployments: usize,
     },
     /// This controller beside k8s-consul-mutator-rs, built from fetched copies, on the same
     /// servers, one at a time, alternating: latency, missed and spurious rollouts, memory, and a
@@ -271,8 +274,8 @@ fn run(command: Command) -> Result<()> {
         Command::Bench { bench: Bench::Overlap { keys, value_bytes, prefixes, bindings } } => {
             overlap::run(&env, overlap::Sizes { keys, value_bytes, prefixes, bindings })
         }
-        Command::Bench { bench: Bench::Objects { config_maps, secrets, bytes } } => {
-            objects::run(&env, objects::Sizes { config_maps, secrets, bytes })
+        Command::Bench { bench: Bench::Objects { config_maps, secrets, bytes, deployments } } => {
+            objects::run(&env, objects::Sizes { config_maps, secrets, bytes, deployments })
         }
         Command::Bench { bench: Bench::Rollout { bindings, rounds } } => bench::rollout(&env, bindings, rounds),
         Command::Bench { bench: Bench::Anchor { bindings, changes, rounds, gap_ms } } => {

@@ -34,6 +34,7 @@ pub struct Sizes {
     pub config_maps: usize,
     pub secrets: usize,
     pub bytes: usize,
+    pub deployments: usize,
 }
 
 pub fn run(env: &Env, sizes: Sizes) -> Result<()> {
@@ -82,22 +83,32 @@ async fn measure(env: &Env, vars: &[(&'static str, String)], sizes: &Sizes) -> R
 
         let value = "x".repeat(sizes.bytes);
         println!(
-            "==> {} ConfigMaps and {} Secrets of {} bytes that no binding reads, in {ns}",
-            sizes.config_maps, sizes.secrets, sizes.bytes
+            "==> {} ConfigMaps and {} Secrets of {} bytes, and {} Deployments of one replica (never healthy \
+             here: no kubelet), that no binding reads, in {ns}",
+            sizes.config_maps, sizes.secrets, sizes.bytes, sizes.deployments
         );
         let made = Instant::now();
-        let objects = (0..sizes.config_maps).map(|i| (true, i)).chain((0..sizes.secrets).map(|i| (false, i)));
+        let objects = (0..sizes.config_maps).map(|i| (0, i)).chain((0..sizes.secrets).map(|i| (1, i)));
+        let objects = objects.chain((0..sizes.deployments).map(|i| (2, i)));
         stream::iter(objects)
-            .map(|(config_map, i)| {
-                let (config_maps, secrets, apply, value) = (&config_maps, &secrets, &apply, &value);
+            .map(|(kind, i)| {
+                let (config_maps, secrets, deployments, apply, value) =
+                    (&config_maps, &secrets, &deployments, &apply, &value);
                 async move {
                     let name = format!("unbound-{i:05}");
-                    match config_map {
-                        true => {
+                    match kind {
+                        2 => {
+                            let object = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
+                                "spec": {"replicas": 1, "selector": {"matchLabels": {"app": name}},
+                                    "template": {"metadata": {"labels": {"app": name}},
+                                        "spec": {"containers": [{"name": "app", "image": "example.invalid/app:1"}]}}}});
+                            deployments.patch(&name, apply, &Patch::Apply(object)).await.map(drop)
+                        }
+                        0 => {
                             let object = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": {"v": value}});
                             config_maps.patch(&name, apply, &Patch::Apply(object)).await.map(drop)
                         }
-                        false => {
+                        _ => {
                             let object = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "stringData": {"v": value}});
                             secrets.patch(&name, apply, &Patch::Apply(object)).await.map(drop)
                         }
@@ -129,10 +140,11 @@ async fn measure(env: &Env, vars: &[(&'static str, String)], sizes: &Sizes) -> R
 
         let mib = |kib: u64| format!("{:.1} MiB", kib as f64 / 1024.0);
         println!(
-            "\nresults: {} ConfigMaps and {} Secrets of {} bytes, unbound, release build, {} cores:",
+            "\nresults: {} ConfigMaps and {} Secrets of {} bytes and {} Deployments, unbound, release build, {} cores:",
             sizes.config_maps,
             sizes.secrets,
             sizes.bytes,
+            sizes.deployments,
             std::thread::available_parallelism().map_or(0, |n| n.get())
         );
         println!("  resident memory with one bound ConfigMap:      {}", mib(without));

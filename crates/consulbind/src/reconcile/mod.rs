@@ -47,6 +47,9 @@ use crate::{BindingRef, Error, Lock, binding_ref, names};
 const RESYNC: Duration = Duration::from_secs(600);
 /// How soon a binding that is not healthy is looked at again.
 const RETRY: Duration = Duration::from_secs(15);
+/// How long a binding whose keys hold more than it may bind watches nothing before it reads
+/// them again, unless its spec changes.
+const REFUSED_FOR: Duration = Duration::from_secs(300);
 
 /// kube-runtime's entry: waits until no express run has the binding.
 pub async fn reconcile(binding: Arc<ConsulBinding>, ctx: Arc<Context>) -> Result<Action, Error> {
@@ -158,6 +161,16 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
             Consul::Failed { reason: conditions::reason::DEFAULT_TOKEN_FORBIDDEN, message }
         }
         Some(source) => 'consul: {
+            // Refused as too large: it holds nothing, and its status says why, until it is due
+            // to look again.
+            let generation = binding.metadata.generation;
+            let refused = ctx
+                .states
+                .update(&oref, |r| r.refused.filter(|(g, until)| *g == generation && Instant::now() < *until));
+            if let Some((_, until)) = refused {
+                ctx.watches.release(&oref);
+                return Ok(Action::requeue(until.saturating_duration_since(Instant::now())));
+            }
             queries = read::queries(spec, source.into_token());
             let limit = ctx.max_watched_paths_per_namespace;
             contents = match read::subscribe(ctx, &oref, &queries) {
@@ -174,6 +187,12 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
             };
             in_turns = ctx.watches.in_turns(&queries);
             match read::consul_view(spec, &contents, ctx.max_binding_bytes) {
+                Some(consul @ Consul::Failed { reason: conditions::reason::BINDING_TOO_LARGE, .. }) => {
+                    ctx.watches.release(&oref);
+                    let until = Instant::now() + jitter(REFUSED_FOR, 0.2);
+                    ctx.states.update(&oref, |r| r.refused = Some((generation, until)));
+                    consul
+                }
                 Some(consul) => consul,
                 // Consul answers within moments, and its first answer wakes the binding: writing
                 // "waiting" first would double the writes of a cold start, and after a restart

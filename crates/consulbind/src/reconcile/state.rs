@@ -49,6 +49,9 @@ pub struct Record {
     pub restored: bool,
     /// Since when reading its ConfigMaps and Secrets has failed, until a read succeeds.
     pub objects_failing_since: Option<Instant>,
+    /// Refused as too large at this generation: it watches nothing until this time, or a spec
+    /// change.
+    pub refused: Option<(Option<i64>, Instant)>,
 }
 
 impl Record {

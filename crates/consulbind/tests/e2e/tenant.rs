@@ -399,6 +399,12 @@ async fn a_big_binding_within_the_limits_rolls_and_one_over_the_total_is_refused
         refusing < idle + BIG_BINDING_KIB,
         "with the refused binding, resident memory went from {idle} KiB idle to {refusing} KiB"
     );
+    // Refused, it watches nothing: the prefix only it names is no longer read.
+    let watched = || async { Ok(!s.controller().get("/debug/watches").await.contains(&extra)) };
+    crate::support::wait("the refused binding to watch nothing", watched).await.unwrap();
+    // A spec that fits is served at once.
+    s.binding("over", spec(json!(keys), deploy("api"), "0s")).await;
+    s.wait_condition("over", conditions::READY, "True", reason::BASELINED).await;
     s.finish().await;
 }
 

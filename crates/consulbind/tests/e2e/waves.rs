@@ -291,3 +291,38 @@ async fn a_wave_pauses_once_and_the_next_rolls_one_at_a_time_without_pausing_aga
     assert_eq!(s.generations(&["canary", "web-a", "web-b"]).await, [2, 2, 2]);
     s.finish().await;
 }
+
+/// StatefulSets and DaemonSets report health by their own rules: here a StatefulSet of no
+/// replicas and a DaemonSet on no node are healthy once their controllers observe the change.
+#[tokio::test]
+async fn a_stateful_set_wave_then_a_daemon_set_wave_each_healthy_by_its_own_rules() {
+    let Some(s) = Scene::new("waves-kinds").await else { return };
+    let key = s.key("config");
+    s.put(&key, "v1").await;
+    let mut sts = support::workload("StatefulSet", "db", json!({}));
+    sts["spec"]["replicas"] = json!(0);
+    s.apply(sts).await.unwrap();
+    s.apply(support::workload("DaemonSet", "agent", json!({}))).await.unwrap();
+    let spec = json!({"keys": [{"key": key}],
+        "targets": [{"kind": "StatefulSet", "name": "db"}, {"kind": "DaemonSet", "name": "agent"}],
+        "rollout": {"quietPeriod": "0s", "waves": [{"kind": "StatefulSet", "pause": "2s"}, {"kind": "DaemonSet"}]}});
+    s.binding("app", spec).await;
+    s.wait_condition("app", conditions::READY, "True", reason::BASELINED).await;
+
+    s.put(&key, "v2").await;
+    let paused = s.wait_condition("app", conditions::READY, "False", reason::WAVE_PAUSED).await;
+    let desired = paused.status.as_ref().and_then(|s| s.rollout.as_ref()).map(|r| r.checksum.clone()).unwrap();
+    let annotation = names::annotation_key("app");
+    let carries = |kind: &'static str, name: &'static str| {
+        let s = &s;
+        let (annotation, desired) = (annotation.clone(), desired.clone());
+        async move { s.template_annotations(kind, name).await.get(&annotation).is_some_and(|v| *v == desired) }
+    };
+    assert!(carries("StatefulSet", "db").await, "the StatefulSet rolled first");
+    assert!(!carries("DaemonSet", "agent").await, "the DaemonSet waits for the StatefulSet's wave");
+    let done = s.wait_condition("app", conditions::READY, "True", reason::UP_TO_DATE).await;
+    let targets = done.status.unwrap().targets;
+    assert!(targets.iter().all(|t| t.state == Some(TargetState::Healthy)), "{targets:?}");
+    assert!(carries("DaemonSet", "agent").await);
+    s.finish().await;
+}
