@@ -9,6 +9,7 @@ mod crdgen;
 mod demo;
 mod env;
 mod explain;
+mod flood;
 mod image;
 mod monitoring;
 mod objects;
@@ -151,6 +152,19 @@ enum Bench {
         #[arg(long, default_value_t = 4)]
         bindings: usize,
     },
+    /// A namespace whose keys change without pause beside a quiet one: the quiet namespace's
+    /// change-to-rollout latency alone and during the flood.
+    Flood {
+        /// Bindings in the flooding namespace, each with a key and a Deployment of its own.
+        #[arg(long, default_value_t = 20)]
+        bindings: usize,
+        /// How often each of their keys is written, in milliseconds.
+        #[arg(long, default_value_t = 50)]
+        every_ms: u64,
+        /// Changes to the quiet namespace's key, alone and then during the flood.
+        #[arg(long, default_value_t = 30)]
+        changes: usize,
+    },
     /// ConfigMaps and Secrets that no binding reads: what they add to the controller's
     /// resident memory, made while it runs and listed at a start.
     Objects {
@@ -276,6 +290,9 @@ fn run(command: Command) -> Result<()> {
         }
         Command::Bench { bench: Bench::Objects { config_maps, secrets, bytes, deployments } } => {
             objects::run(&env, objects::Sizes { config_maps, secrets, bytes, deployments })
+        }
+        Command::Bench { bench: Bench::Flood { bindings, every_ms, changes } } => {
+            flood::run(&env, flood::Sizes { bindings, every: Duration::from_millis(every_ms), changes })
         }
         Command::Bench { bench: Bench::Rollout { bindings, rounds } } => bench::rollout(&env, bindings, rounds),
         Command::Bench { bench: Bench::Anchor { bindings, changes, rounds, gap_ms } } => {

@@ -109,6 +109,13 @@ pub struct Config {
     #[arg(long, env = "CONSULBIND_DEFAULT_ROLLOUT_BUDGET", value_parser = crate::reconcile::waves::Budget::parse)]
     pub default_rollout_budget: Option<crate::reconcile::waves::Budget>,
 
+    /// The most writes (workload stamps, statuses, events) the controller has in flight to the
+    /// API server at once. A namespace alone may use them all; namespaces that compete take
+    /// them in turn, one write each, so one namespace's flood of changes cannot delay another's
+    /// rollout by more than a write.
+    #[arg(long, env = "CONSULBIND_MAX_CONCURRENT_WRITES", default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..))]
+    pub max_concurrent_writes: u16,
+
     /// The most data keys a bound ConfigMap or Secret may have: the controller keeps a digest
     /// of each. Past it, its bindings show `BindingTooLarge` and roll nothing.
     #[arg(long, env = "CONSULBIND_MAX_OBJECT_KEYS", default_value_t = 4096)]

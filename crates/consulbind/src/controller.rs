@@ -64,6 +64,7 @@ pub async fn run(config: Config, shutdown: signal::Receiver<bool>) -> Result<(),
         receivers.push(rx);
     }
     let serves_all = config.namespaces.is_empty();
+    let writes = crate::writes::Writes::new(usize::from(config.max_concurrent_writes));
     let desk: Arc<Desk> = Arc::default();
     let woken = desk.clone();
     let wake: Wake = Arc::new(move |binding: BindingRef| {
@@ -136,6 +137,7 @@ pub async fn run(config: Config, shutdown: signal::Receiver<bool>) -> Result<(),
             max_bindings_per_namespace: config.max_bindings_per_namespace,
             max_watched_paths_per_namespace: config.max_watched_paths_per_namespace,
             default_rollout_budget: config.default_rollout_budget,
+            writes: writes.clone(),
         });
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
         caches_ready.push(ready_rx);

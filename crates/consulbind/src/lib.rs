@@ -25,6 +25,7 @@ pub mod reconcile;
 #[cfg(test)]
 mod sim;
 pub mod watches;
+pub mod writes;
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 

@@ -42,6 +42,8 @@ pub struct Context {
     pub max_bindings_per_namespace: usize,
     /// See `--max-watched-paths-per-namespace`.
     pub max_watched_paths_per_namespace: usize,
+    /// The writes to the API server, shared fairly between namespaces.
+    pub writes: crate::writes::Writes,
     /// See `--default-rollout-budget`.
     pub default_rollout_budget: Option<super::waves::Budget>,
     /// See `--consul-restore-grace`.

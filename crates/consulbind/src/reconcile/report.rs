@@ -63,11 +63,14 @@ pub async fn status(
     if !needs_write(previous, status) {
         return Ok(());
     }
-    let api: Api<ConsulBinding> = Api::namespaced(ctx.client.clone(), &binding.namespace().unwrap_or_default());
+    let namespace = binding.namespace().unwrap_or_default();
+    let api: Api<ConsulBinding> = Api::namespaced(ctx.client.clone(), &namespace);
     let uid = binding.uid().unwrap_or_default();
     let params = PatchParams { field_manager: Some(STATUS_MANAGER.into()), ..PatchParams::default() };
     let patch = status_patch(&uid, status);
+    let slot = ctx.writes.permit(&namespace).await;
     api.patch_status(&binding.name_any(), &params, &Patch::<()>::Json(patch)).await.map_err(Error::Status)?;
+    drop(slot);
     ctx.states.update(&oref, |r| r.written = Some(Box::new((uid, status.clone()))));
     Ok(())
 }
@@ -170,11 +173,17 @@ pub fn publish(ctx: &Context, reference: ObjectReference, type_: EventType, reas
     let api: Api<Event> = Api::namespaced(ctx.client.clone(), reference.namespace.as_deref().unwrap_or("default"));
     let event = event(&ctx.reporter, reference, type_, reason, note, Timestamp::now());
     let reason = reason.to_owned();
+    let (writes, namespace) = (ctx.writes.clone(), reference_namespace(&event));
     tokio::spawn(async move {
+        let _slot = writes.permit(&namespace).await;
         if let Err(error) = api.create(&PostParams::default(), &event).await {
             warn!(%error, reason, "could not record event");
         }
     });
+}
+
+fn reference_namespace(event: &Event) -> String {
+    event.metadata.namespace.clone().unwrap_or_default()
 }
 
 /// The API server refuses a longer note.

@@ -57,8 +57,14 @@ pub async fn stamp_all(
         .map(|(workload, value, turn)| async move {
             let started = std::time::Instant::now();
             let uid = versions.get(&workload).map(|v| v.uid.as_str()).filter(|uid| !uid.is_empty());
-            let (result, carried) =
-                ctx.desk.run(turn, |stamps| write(&ctx.client, namespace, &workload, uid, stamps)).await;
+            let target = &workload;
+            let (result, carried) = ctx
+                .desk
+                .run(turn, |stamps| async move {
+                    let _slot = ctx.writes.permit(namespace).await;
+                    write(&ctx.client, namespace, target, uid, stamps).await
+                })
+                .await;
             ctx.metrics.stage("patch", started.elapsed());
             if let Ok(version) = &result {
                 ctx.states.update(binding, |r| r.stamps.insert(workload.clone(), (version.clone(), value)));

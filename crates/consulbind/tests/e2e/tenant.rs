@@ -697,3 +697,68 @@ async fn a_binding_past_its_namespaces_share_of_watched_paths_waits_and_the_othe
     s.wait_revisions(DEPLOY, "api", 2).await;
     s.finish().await;
 }
+
+/// A namespace whose keys change every 50 ms, bound with no quiet period, beside another: the
+/// other's every change rolls its Deployment once and soon, the flood's changes coalesce, and
+/// the flood's last content is what its Deployments end with.
+#[tokio::test]
+async fn a_namespace_whose_keys_change_without_pause_leaves_another_rolling_once_per_change() {
+    let Some(mut flood) = Scene::without_controller("flood").await else { return };
+    let Some(calm) = Scene::without_controller("calm").await else { return };
+    flood.start_controller(&[&format!("--namespaces={}", calm.ns)]).await;
+    let keys: Vec<String> = (0..8).map(|i| flood.key(&format!("k{i}"))).collect();
+    for (i, key) in keys.iter().enumerate() {
+        flood.put(key, "f0").await;
+        flood.workload(DEPLOY, &format!("w{i}"), json!({})).await;
+        flood.binding(&format!("b{i}"), spec(json!([{"key": key}]), deploy(&format!("w{i}")), "0s")).await;
+    }
+    let theirs = calm.key("config");
+    calm.put(&theirs, "v1").await;
+    calm.workload(DEPLOY, "web", json!({})).await;
+    calm.binding("cfg", spec(json!([{"key": theirs}]), deploy("web"), "0s")).await;
+    for i in 0..keys.len() {
+        flood.wait_condition(&format!("b{i}"), conditions::READY, "True", reason::BASELINED).await;
+    }
+    calm.wait_condition("cfg", conditions::READY, "True", reason::BASELINED).await;
+
+    let writing = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let writer = tokio::spawn({
+        let (consul, keys, writing) = (flood.consul.clone(), keys.clone(), writing.clone());
+        async move {
+            let mut n = 0;
+            while writing.load(std::sync::atomic::Ordering::Relaxed) {
+                n += 1;
+                let value = format!("f{n}");
+                futures::future::join_all(keys.iter().map(|k| consul.put(k, value.as_bytes(), None))).await;
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            n
+        }
+    });
+    let deployments = Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(calm.client.clone(), &calm.ns);
+    for change in 2..=6 {
+        let before = deployments.get("web").await.unwrap().metadata.generation.unwrap();
+        calm.put(&theirs, &format!("v{change}")).await;
+        let rolled = || async { Ok(deployments.get("web").await?.metadata.generation != Some(before)) };
+        support::wait_for("the calm namespace's rollout", std::time::Duration::from_secs(5), rolled).await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+        let after = deployments.get("web").await.unwrap().metadata.generation.unwrap();
+        assert_eq!(after, before + 1, "change {change} rolled the calm namespace's Deployment once");
+    }
+    writing.store(false, std::sync::atomic::Ordering::Relaxed);
+    let written = writer.await.unwrap();
+
+    // Coalesced, never lost: each of the flood's Deployments ends with the last value.
+    for (i, key) in keys.iter().enumerate() {
+        let want = flood.checksum_of(key, format!("f{written}").as_bytes()).await;
+        let carries = || async {
+            let annotations = flood.template_annotations(DEPLOY, &format!("w{i}")).await;
+            Ok(annotations.get(&names::annotation_key(&format!("b{i}"))).is_some_and(|v| *v == want))
+        };
+        support::wait("the flood's last content on its Deployment", carries).await.unwrap();
+        let generation = flood.generation(&format!("w{i}")).await;
+        assert!(generation <= written as i64 + 1, "w{i}: {generation} generations for {written} changes");
+    }
+    calm.finish().await;
+    flood.finish().await;
+}
