@@ -125,10 +125,60 @@ pub struct Group {
     pub members: Vec<usize>,
 }
 
+/// For each of sorted `paths`, the one that covers it and that no other covers: itself, or a
+/// prefix among them that reads its entries too.
+fn tops(paths: &[WatchPath]) -> Vec<usize> {
+    let mut tops: Vec<usize> = Vec::with_capacity(paths.len());
+    let mut cover: Option<usize> = None;
+    for (i, path) in paths.iter().enumerate() {
+        // What a prefix covers sorts right after it, the very same key read alone just before.
+        match cover.filter(|&c| path.key.starts_with(&paths[c].key)) {
+            Some(c) => tops.push(c),
+            None => {
+                tops.push(i);
+                if path.recurse {
+                    cover = Some(i);
+                    if i > 0 && !paths[i - 1].recurse && paths[i - 1].key == path.key && tops[i - 1] == i - 1 {
+                        tops[i - 1] = i;
+                    }
+                }
+            }
+        }
+    }
+    tops
+}
+
+/// Plans the paths no other covers with `plan`, then puts each covered path in the group of
+/// the prefix that covers it: one answer reaches overlapping paths at once, so a binding that
+/// names `cfg/` and `cfg/a` sees one write once, not once per query.
+fn nested(paths: &[WatchPath], plan: impl FnOnce(&[WatchPath]) -> Vec<Group>) -> Vec<Group> {
+    let tops = tops(paths);
+    let outer: Vec<usize> = (0..paths.len()).filter(|&i| tops[i] == i).collect();
+    if outer.len() == paths.len() {
+        return plan(paths);
+    }
+    let outer_paths: Vec<WatchPath> = outer.iter().map(|&i| paths[i].clone()).collect();
+    let mut groups = plan(&outer_paths);
+    let mut group_of = vec![0; paths.len()];
+    for (g, group) in groups.iter_mut().enumerate() {
+        for member in std::mem::take(&mut group.members) {
+            group_of[outer[member]] = g;
+        }
+    }
+    for (i, top) in tops.iter().enumerate() {
+        groups[group_of[*top]].members.push(i);
+    }
+    groups
+}
+
 /// Cuts sorted, unique `paths` into at most `slots` groups (at least one slot is assumed),
-/// each with a key of its own. With enough slots every path is its own query, which transfers
-/// the least.
+/// each with a key of its own. With enough slots every path no other covers is its own query,
+/// which transfers the least; a path a prefix among them covers is read by that prefix's query.
 pub fn partition(paths: &[WatchPath], slots: usize) -> Vec<Group> {
+    nested(paths, |paths| partition_disjoint(paths, slots))
+}
+
+fn partition_disjoint(paths: &[WatchPath], slots: usize) -> Vec<Group> {
     debug_assert!(paths.is_sorted(), "paths must be sorted");
     let slots = slots.max(1);
     if paths.len() <= slots {
@@ -174,11 +224,15 @@ pub fn partition(paths: &[WatchPath], slots: usize) -> Vec<Group> {
 /// can have a query of its own. Stable groups matter: a blocking query given up early keeps its
 /// connection busy on the Consul agent until its wait runs out.
 pub fn assign(paths: &[WatchPath], current: &[(String, bool)], slots: usize) -> Vec<Group> {
+    nested(paths, |paths| assign_disjoint(paths, current, slots))
+}
+
+fn assign_disjoint(paths: &[WatchPath], current: &[(String, bool)], slots: usize) -> Vec<Group> {
     let slots = slots.max(1);
     // Room for a query per path, as when slots were freed or found: that transfers the least,
     // and a path's own query is never given up while it stays.
     if paths.len() <= slots {
-        return partition(paths, slots);
+        return partition_disjoint(paths, slots);
     }
     let mut groups: Vec<Group> = current
         .iter()
@@ -218,7 +272,7 @@ pub fn assign(paths: &[WatchPath], current: &[(String, bool)], slots: usize) -> 
         }
     }
     if groups.len() + homeless.len() > slots {
-        return partition(paths, slots);
+        return partition_disjoint(paths, slots);
     }
     groups.extend(homeless.into_iter().map(|i| Group {
         key: paths[i].key.clone(),
@@ -404,6 +458,33 @@ mod tests {
         paths.sort();
         paths.dedup();
         paths
+    }
+
+    /// A write under overlapping paths is one answer for all of them: a binding with no quiet
+    /// period rolled once per answer when `cfg/` and `cfg/a` were read by two queries.
+    #[test]
+    fn paths_a_prefix_among_them_covers_are_read_by_its_query() {
+        let paths = vec![
+            path("app", false),
+            path("cfg/", false),
+            path("cfg/", true),
+            path("cfg/a", true),
+            path("cfg/ab", false),
+            path("z", false),
+        ];
+        for slots in [1, 2, 3, 6, 10] {
+            let groups = partition(&paths, slots);
+            let home = |i: usize| groups.iter().position(|g| g.members.contains(&i)).unwrap();
+            assert!([1, 3, 4].iter().all(|&i| home(i) == home(2)), "{slots} slots: {groups:?}");
+            let group = &groups[home(2)];
+            assert!(group.recurse && "cfg/".starts_with(&group.key), "{group:?}");
+            assert!(groups.iter().all(|g| g.members.is_sorted()));
+            let assigned = assign(&paths, &[("cfg/a".into(), true), ("cfg/".into(), true)], slots);
+            let home = |i: usize| assigned.iter().position(|g| g.members.contains(&i)).unwrap();
+            assert!([1, 3, 4].iter().all(|&i| home(i) == home(2)), "{slots} slots: {assigned:?}");
+        }
+        let groups = partition(&paths, 10);
+        assert_eq!(groups.len(), 3, "app, cfg/ with what it covers, z: {groups:?}");
     }
 
     fn random_entries(rng: &mut Lcg, n: usize) -> Vec<KvEntry> {

@@ -137,9 +137,10 @@ async fn a_revert_during_a_halt_rolls_back_only_the_canary() {
     s.finish().await;
 }
 
+/// With a restart of the controller while the first pair is rolling: it goes on from the status.
 #[tokio::test]
 async fn max_parallel_two_rolls_six_targets_in_pairs() {
-    let Some(s) = Scene::new("waves-pairs").await else { return };
+    let Some(mut s) = Scene::new("waves-pairs").await else { return };
     let key = s.key("config");
     s.put(&key, "v1").await;
     let names = ["d1", "d2", "d3", "d4", "d5", "d6"];
@@ -163,6 +164,12 @@ async fn max_parallel_two_rolls_six_targets_in_pairs() {
         }
         let upto = names.iter().position(|n| n == pair.last().unwrap()).unwrap() + 1;
         assert_eq!(carrying, names[..upto], "two at a time, each pair once the one before is healthy");
+        if pair[0] == "d1" {
+            s.stop_controller().await;
+            s.start_controller(&[]).await;
+            tokio::time::sleep(support::SETTLE).await;
+            assert_eq!(s.generations(&names).await, [2, 2, 1, 1, 1, 1], "the restart rolled nothing more");
+        }
         // Each of the pair becomes healthy: no replicas to wait for.
         for name in pair {
             s.scale(name, 0).await;
