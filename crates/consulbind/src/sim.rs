@@ -475,6 +475,7 @@ impl Sim {
         let bound = read::bound_objects(&spec, &references).expect("one reference");
         let digested = Arc::new(Digested {
             version: "1".into(),
+            fingerprint: 0,
             entries: controller
                 .cached_cm
                 .as_ref()

@@ -5,6 +5,7 @@
 
 use std::{
     collections::HashMap,
+    hash::BuildHasher,
     sync::{Arc, Mutex, RwLock},
 };
 
@@ -32,7 +33,10 @@ pub type ObjectId = (ObjectKind, String, String);
 #[derive(Debug, PartialEq, Eq)]
 pub struct Digested {
     pub version: String,
-    pub entries: Vec<(String, Field, [u8; DIGEST_LEN])>,
+    /// A hash of the data under a key of this process's: an edit of the labels alone keeps it,
+    /// and the digests with it.
+    pub fingerprint: u64,
+    pub entries: Arc<[(String, Field, [u8; DIGEST_LEN])]>,
 }
 
 /// The first object `params` lists in `namespace`.
@@ -66,6 +70,7 @@ pub struct Objects {
     listed: [watch::Receiver<Listed>; 2],
     /// The most data keys of a bound object: each costs a digest in the cache.
     max_keys: usize,
+    fingerprints: std::hash::RandomState,
 }
 
 /// Why an object's data is not known.
@@ -103,7 +108,8 @@ impl Objects {
             &digests,
         );
         let listed = [config_maps_listed, secrets_listed];
-        let objects = Self { client: client.clone(), key, versions, digests, listed, max_keys };
+        let fingerprints = std::hash::RandomState::new();
+        let objects = Self { client: client.clone(), key, versions, digests, listed, max_keys, fingerprints };
         (objects, stream::select(config_maps, secrets))
     }
 
@@ -131,9 +137,11 @@ impl Objects {
         }
         let version = self.versions[id.0 as usize].read().unwrap().version(id).map(str::to_owned);
         let Some(version) = version else { return Ok(None) };
-        if let Some(known) = self.digests.locked().get(id).filter(|d| d.version == version) {
+        let known = self.digests.locked().get(id).cloned();
+        if let Some(known) = known.as_ref().filter(|d| d.version == version) {
             return Ok(Some(known.clone()));
         }
+        let known = known.as_deref();
         let (kind, namespace, name) = id;
         // A list by name, which the API server serves as a read of that one object: the
         // controller needs no `get` beyond the `list` its watch has.
@@ -141,10 +149,10 @@ impl Objects {
         let fetched = match kind {
             ObjectKind::ConfigMap => first::<ConfigMap>(&self.client, namespace, &by_name)
                 .await
-                .map(|o| o.map(|o| self.digest_config_map(o))),
-            ObjectKind::Secret => {
-                first::<Secret>(&self.client, namespace, &by_name).await.map(|o| o.map(|o| self.digest_secret(o)))
-            }
+                .map(|o| o.map(|o| self.digest_config_map(o, known))),
+            ObjectKind::Secret => first::<Secret>(&self.client, namespace, &by_name)
+                .await
+                .map(|o| o.map(|o| self.digest_secret(o, known))),
         };
         let digested = match fetched {
             Ok(Some(digested)) if digested.entries.len() > self.max_keys => {
@@ -171,29 +179,40 @@ impl Objects {
         Ok(Some(digested))
     }
 
-    fn digest_config_map(&self, object: ConfigMap) -> Digested {
+    fn digest_config_map(&self, object: ConfigMap, known: Option<&Digested>) -> Digested {
         let version = object.resource_version().unwrap_or_default();
-        let data =
-            object.data.into_iter().flatten().map(|(k, v)| (k, Field::Data, checksum::digest(&self.key, v.as_bytes())));
-        let binary = object
-            .binary_data
-            .into_iter()
-            .flatten()
-            .map(|(k, v)| (k, Field::BinaryData, checksum::digest(&self.key, &v.0)));
-        sorted(version, data.chain(binary).collect())
+        let data = object.data.iter().flatten().map(|(k, v)| (k, Field::Data, v.as_bytes()));
+        let binary = object.binary_data.iter().flatten().map(|(k, v)| (k, Field::BinaryData, &v.0[..]));
+        self.digest(version, data.chain(binary).collect(), known)
     }
 
-    fn digest_secret(&self, object: Secret) -> Digested {
+    fn digest_secret(&self, object: Secret, known: Option<&Digested>) -> Digested {
         let version = object.resource_version().unwrap_or_default();
-        let entries =
-            object.data.into_iter().flatten().map(|(k, v)| (k, Field::Data, checksum::digest(&self.key, &v.0)));
-        sorted(version, entries.collect())
+        let data = object.data.iter().flatten().map(|(k, v)| (k, Field::Data, &v.0[..]));
+        self.digest(version, data.collect(), known)
+    }
+
+    fn digest(&self, version: String, data: Vec<(&String, Field, &[u8])>, known: Option<&Digested>) -> Digested {
+        digest(&self.key, &self.fingerprints, version, data, known)
     }
 }
 
-fn sorted(version: String, mut entries: Vec<(String, Field, [u8; DIGEST_LEN])>) -> Digested {
-    entries.sort_unstable();
-    Digested { version, entries }
+/// The digests of `data`; those of `known` again when the data is the same, as after an edit of
+/// the labels alone.
+fn digest(
+    key: &checksum::Key,
+    fingerprints: &std::hash::RandomState,
+    version: String,
+    mut data: Vec<(&String, Field, &[u8])>,
+    known: Option<&Digested>,
+) -> Digested {
+    data.sort_unstable();
+    let fingerprint = fingerprints.hash_one(&data);
+    let entries = match known.filter(|k| k.fingerprint == fingerprint) {
+        Some(known) => known.entries.clone(),
+        None => data.into_iter().map(|(k, f, v)| (k.clone(), f, checksum::digest(key, v))).collect(),
+    };
+    Digested { version, fingerprint, entries }
 }
 
 /// Resource versions are opaque, but the API server that serves these gives etcd's revision:
@@ -263,6 +282,21 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_edit_of_the_labels_alone_keeps_the_digests_and_one_of_the_data_does_not() {
+        let key = checksum::Key::new([3; checksum::KEY_LEN]);
+        let fingerprints = std::hash::RandomState::new();
+        let (a, b) = ("a".to_owned(), "b".to_owned());
+        let data = |v: &'static str| vec![(&b, Field::Data, v.as_bytes()), (&a, Field::Data, &b"x"[..])];
+        let first = digest(&key, &fingerprints, "1".into(), data("y"), None);
+        let relabelled = digest(&key, &fingerprints, "2".into(), data("y"), Some(&first));
+        assert!(Arc::ptr_eq(&first.entries, &relabelled.entries), "the same digests, not digested again");
+        assert_eq!(relabelled.version, "2");
+        let edited = digest(&key, &fingerprints, "3".into(), data("z"), Some(&relabelled));
+        assert_ne!(edited.entries, relabelled.entries);
+        assert_eq!(edited.entries[0].0, "a", "sorted by key");
+    }
 
     #[test]
     fn a_numeric_resource_version_orders_reads() {

@@ -1248,6 +1248,7 @@ mod tests {
         let spec = ConsulBindingSpec { config_maps: vec![source], ..spec(false) };
         let digested = data.map(|data| Digested {
             version: "1".into(),
+            fingerprint: 0,
             entries: data
                 .iter()
                 .map(|(k, v)| (k.to_string(), checksum::Field::Data, checksum::digest(&KEY, v.as_bytes())))
@@ -1292,6 +1293,7 @@ mod tests {
             .iter()
             .map(|(_, data, _)| Digested {
                 version: "1".into(),
+                fingerprint: 0,
                 entries: data
                     .iter()
                     .map(|(k, v)| (k.to_string(), checksum::Field::Data, checksum::digest(&KEY, v.as_bytes())))
@@ -1416,7 +1418,8 @@ mod tests {
         fn new() -> Self {
             let digested = |value: &str| Digested {
                 version: "1".into(),
-                entries: vec![("a".into(), checksum::Field::Data, checksum::digest(&KEY, value.as_bytes()))],
+                fingerprint: 0,
+                entries: vec![("a".into(), checksum::Field::Data, checksum::digest(&KEY, value.as_bytes()))].into(),
             };
             let api: Workload = (WorkloadKind::Deployment, "api".into());
             let app = ((ObjectKind::ConfigMap, "app".into()), Use { keys: None, optional: false });
