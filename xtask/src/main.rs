@@ -123,6 +123,10 @@ enum Bench {
         /// The controller's --consul-max-connections.
         #[arg(long, default_value_t = 32)]
         max_connections: usize,
+        /// Token scopes, each with its binding, that the busy namespace then adds at once while
+        /// the quiet namespace's key keeps changing.
+        #[arg(long, default_value_t = 200)]
+        burst: usize,
     },
     /// One binding of large values: the controller's resident memory before it, once it is
     /// Ready, and after each change.
@@ -299,8 +303,8 @@ fn run(command: Command) -> Result<()> {
             let gap = Duration::from_millis(gap_ms);
             anchor::run(&env, anchor::Sizes { bindings, changes, rounds, gap })
         }
-        Command::Bench { bench: Bench::Tenants { scopes, changes, busy_changes, max_connections } } => {
-            tenants::run(&env, tenants::Sizes { scopes, changes, busy_changes, max_connections })
+        Command::Bench { bench: Bench::Tenants { scopes, changes, busy_changes, max_connections, burst } } => {
+            tenants::run(&env, tenants::Sizes { scopes, changes, busy_changes, max_connections, burst })
         }
         Command::Bench {
             bench: Bench::Scale { bindings, workloads, keys, changes, idle, max_connections, consul_tls },

@@ -37,6 +37,8 @@ pub struct Sizes {
     pub changes: usize,
     pub busy_changes: usize,
     pub max_connections: usize,
+    /// Token scopes the busy namespace adds at once, after the steady phases.
+    pub burst: usize,
 }
 
 pub fn run(env: &Env, sizes: Sizes) -> Result<()> {
@@ -78,6 +80,7 @@ async fn measure(env: &Env, vars: &[(&'static str, String)], sizes: &Sizes) -> R
         Ok(parsed["SecretID"].as_str().context("SecretID")?.to_owned())
     };
     let busy_tokens: Vec<String> = (0..scopes).map(|_| token(&busy)).collect::<Result<_>>()?;
+    let burst_tokens: Vec<String> = (0..sizes.burst).map(|_| token(&busy)).collect::<Result<_>>()?;
     let quiet_token = token(&quiet)?;
 
     let apply = PatchParams::apply("consulbind-bench").force();
@@ -164,6 +167,35 @@ async fn measure(env: &Env, vars: &[(&'static str, String)], sizes: &Sizes) -> R
             let key = busy_key(change * 7 % scopes);
             busy_latencies.push(rollout(&consul, &busy_web, &key, change).await?);
         }
+        // A burst: the busy namespace adds many scopes at once while the quiet one changes.
+        let mut burst_latencies = Vec::new();
+        let mut burst_took = Duration::ZERO;
+        if sizes.burst > 0 {
+            let started = Instant::now();
+            let adding = stream::iter(burst_tokens.iter().enumerate())
+                .map(|(i, token)| put(&busy, &format!("burst{i:04}"), token, &busy_key(scopes + i)))
+                .buffer_unordered(SETUP_CONCURRENCY)
+                .try_collect::<Vec<_>>();
+            tokio::pin!(adding);
+            let mut added = false;
+            let mut change = sizes.changes;
+            loop {
+                if !added {
+                    tokio::select! {
+                        result = &mut adding => { result?; added = true; }
+                        _ = tokio::time::sleep(Duration::from_millis(1)) => {}
+                    }
+                }
+                change += 1;
+                burst_latencies.push(rollout(&consul, &quiet_web, &quiet_key, change).await?);
+                let ready = added && count_ready(&busy_bindings).await? == scopes + sizes.burst;
+                if ready || started.elapsed() > Duration::from_secs(300) {
+                    burst_took = started.elapsed();
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
         let metrics = process::http_get(ADMIN_PORT, "/metrics", None).context("reading /metrics")?.1;
         let groups_in_turns =
             metric(&metrics, &format!("consulbind_consul_watch_groups_in_turns{{namespace=\"{busy}\"}}"));
@@ -192,6 +224,14 @@ async fn measure(env: &Env, vars: &[(&'static str, String)], sizes: &Sizes) -> R
         println!("  quiet namespace, ConsulSynced not Synced after a change: {quiet_synced_left}");
         if !busy_latencies.is_empty() {
             println!("  busy namespace, in its turns:                         {}", summary(&mut busy_latencies));
+        }
+        if !burst_latencies.is_empty() {
+            println!(
+                "  quiet namespace while {} more scopes came at once ({:.0} s to all Ready): {}",
+                sizes.burst,
+                burst_took.as_secs_f64(),
+                summary(&mut burst_latencies)
+            );
         }
         println!("  resident memory: {} MiB", rss_kib(pid)? / 1024);
         ensure!(quiet_synced_left == 0, "the quiet namespace's ConsulSynced left Synced");
@@ -224,4 +264,15 @@ async fn rollout(consul: &Consul, deployments: &Api<Deployment>, key: &str, chan
 fn reason<'a>(binding: &'a ConsulBinding, type_: &str) -> Option<&'a str> {
     let conditions = &binding.status.as_ref()?.conditions;
     conditions.iter().find(|c| c.type_ == type_).map(|c| c.reason.as_str())
+}
+
+/// How many of the bindings say Ready=True now.
+async fn count_ready(api: &Api<ConsulBinding>) -> Result<usize> {
+    let list = api.list(&ListParams::default()).await?;
+    Ok(list.items.iter().filter(|b| reason_status(b) == Some("True")).count())
+}
+
+fn reason_status(binding: &ConsulBinding) -> Option<&str> {
+    let conditions = &binding.status.as_ref()?.conditions;
+    conditions.iter().find(|c| c.type_ == conditions::READY).map(|c| c.status.as_str())
 }

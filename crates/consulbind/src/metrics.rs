@@ -34,12 +34,6 @@ pub struct WorkloadLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct BindingLabels {
-    pub namespace: String,
-    pub binding: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct NamespaceLabels {
     pub namespace: String,
 }
@@ -68,7 +62,7 @@ pub struct Metrics {
     reconcile_duration: Family<ResultLabels, Histogram, fn() -> Histogram>,
     pub rollouts: Family<RolloutLabels, Counter>,
     pub workload_rollouts: Family<WorkloadLabels, Counter>,
-    pub rollout_halts: Family<BindingLabels, Counter>,
+    pub rollout_halts: Counter,
     consul_requests: Family<ResultLabels, Counter>,
     consul_request_duration: Histogram,
     pub consul_watches: Gauge,
@@ -90,7 +84,7 @@ impl Metrics {
             reconcile_duration: Family::new_with_constructor(seconds as fn() -> Histogram),
             rollouts: Family::default(),
             workload_rollouts: Family::default(),
-            rollout_halts: Family::default(),
+            rollout_halts: Counter::default(),
             consul_requests: Family::default(),
             consul_request_duration: Histogram::new(exponential_buckets(0.005, 2.0, 18)),
             consul_watches: Gauge::default(),

@@ -19,7 +19,7 @@ use tracing::{info, warn};
 use super::{context::Context, plan::Outcome, read::latest_change, status};
 use crate::{
     Error, binding_ref, checksum,
-    metrics::{BindingLabels, RolloutLabels, WorkloadLabels},
+    metrics::{RolloutLabels, WorkloadLabels},
     watches::KeyState,
 };
 
@@ -51,9 +51,7 @@ pub async fn status(
             conditions::reason::WAVE_PAUSED,
         ];
         if is_new_problem && new.reason == conditions::reason::ROLLOUT_HALTED {
-            let labels =
-                BindingLabels { namespace: oref.namespace.clone().unwrap_or_default(), binding: oref.name.clone() };
-            ctx.metrics.rollout_halts.get_or_create(&labels).inc();
+            ctx.metrics.rollout_halts.inc();
         }
         if is_new_problem && !quiet.contains(&new.reason.as_str()) {
             warn!(binding = %oref, reason = %new.reason, message = %new.message, "binding not ready");
