@@ -333,3 +333,43 @@ async fn a_stateful_set_wave_then_a_daemon_set_wave_each_healthy_by_its_own_rule
     assert!(carries("DaemonSet", "agent").await);
     s.finish().await;
 }
+
+/// Wave and budget fields at their bounds and past them: the API server refuses what its schema
+/// can tell, the controller names the field it refuses, and another binding rolls meanwhile.
+#[tokio::test]
+async fn malformed_waves_and_budgets_are_refused_by_field_and_another_binding_rolls() {
+    let Some(s) = Scene::new("waves-bad").await else { return };
+    let key = s.key("config");
+    s.put(&key, "v1").await;
+    s.deployments(&[("web", 0, "stable")]).await;
+    let both = json!({"waves": [{"name": "web", "selector": {"matchLabels": {"a": "b"}}}]});
+    s.binding("both", staged(&key, both)).await;
+    let long = json!({"waves": [{"pause": "25h"}], "healthTimeout": "24h"});
+    s.binding("long", staged(&key, long)).await;
+    for (rollout, field) in [
+        (json!({"waves": [{"maxParallel": 0}]}), "maxParallel"),
+        (json!({"budget": {"maxRollouts": 101, "per": "1m"}}), "maxRollouts"),
+        (json!({"budget": {"maxRollouts": 1, "per": "soon"}}), "per"),
+    ] {
+        let refused = s
+            .apply(json!({"apiVersion": "consulbind.dev/v1alpha1", "kind": "ConsulBinding",
+            "metadata": {"name": "refused"}, "spec": staged(&key, rollout)}))
+            .await;
+        assert!(refused.as_ref().is_err_and(|e| e.to_string().contains(field)), "{field}: {refused:?}");
+    }
+    let most = json!({"waves": (0..16).map(|_| json!({"maxParallel": 4294967295u32, "pause": "24h"})).collect::<Vec<_>>(),
+        "healthTimeout": "24h", "budget": {"maxRollouts": 100, "per": "24h"}});
+    s.binding("most", staged(&key, most)).await;
+
+    let message = s.wait_message("both", conditions::READY, "False", reason::INVALID_SPEC).await;
+    assert!(message.contains("spec.rollout.waves[0] sets both name and selector"), "{message}");
+    let message = s.wait_message("long", conditions::READY, "False", reason::INVALID_SPEC).await;
+    assert!(message.contains("spec.rollout.waves[0].pause") && message.contains("24h"), "{message}");
+    s.wait_condition("most", conditions::READY, "True", reason::BASELINED).await;
+    s.put(&key, "v2").await;
+    s.wait_generation("web", 2).await;
+    s.wait_condition("most", conditions::READY, "True", reason::UP_TO_DATE).await;
+    tokio::time::sleep(support::SETTLE).await;
+    assert_eq!(s.generation("web").await, 2, "one change, one rollout, by the one binding served");
+    s.finish().await;
+}
