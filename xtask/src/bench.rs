@@ -442,3 +442,32 @@ pub(crate) async fn wait_for_earlier_runs(namespaces: &kube::Api<k8s_openapi::ap
         tokio::time::sleep(Duration::from_secs(5)).await;
     }
 }
+
+/// Starts the release controller as daemon `name` on `namespaces`, its admin listener on
+/// loopback port `admin_port`, with `args` besides, the environment's variables and then
+/// `overrides`; whatever ran under that name is stopped first. It logs at
+/// `CONSULBIND_BENCH_LOG`, `warn` by default. Returns the daemon and its pid.
+pub(crate) fn release_controller(
+    env: &Env,
+    name: &'static str,
+    vars: &[(&'static str, String)],
+    namespaces: &str,
+    admin_port: u16,
+    args: &[String],
+    overrides: &[(&str, &str)],
+) -> Result<(process::Daemon, u32)> {
+    let controller = env.daemon(name);
+    controller.stop()?;
+    controller.ensure_started(
+        Command::new(repo_root().join("target/release/consulbind"))
+            .arg(format!("--namespaces={namespaces}"))
+            .arg(format!("--admin-addr=127.0.0.1:{admin_port}"))
+            .arg("--debug-addr=none")
+            .args(args)
+            .env("RUST_LOG", std::env::var("CONSULBIND_BENCH_LOG").unwrap_or_else(|_| "warn".into()))
+            .envs(vars.iter().map(|(k, v)| (*k, v)))
+            .envs(overrides.iter().copied()),
+    )?;
+    let pid = controller.pid().context("the controller exited at once")?;
+    Ok((controller, pid))
+}

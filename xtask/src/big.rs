@@ -1,12 +1,9 @@
 //! `cargo xtask bench big`: the controller's resident memory with one binding of large values,
 //! on the real local servers: before the binding, once it is Ready, and after each change.
 
-use std::{
-    process::Command,
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Result, ensure};
 use consulbind_api::ConsulBinding;
 use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::{apps::v1::Deployment, core::v1::Namespace};
@@ -19,7 +16,6 @@ use serde_json::json;
 use crate::{
     bench::{all_ready, hwm_kib, rss_kib},
     env::Env,
-    repo_root,
 };
 
 /// How long the binding may take to be Ready.
@@ -64,23 +60,14 @@ async fn measure(env: &Env, vars: &[(&'static str, String)], sizes: &Sizes) -> R
     let deployments = Api::<Deployment>::namespaced(client.clone(), &ns);
     deployments.patch("web", &apply, &Patch::Apply(crate::scale::deployment("web"))).await?;
 
-    let controller = env.daemon("bench-big-controller");
-    controller.stop()?;
     let largest_prefix = sizes.values * (sizes.value_bytes + 64);
-    controller.ensure_started(
-        Command::new(repo_root().join("target/release/consulbind"))
-            .args([
-                &format!("--namespaces={ns}"),
-                &format!("--admin-addr=127.0.0.1:{ADMIN_PORT}"),
-                &format!("--max-prefix-bytes={}", largest_prefix.max(4 << 20)),
-                &format!("--max-binding-bytes={}", (total + total / 8).max(32 << 20)),
-                "--debug-addr=none",
-                "--default-token-prefixes=*",
-            ])
-            .env("RUST_LOG", "warn")
-            .envs(vars.iter().map(|(k, v)| (*k, v))),
-    )?;
-    let pid = controller.pid().context("the controller exited at once")?;
+    let args = [
+        format!("--max-prefix-bytes={}", largest_prefix.max(4 << 20)),
+        format!("--max-binding-bytes={}", (total + total / 8).max(32 << 20)),
+        "--default-token-prefixes=*".to_owned(),
+    ];
+    let (controller, pid) =
+        crate::bench::release_controller(env, "bench-big-controller", vars, &ns, ADMIN_PORT, &args, &[])?;
 
     let result = async {
         tokio::time::sleep(Duration::from_secs(2)).await;

@@ -12,7 +12,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Result, ensure};
 use consul_kv::{Client as Consul, ClientConfig};
 use consulbind_api::ConsulBinding;
 use futures::{StreamExt, TryStreamExt, stream};
@@ -26,7 +26,6 @@ use serde_json::json;
 use crate::{
     bench::{all_ready, percentile_ms, rss_kib},
     env::Env,
-    repo_root,
 };
 
 const ADMIN_PORT: u16 = 18095;
@@ -82,20 +81,10 @@ async fn measure(env: &Env, vars: &[(&'static str, String)], sizes: &Sizes) -> R
     let quiet_key = format!("{quiet}/config");
     bind(&quiet, "web", &quiet_key).await?;
 
-    let controller = env.daemon("bench-flood-controller");
-    controller.stop()?;
-    controller.ensure_started(
-        Command::new(repo_root().join("target/release/consulbind"))
-            .args([
-                &format!("--namespaces={flood},{quiet}"),
-                &format!("--admin-addr=127.0.0.1:{ADMIN_PORT}"),
-                "--default-token-prefixes=*",
-                "--debug-addr=none",
-            ])
-            .env("RUST_LOG", std::env::var("CONSULBIND_BENCH_LOG").unwrap_or_else(|_| "warn".into()))
-            .envs(vars.iter().map(|(k, v)| (*k, v))),
-    )?;
-    let pid = controller.pid().context("the controller exited at once")?;
+    let args = ["--default-token-prefixes=*".to_owned()];
+    let served = format!("{flood},{quiet}");
+    let (controller, pid) =
+        crate::bench::release_controller(env, "bench-flood-controller", vars, &served, ADMIN_PORT, &args, &[])?;
 
     let result = async {
         let ready = Duration::from_secs(300);

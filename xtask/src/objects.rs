@@ -1,12 +1,9 @@
 //! `cargo xtask bench objects`: what ConfigMaps and Secrets that no binding reads cost the
 //! controller's resident memory, on the real local servers.
 
-use std::{
-    process::Command,
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Result, ensure};
 use consulbind_api::ConsulBinding;
 use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::{
@@ -22,7 +19,6 @@ use serde_json::json;
 use crate::{
     bench::{all_ready, rss_kib},
     env::Env,
-    repo_root,
 };
 
 /// How long the binding may take to be Ready.
@@ -60,21 +56,9 @@ async fn measure(env: &Env, vars: &[(&'static str, String)], sizes: &Sizes) -> R
                                   "rollout": {"quietPeriod": "0s"}}});
     bindings.patch("web", &apply, &Patch::Apply(binding)).await?;
 
-    let controller = env.daemon("bench-objects-controller");
-    let start = || {
-        controller.stop()?;
-        controller.ensure_started(
-            Command::new(repo_root().join("target/release/consulbind"))
-                .args([
-                    &format!("--namespaces={ns}"),
-                    &format!("--admin-addr=127.0.0.1:{ADMIN_PORT}"),
-                    "--debug-addr=none",
-                ])
-                .env("RUST_LOG", "warn")
-                .envs(vars.iter().map(|(k, v)| (*k, v))),
-        )?;
-        controller.pid().context("the controller exited at once")
-    };
+    let name = "bench-objects-controller";
+    let start = || crate::bench::release_controller(env, name, vars, &ns, ADMIN_PORT, &[], &[]).map(|(_, pid)| pid);
+    let controller = env.daemon(name);
     let result = async {
         let pid = start()?;
         ensure!(all_ready(&bindings, 1, READY_WITHIN).await?, "the binding is not Ready after {READY_WITHIN:?}");

@@ -2,7 +2,7 @@
 //! Consul data again and again (overlapping prefixes, more bindings), on the real local servers.
 //! The distinct data stays the same; memory should too.
 
-use std::{process::Command, time::Duration};
+use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use consulbind_api::ConsulBinding;
@@ -17,7 +17,7 @@ use serde_json::json;
 use crate::{
     bench::{hwm_kib, metric, rss_split_kib},
     env::Env,
-    process, repo_root,
+    process,
 };
 
 const ADMIN_PORT: u16 = 18094;
@@ -60,21 +60,10 @@ async fn measure(env: &Env, vars: &[(&'static str, String)], sizes: &Sizes) -> R
         .patch("web", &apply, &Patch::Apply(crate::scale::deployment("web")))
         .await?;
 
-    let controller = env.daemon("bench-overlap-controller");
-    controller.stop()?;
-    let admin = format!("127.0.0.1:{ADMIN_PORT}");
-    controller.ensure_started(
-        Command::new(repo_root().join("target/release/consulbind"))
-            .args([
-                &format!("--namespaces={ns}"),
-                &format!("--admin-addr={admin}"),
-                "--debug-addr=none",
-                "--default-token-prefixes=*",
-            ])
-            .env("RUST_LOG", "warn")
-            .envs(vars.iter().map(|(k, v)| (*k, v))),
-    )?;
-    let pid = controller.pid().context("the controller exited at once")?;
+    let _admin = format!("127.0.0.1:{ADMIN_PORT}");
+    let args = ["--default-token-prefixes=*".to_owned()];
+    let (controller, pid) =
+        crate::bench::release_controller(env, "bench-overlap-controller", vars, &ns, ADMIN_PORT, &args, &[])?;
 
     let result = async {
         tokio::time::sleep(Duration::from_secs(2)).await;

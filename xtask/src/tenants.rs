@@ -24,7 +24,7 @@ use serde_json::json;
 use crate::{
     bench::{all_ready, metric, rss_kib},
     env::Env,
-    process, provision, repo_root,
+    process, provision,
 };
 
 const ADMIN_PORT: u16 = 18092;
@@ -116,21 +116,18 @@ async fn measure(env: &Env, vars: &[(&'static str, String)], sizes: &Sizes) -> R
     put(&quiet, "cfg", &quiet_token, &quiet_key).await?;
     println!("    set up in {:.0} s", setup.elapsed().as_secs_f64());
 
-    let controller = env.daemon("bench-tenants-controller");
-    controller.stop()?;
-    controller.ensure_started(
-        Command::new(repo_root().join("target/release/consulbind"))
-            .args([
-                &format!("--namespaces={busy},{quiet}"),
-                &format!("--admin-addr=127.0.0.1:{ADMIN_PORT}"),
-                &format!("--consul-max-connections={}", sizes.max_connections),
-                "--debug-addr=none",
-            ])
-            .env("RUST_LOG", std::env::var("CONSULBIND_BENCH_LOG").unwrap_or_else(|_| "warn".into()))
-            .envs(vars.iter().map(|(k, v)| (*k, v)))
-            .env("CONSUL_HTTP_ADDR", &acl_addr),
+    let args = [format!("--consul-max-connections={}", sizes.max_connections)];
+    let served = format!("{busy},{quiet}");
+    let overrides = [("CONSUL_HTTP_ADDR", acl_addr.as_str())];
+    let (controller, pid) = crate::bench::release_controller(
+        env,
+        "bench-tenants-controller",
+        vars,
+        &served,
+        ADMIN_PORT,
+        &args,
+        &overrides,
     )?;
-    let pid = controller.pid().context("the controller exited at once")?;
 
     let result = async {
         let (busy_bindings, quiet_bindings) = (
