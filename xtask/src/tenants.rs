@@ -31,6 +31,8 @@ const ADMIN_PORT: u16 = 18092;
 const SETUP_CONCURRENCY: usize = 16;
 /// How often the Deployment's generation is read while waiting for a rollout.
 const POLL: Duration = Duration::from_millis(5);
+/// Time the timed writes spent in Consul's PUT alone, in microseconds.
+static PUT_MICROS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 pub struct Sizes {
     pub scopes: usize,
@@ -167,7 +169,16 @@ async fn measure(env: &Env, vars: &[(&'static str, String)], sizes: &Sizes) -> R
         // A burst: the busy namespace adds many scopes at once while the quiet one changes.
         let mut burst_latencies = Vec::new();
         let mut burst_took = Duration::ZERO;
+        let mut burst_puts = Duration::ZERO;
+        let mut burst_requests = 0.0;
         if sizes.burst > 0 {
+            let requests = || -> Result<f64> {
+                let text = process::http_get(ADMIN_PORT, "/metrics", None).context("reading /metrics")?.1;
+                let total = text.lines().filter(|l| l.starts_with("consulbind_consul_requests_total"));
+                Ok(total.filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum())
+            };
+            let requests_before = requests()?;
+            let puts_before = PUT_MICROS.load(std::sync::atomic::Ordering::Relaxed);
             let started = Instant::now();
             let adding = stream::iter(burst_tokens.iter().enumerate())
                 .map(|(i, token)| put(&busy, &format!("burst{i:04}"), token, &busy_key(scopes + i)))
@@ -188,6 +199,9 @@ async fn measure(env: &Env, vars: &[(&'static str, String)], sizes: &Sizes) -> R
                 let ready = added && count_ready(&busy_bindings).await? == scopes + sizes.burst;
                 if ready || started.elapsed() > Duration::from_secs(300) {
                     burst_took = started.elapsed();
+                    let puts = PUT_MICROS.load(std::sync::atomic::Ordering::Relaxed) - puts_before;
+                    burst_puts = Duration::from_micros(puts);
+                    burst_requests = requests()? - requests_before;
                     break;
                 }
                 tokio::time::sleep(Duration::from_millis(200)).await;
@@ -229,6 +243,11 @@ async fn measure(env: &Env, vars: &[(&'static str, String)], sizes: &Sizes) -> R
                 burst_took.as_secs_f64(),
                 summary(&mut burst_latencies)
             );
+            println!(
+                "    of which in the PUT itself: {:.0} ms in all; the controller's Consul requests meanwhile: {burst_requests} ({:.0}/s)",
+                burst_puts.as_secs_f64() * 1000.0,
+                burst_requests / burst_took.as_secs_f64().max(0.001)
+            );
         }
         println!("  resident memory: {} MiB", rss_kib(pid)? / 1024);
         ensure!(quiet_synced_left == 0, "the quiet namespace's ConsulSynced left Synced");
@@ -249,6 +268,7 @@ async fn rollout(consul: &Consul, deployments: &Api<Deployment>, key: &str, chan
     let before = deployments.get("web").await?.metadata.generation;
     let written = Instant::now();
     consul.put(key, format!("v{change}").as_bytes(), None).await?;
+    PUT_MICROS.fetch_add(written.elapsed().as_micros() as u64, std::sync::atomic::Ordering::Relaxed);
     loop {
         if deployments.get("web").await?.metadata.generation != before {
             return Ok(written.elapsed());
