@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use reqwest::header::{HeaderMap, HeaderValue};
 use reqwest::{Method, Response, StatusCode, Url};
-use tokio::sync::{Semaphore, SemaphorePermit};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, SemaphorePermit};
 
 use crate::error::{chain, excerpt};
 use crate::kv::{Digest, api_url, key_url, kv_url, parse_entries, request_timeout};
@@ -49,12 +49,12 @@ struct Inner {
     token: RwLock<Option<Token>>,
     wait: Duration,
     /// Every request in flight holds one.
-    requests: Semaphore,
+    requests: Arc<Semaphore>,
     /// Blocking queries hold one of these as well.
-    blocking: Semaphore,
+    blocking: Arc<Semaphore>,
     blocking_slots: usize,
     /// Over HTTP/2, blocking queries hold one of these instead: they need no connection each.
-    streams: Semaphore,
+    streams: Arc<Semaphore>,
     /// Answers read and parsed at once: each is held whole while it is, so a burst of big
     /// answers (a cold start) must not be held all together.
     reading: Semaphore,
@@ -98,10 +98,10 @@ impl Client {
                 token: RwLock::new(config.token.clone()),
                 wait: config.wait,
                 config,
-                requests: Semaphore::new(budget.requests),
-                blocking: Semaphore::new(budget.blocking),
+                requests: Arc::new(Semaphore::new(budget.requests)),
+                blocking: Arc::new(Semaphore::new(budget.blocking)),
                 blocking_slots: budget.blocking,
-                streams: Semaphore::new(STREAM_SLOTS),
+                streams: Arc::new(Semaphore::new(STREAM_SLOTS)),
                 reading: Semaphore::new(READERS),
                 digest: Default::default(),
                 multiplexed: AtomicBool::new(false),
@@ -176,7 +176,33 @@ impl Client {
         wait: Duration,
         max_bytes: u64,
     ) -> Result<KvResponse, Error> {
-        self.read(query, index, wait, max_bytes, self.inner.digest.get()).await
+        self.read(query, index, wait, max_bytes, self.inner.digest.get(), None).await
+    }
+
+    /// A blocking slot and, over HTTP/1.1, a connection's permit, held for as long as the lease
+    /// is: a watch that holds one never waits in line between its queries, behind other
+    /// watches or behind a burst of short reads.
+    pub async fn lease(&self) -> Lease {
+        let multiplexed = self.inner.multiplexed.load(Ordering::Acquire);
+        let slots = if multiplexed { &self.inner.streams } else { &self.inner.blocking };
+        let slot = slots.clone().acquire_owned().await.expect("never closed");
+        let connection = match multiplexed {
+            true => None,
+            false => Some(self.inner.requests.clone().acquire_owned().await.expect("never closed")),
+        };
+        Lease { multiplexed, _slot: slot, _connection: connection }
+    }
+
+    /// [`Client::get_wait`] under `lease`, which stands for the slot and connection it needs.
+    pub async fn get_leased(
+        &self,
+        lease: &Lease,
+        query: &KvQuery,
+        index: u64,
+        wait: Duration,
+        max_bytes: u64,
+    ) -> Result<KvResponse, Error> {
+        self.read(query, index, wait, max_bytes, self.inner.digest.get(), Some(lease)).await
     }
 
     /// From now on, [`Client::get_wait`] and [`Client::get`] give each value as `digest` of it,
@@ -187,7 +213,7 @@ impl Client {
 
     /// A plain read that gives the values themselves, whatever [`Client::digest_values`] set.
     pub async fn get_values(&self, query: &KvQuery, max_bytes: u64) -> Result<KvResponse, Error> {
-        self.read(query, 0, self.inner.wait, max_bytes, None).await
+        self.read(query, 0, self.inner.wait, max_bytes, None, None).await
     }
 
     async fn read(
@@ -197,17 +223,20 @@ impl Client {
         wait: Duration,
         max_bytes: u64,
         digest: Option<&Digest>,
+        lease: Option<&Lease>,
     ) -> Result<KvResponse, Error> {
         let wait = wait.clamp(Duration::from_millis(1), self.inner.wait);
         let blocking = (index >= 1).then_some(wait);
         let multiplexed = self.inner.multiplexed.load(Ordering::Acquire);
+        // A lease taken before the protocol changed stands for nothing now.
+        let leased = blocking.is_some() && lease.is_some_and(|l| l.multiplexed == multiplexed);
         let slots = if multiplexed { &self.inner.streams } else { &self.inner.blocking };
         let _slot = match blocking {
-            Some(_) => Some(slots.acquire().await.expect("never closed")),
-            None => None,
+            Some(_) if !leased => Some(slots.acquire().await.expect("never closed")),
+            _ => None,
         };
         // A blocking stream holds no connection, so it takes no room from the short requests.
-        let _permit = match blocking.is_some() && multiplexed {
+        let _permit = match (blocking.is_some() && multiplexed) || leased {
             true => None,
             false => Some(self.permit().await),
         };
@@ -399,6 +428,20 @@ impl Client {
 
 const MIN_CONNECTIONS: usize = 4;
 
+/// What [`Client::lease`] holds.
+#[must_use]
+pub struct Lease {
+    multiplexed: bool,
+    _slot: OwnedSemaphorePermit,
+    _connection: Option<OwnedSemaphorePermit>,
+}
+
+impl std::fmt::Debug for Lease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lease").field("multiplexed", &self.multiplexed).finish_non_exhaustive()
+    }
+}
+
 /// How a connection budget is split. Idle connections count against Consul's limit too, and a
 /// connection on its way back to the pool is neither in use nor idle for a moment, in which a
 /// new request may open another. So requests in flight, the idle pool and as much again as
@@ -577,6 +620,23 @@ mod tests {
             assert!(budget.blocking >= 1 && budget.blocking < budget.requests, "{max}: {budget:?}");
         }
         assert_eq!(Budget::of(32), Budget { idle: 4, requests: 24, blocking: 20 });
+    }
+
+    #[tokio::test]
+    async fn a_leased_blocking_query_waits_for_no_permit() {
+        // Nothing listens there: a request fails at once, and one waiting for a permit hangs.
+        let config = ClientConfig { address: "127.0.0.1:1".into(), max_connections: 8, ..Default::default() };
+        let client = Client::new(config).await.unwrap();
+        let lease = client.lease().await;
+        let taken = client.inner.requests.available_permits();
+        let _short_reads = client.inner.requests.acquire_many(taken as u32).await.unwrap();
+        let _others = client.inner.blocking.acquire_many(client.inner.blocking.available_permits() as u32).await;
+        let query = KvQuery::exact("a");
+        let leased = client.get_leased(&lease, &query, 5, Duration::from_secs(1), u64::MAX);
+        let answered = tokio::time::timeout(Duration::from_secs(5), leased).await.expect("no wait for a permit");
+        assert_eq!(answered.unwrap_err().kind(), crate::ErrorKind::Unreachable);
+        let unleased = client.get_wait(&query, 5, Duration::from_secs(1), u64::MAX);
+        assert!(tokio::time::timeout(Duration::from_millis(200), unleased).await.is_err(), "without it, it waits");
     }
 
     #[tokio::test]

@@ -48,7 +48,7 @@ pub mod index;
 mod kv;
 
 pub use backoff::{Backoff, jitter};
-pub use client::Client;
+pub use client::{Client, Lease};
 pub use config::{ClientConfig, Token};
 pub use error::{Error, ErrorKind};
 pub use kv::{Digest, KvEntry, KvQuery, KvResponse, same_entries};

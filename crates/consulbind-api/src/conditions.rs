@@ -51,6 +51,8 @@ pub mod reason {
     pub const ROLLOUT_HALTED: &str = "RolloutHalted";
     /// A target was rolled as often as `rollout.budget` allows; the change waits.
     pub const ROLLOUT_BUDGET_EXHAUSTED: &str = "RolloutBudgetExhausted";
+    /// The namespace is over the controller's `--namespace-write-limit`: changes wait, coalesced.
+    pub const WRITE_LIMITED: &str = "WriteLimited";
     /// In `DryRun` mode: the targets would have been rolled, and were not.
     pub const DRY_RUN: &str = "DryRun";
     /// A target's kind is not served by the cluster (Argo Rollouts not installed), or not to

@@ -116,6 +116,13 @@ pub struct Config {
     #[arg(long, env = "CONSULBIND_MAX_CONCURRENT_WRITES", default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..))]
     pub max_concurrent_writes: u16,
 
+    /// A hard limit on each namespace's writes (workload stamps, statuses, events), as `N/span`
+    /// such as `100/1m`: a namespace may write N at once, then one every span/N. A namespace over
+    /// it shows `WriteLimited` on its bindings, with an event, and its changes wait, coalesced.
+    /// None by default: the fair sharing of `--max-concurrent-writes` is enough for most.
+    #[arg(long, env = "CONSULBIND_NAMESPACE_WRITE_LIMIT", value_parser = crate::writes::Rate::parse)]
+    pub namespace_write_limit: Option<crate::writes::Rate>,
+
     /// The most data keys a bound ConfigMap or Secret may have: the controller keeps a digest
     /// of each. Past it, its bindings show `BindingTooLarge` and roll nothing.
     #[arg(long, env = "CONSULBIND_MAX_OBJECT_KEYS", default_value_t = 4096)]

@@ -64,7 +64,7 @@ pub async fn run(config: Config, shutdown: signal::Receiver<bool>) -> Result<(),
         receivers.push(rx);
     }
     let serves_all = config.namespaces.is_empty();
-    let writes = crate::writes::Writes::new(usize::from(config.max_concurrent_writes));
+    let writes = crate::writes::Writes::new(usize::from(config.max_concurrent_writes), config.namespace_write_limit);
     let desk: Arc<Desk> = Arc::default();
     let woken = desk.clone();
     let wake: Wake = Arc::new(move |binding: BindingRef| {

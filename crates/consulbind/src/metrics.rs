@@ -69,6 +69,7 @@ pub struct Metrics {
     pub consul_watch_groups: Gauge,
     pub consul_watch_groups_over_budget: Gauge,
     pub consul_watch_groups_in_turns: Family<NamespaceLabels, Gauge>,
+    pub writes_held: Family<NamespaceLabels, Counter>,
     pub bindings: Family<ReadyLabels, Gauge>,
     pub change_to_rollout: Histogram,
     rollout_stages: Family<StageLabels, Histogram, fn() -> Histogram>,
@@ -91,6 +92,7 @@ impl Metrics {
             consul_watch_groups: Gauge::default(),
             consul_watch_groups_over_budget: Gauge::default(),
             consul_watch_groups_in_turns: Family::default(),
+            writes_held: Family::default(),
             bindings: Family::default(),
             change_to_rollout: seconds(),
             rollout_stages: Family::new_with_constructor(fine_seconds as fn() -> Histogram),
@@ -144,6 +146,11 @@ impl Metrics {
             "Watch groups of a namespace that take turns for its share of the blocking-query slots \
              (namespace \"*\" for keys read for several namespaces)",
             metrics.consul_watch_groups_in_turns.clone(),
+        );
+        r.register(
+            "writes_held",
+            "Reconciles that held back their writes because the namespace was over --namespace-write-limit",
+            metrics.writes_held.clone(),
         );
         r.register("bindings", "Bindings by Ready condition status", metrics.bindings.clone());
         r.register(

@@ -4,13 +4,19 @@
 //! namespace whose content changes without pause queues behind its own writes (its reconciles
 //! wait, and its changes coalesce), and another namespace's rollout waits for at most one write
 //! of each busy namespace, not for the flood.
+//!
+//! With `--namespace-write-limit`, each namespace also has a rate (a token bucket of `N` per
+//! span). A reconcile asks [`Writes::held`] before it writes: a namespace over its rate writes
+//! nothing but one status that says so, and its changes wait, coalesced, until it is within.
 
 use std::{
     collections::{HashMap, VecDeque},
     sync::{Arc, Mutex},
+    time::Duration,
 };
 
-use tokio::sync::oneshot;
+use consulbind_api::parse_duration;
+use tokio::{sync::oneshot, time::Instant};
 
 use crate::Lock;
 
@@ -19,8 +25,47 @@ pub struct Writes {
     queue: Arc<Mutex<Queue>>,
 }
 
+/// A namespace's write rate: at most `max` writes in any `per`, as `N/span` such as `100/1m`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rate {
+    pub max: u32,
+    pub per: Duration,
+}
+
+impl Rate {
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let (max, per) = text.split_once('/').ok_or_else(|| format!("{text:?}: expected N/span, such as 100/1m"))?;
+        let max: u32 = max.parse().map_err(|_| format!("{text:?}: {max:?} is not a count"))?;
+        let per = parse_duration(per).map_err(|e| format!("{text:?}: {e}"))?;
+        if max == 0 || per.is_zero() || per > Duration::from_secs(24 * 3600) {
+            return Err(format!("{text:?}: the count must be at least 1 and the span between 1ms and 24h"));
+        }
+        Ok(Self { max, per })
+    }
+
+    /// The time one write takes of the rate.
+    fn interval(&self) -> Duration {
+        self.per / self.max
+    }
+
+    /// How far ahead of its rate a namespace may write: a burst of `max`.
+    fn burst(&self) -> Duration {
+        self.per - self.interval()
+    }
+}
+
+impl std::fmt::Display for Rate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} per {:?}", self.max, self.per)
+    }
+}
+
 struct Queue {
     free: usize,
+    rate: Option<Rate>,
+    /// When each namespace's rate is next free, had it used none of its burst (the theoretical
+    /// arrival time of the generic cell rate algorithm); only namespaces that wrote lately.
+    due: HashMap<String, Instant>,
     /// The writes waiting, by namespace, in the order they came.
     waiting: HashMap<String, VecDeque<oneshot::Sender<()>>>,
     /// The namespaces with writes waiting, in turn.
@@ -34,13 +79,41 @@ pub struct Permit {
 }
 
 impl Writes {
-    pub fn new(slots: usize) -> Self {
-        let queue = Queue { free: slots.max(1), waiting: HashMap::new(), turns: VecDeque::new() };
+    pub fn new(slots: usize, rate: Option<Rate>) -> Self {
+        let queue =
+            Queue { free: slots.max(1), rate, due: HashMap::new(), waiting: HashMap::new(), turns: VecDeque::new() };
         Self { queue: Arc::new(Mutex::new(queue)) }
     }
 
-    /// Waits for a slot for a write in `namespace`.
+    /// The namespace's rate, if it has one.
+    pub fn rate(&self) -> Option<Rate> {
+        self.queue.locked().rate
+    }
+
+    /// When `namespace` may write again, if it is over its rate now.
+    pub fn held(&self, namespace: &str) -> Option<Instant> {
+        let queue = self.queue.locked();
+        let rate = queue.rate?;
+        let free = queue.due.get(namespace)?.checked_sub(rate.burst())?;
+        (free > Instant::now()).then_some(free)
+    }
+
+    /// Waits for the namespace's rate, then for a slot, for a write in `namespace`.
     pub async fn permit(&self, namespace: &str) -> Permit {
+        let start = self.queue.locked().take_rate(namespace);
+        if let Some(start) = start {
+            tokio::time::sleep_until(start).await;
+        }
+        self.slot(namespace).await
+    }
+
+    /// A slot for the one write that tells a binding its namespace is over its rate: it takes
+    /// none of the rate, or the namespace could never be told.
+    pub async fn notice(&self, namespace: &str) -> Permit {
+        self.slot(namespace).await
+    }
+
+    async fn slot(&self, namespace: &str) -> Permit {
         let receiver = {
             let mut queue = self.queue.locked();
             if queue.free > 0 && queue.turns.is_empty() {
@@ -69,6 +142,19 @@ impl Writes {
 }
 
 impl Queue {
+    /// Takes one write of the namespace's rate: when it may start.
+    fn take_rate(&mut self, namespace: &str) -> Option<Instant> {
+        let rate = self.rate?;
+        let now = Instant::now();
+        if self.due.len() > 1024 {
+            self.due.retain(|_, due| *due > now);
+        }
+        let due = self.due.entry(namespace.to_owned()).or_insert(now);
+        let start = due.checked_sub(rate.burst()).map_or(now, |free| free.max(now));
+        *due = (*due).max(now) + rate.interval();
+        (start > now).then_some(start)
+    }
+
     /// Hands a freed slot to the next namespace in turn, or keeps it.
     fn release(&mut self) {
         while let Some(namespace) = self.turns.pop_front() {
@@ -114,7 +200,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_namespace_alone_uses_every_slot() {
-        let writes = Writes::new(3);
+        let writes = Writes::new(3, None);
         let permits = [writes.permit("a").await, writes.permit("a").await, writes.permit("a").await];
         assert_eq!(writes.queue.locked().free, 0);
         drop(permits);
@@ -123,7 +209,7 @@ mod tests {
 
     #[tokio::test]
     async fn waiting_namespaces_take_freed_slots_in_turn_whatever_they_queued() {
-        let writes = Writes::new(1);
+        let writes = Writes::new(1, None);
         let first = writes.permit("flood").await;
         let order = Arc::new(Mutex::new(Vec::new()));
         let mut tasks = Vec::new();
@@ -154,7 +240,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_waiter_that_goes_away_takes_no_slot() {
-        let writes = Writes::new(1);
+        let writes = Writes::new(1, None);
         let held = writes.permit("a").await;
         let gone = tokio::spawn({
             let writes = writes.clone();
@@ -168,5 +254,42 @@ mod tests {
         drop(held);
         assert_eq!(writes.queue.locked().free, 1, "the slot came back");
         let _again = writes.permit("c").await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_namespace_writes_its_burst_then_at_its_rate_and_others_are_not_held() {
+        let rate = Rate::parse("3/3s").unwrap();
+        let writes = Writes::new(8, Some(rate));
+        let start = Instant::now();
+        for _ in 0..3 {
+            drop(writes.permit("flood").await);
+        }
+        assert_eq!(start.elapsed(), Duration::ZERO, "the burst goes at once");
+        let free = writes.held("flood").expect("over its rate after its burst");
+        assert_eq!(free - start, Duration::from_secs(1));
+        assert_eq!(writes.held("quiet"), None, "another namespace has its own rate");
+        drop(writes.notice("flood").await);
+        assert_eq!(writes.held("flood"), Some(free), "the notice takes none of the rate");
+        drop(writes.permit("flood").await);
+        assert_eq!(start.elapsed(), Duration::from_secs(1), "the next write waits its turn");
+        tokio::time::advance(Duration::from_secs(3)).await;
+        assert_eq!(writes.held("flood"), None, "the rate refills");
+    }
+
+    #[test]
+    fn rates_parse_and_nonsense_is_refused() {
+        assert_eq!(Rate::parse("100/1m"), Ok(Rate { max: 100, per: Duration::from_secs(60) }));
+        for bad in ["0/1m", "5/0s", "5", "x/1m", "5/25h", "-1/1m"] {
+            assert!(Rate::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[tokio::test]
+    async fn without_a_rate_nothing_is_held() {
+        let writes = Writes::new(1, None);
+        for _ in 0..100 {
+            drop(writes.permit("a").await);
+        }
+        assert_eq!(writes.held("a"), None);
     }
 }

@@ -315,7 +315,21 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
         Some(upgraded) => Input { previous: &upgraded.previous, live: &upgraded.live, ..input },
         None => input,
     };
-    let plan = ctx.states.update(&oref, |record| plan::plan(&input, &mut record.pending, Instant::now()));
+    let (plan, pending) = ctx.states.update(&oref, |record| {
+        let before = record.pending.clone();
+        (plan::plan(&input, &mut record.pending, Instant::now()), before)
+    });
+    // A namespace over its write limit writes nothing but the status that says so. A change
+    // the plan took as settled stays pending, so that it rolls once the namespace is within.
+    let unheld = || status::status(&input, &plan, &Outcome::default(), &Time(Timestamp::now()));
+    if let Some(free) = ctx.writes.held(&namespace).filter(|_| report::writes(&previous, &plan, unheld)) {
+        ctx.states.update(&oref, |record| {
+            if record.pending.is_none() {
+                record.pending = pending;
+            }
+        });
+        return report::write_limited(ctx, binding, &previous, free).await;
+    }
     stamp::hold(ctx, &oref, &plan);
 
     // Stamp.

@@ -66,11 +66,45 @@ pub async fn status(
     let uid = binding.uid().unwrap_or_default();
     let params = PatchParams { field_manager: Some(STATUS_MANAGER.into()), ..PatchParams::default() };
     let patch = status_patch(&uid, status);
-    let slot = ctx.writes.permit(&namespace).await;
+    let slot = match ready(status).is_some_and(|c| c.reason == conditions::reason::WRITE_LIMITED) {
+        true => ctx.writes.notice(&namespace).await,
+        false => ctx.writes.permit(&namespace).await,
+    };
     api.patch_status(&binding.name_any(), &params, &Patch::<()>::Json(patch)).await.map_err(Error::Status)?;
     drop(slot);
     ctx.states.update(&oref, |r| r.written = Some(Box::new((uid, status.clone()))));
     Ok(())
+}
+
+/// Whether a reconcile would write: stamp a workload, or a status that says something new.
+pub fn writes(
+    previous: &ConsulBindingStatus,
+    plan: &super::plan::Plan,
+    status: impl FnOnce() -> ConsulBindingStatus,
+) -> bool {
+    !plan.roll.is_empty() || needs_write(previous, &status())
+}
+
+/// Tells the binding that its namespace is over `--namespace-write-limit`, with the one status
+/// write and event that take none of the limit, and looks again once it may write.
+pub async fn write_limited(
+    ctx: &Context,
+    binding: &ConsulBinding,
+    previous: &ConsulBindingStatus,
+    free: tokio::time::Instant,
+) -> Result<kube::runtime::controller::Action, Error> {
+    let namespace = binding.namespace().unwrap_or_default();
+    let limit = ctx.writes.rate().map(|r| r.to_string()).unwrap_or_default();
+    ctx.metrics.writes_held.get_or_create(&crate::metrics::NamespaceLabels { namespace: namespace.clone() }).inc();
+    let message = format!(
+        "namespace {namespace} is over its write limit of {limit} (--namespace-write-limit), which counts every \
+         workload stamp, status and event the controller writes there; this binding's changes wait, coalesced, \
+         and roll out once the namespace is within it"
+    );
+    let held = not_served(binding, previous, conditions::reason::WRITE_LIMITED, &message);
+    status(ctx, binding, previous, &held).await?;
+    let wait = free.saturating_duration_since(tokio::time::Instant::now());
+    Ok(kube::runtime::controller::Action::requeue(wait.max(std::time::Duration::from_millis(50))))
 }
 
 /// The status of a binding that cannot be served (an invalid spec, a controller bug): Ready
@@ -172,8 +206,12 @@ pub fn publish(ctx: &Context, reference: ObjectReference, type_: EventType, reas
     let event = event(&ctx.reporter, reference, type_, reason, note, Timestamp::now());
     let reason = reason.to_owned();
     let (writes, namespace) = (ctx.writes.clone(), reference_namespace(&event));
+    let notice = reason == conditions::reason::WRITE_LIMITED;
     tokio::spawn(async move {
-        let _slot = writes.permit(&namespace).await;
+        let _slot = match notice {
+            true => writes.notice(&namespace).await,
+            false => writes.permit(&namespace).await,
+        };
         if let Err(error) = api.create(&PostParams::default(), &event).await {
             warn!(%error, reason, "could not record event");
         }
@@ -248,7 +286,7 @@ fn status_patch(uid: &str, status: &ConsulBindingStatus) -> json_patch::Patch {
 
 /// Whether the status says anything new. The sync time alone is not news: writing it on every
 /// reconcile would make an idle controller write for nothing.
-fn needs_write(previous: &ConsulBindingStatus, status: &ConsulBindingStatus) -> bool {
+pub fn needs_write(previous: &ConsulBindingStatus, status: &ConsulBindingStatus) -> bool {
     let strip = |s: &ConsulBindingStatus| ConsulBindingStatus { last_sync_time: None, ..s.clone() };
     strip(previous) != strip(status)
 }

@@ -238,7 +238,7 @@ pub fn plan(runner: &Arc<Runner>, paths: &HashMap<Arc<KvQuery>, Arc<Path>>, grou
         })
         .collect();
     let slots = runner.consul.blocking_slots();
-    runner.planned_slots.store(slots, std::sync::atomic::Ordering::Relaxed);
+    runner.plan_slots(slots);
     let layout = layout(&scopes, slots);
 
     let mut kept = std::mem::take(&mut groups.lanes);

@@ -19,7 +19,7 @@ use consul_kv::{
 };
 use consulbind_api::conditions::reason;
 use tokio::{
-    sync::{Notify, Semaphore, watch},
+    sync::{Notify, OwnedSemaphorePermit, Semaphore, watch},
     time::Instant,
 };
 use tracing::{info, warn};
@@ -93,6 +93,10 @@ pub struct Runner {
     /// The blocking slots the groups were last planned for: the source may offer more once it
     /// knows it speaks HTTP/2.
     pub planned_slots: AtomicUsize,
+    /// Those slots. A group with a slot of its own holds one as long as it keeps its slot; a
+    /// group in a lane takes one for each turn. So when a re-plan starts groups while the
+    /// retired ones finish their requests, only the new groups wait, never one that was kept.
+    slots: std::sync::Mutex<Arc<Semaphore>>,
     /// Whether the agent answers, as [`watch_agent`] last found.
     pub agent: watch::Sender<Option<Error>>,
     /// Reads of parked groups go one at a time: a namespace can make refused tokens by the
@@ -157,6 +161,7 @@ impl Roster {
 
 impl Runner {
     pub fn new(consul: Arc<dyn KvSource>, wake: Wake, metrics: Arc<Metrics>, grace: Duration, limits: Limits) -> Self {
+        let slots = consul.blocking_slots();
         Self {
             consul,
             wake,
@@ -164,7 +169,8 @@ impl Runner {
             grace,
             limits,
             replan: Notify::new(),
-            planned_slots: AtomicUsize::default(),
+            planned_slots: AtomicUsize::new(slots),
+            slots: std::sync::Mutex::new(Arc::new(Semaphore::new(slots))),
             agent: watch::Sender::new(None),
             parked_reads: Semaphore::new(1),
             answered_at: Default::default(),
@@ -172,6 +178,22 @@ impl Runner {
             entries: Default::default(),
             answers: Default::default(),
         }
+    }
+
+    /// Plans for `slots` blocking slots from now on; groups holding one of the old count keep
+    /// it until they let go.
+    pub fn plan_slots(&self, slots: usize) {
+        if self.planned_slots.swap(slots, Ordering::Relaxed) != slots {
+            *self.slots.locked() = Arc::new(Semaphore::new(slots));
+        }
+    }
+
+    fn slots(&self) -> Arc<Semaphore> {
+        self.slots.locked().clone()
+    }
+
+    async fn slot(&self) -> OwnedSemaphorePermit {
+        self.slots().acquire_owned().await.expect("never closed")
     }
 
     /// The highest index the table of `scope` answered, and its epoch.
@@ -212,6 +234,8 @@ impl Runner {
         let mut denied_checked = Instant::now();
         let mut agent = self.agent.subscribe();
         let table = scope(&query);
+        // A group with a slot of its own keeps it, and the source's lease, across its queries.
+        let mut own_slot: Option<(OwnedSemaphorePermit, Option<consul_kv::Lease>)> = None;
         loop {
             if roster.has_changed().is_err() {
                 return;
@@ -224,21 +248,36 @@ impl Runner {
                 (answer_limit(&self.limits, &current), current.lane.clone(), current.parked)
             };
             let wait = self.group_wait(born, lane.as_ref().map(|l| l.wait));
+            // Planned anew for other slots (the protocol changed): take them afresh.
+            let replanned = own_slot.as_ref().is_some_and(|(slot, _)| !Arc::ptr_eq(slot.semaphore(), &self.slots()));
+            if lane.is_some() || parked || replanned {
+                own_slot = None;
+            }
             // Scoped, so that a request given up is dropped before any backoff.
             let result = {
                 let request = async {
                     // A blocking query in a lane waits for its turn; a plain read needs none.
                     let _turn = match (&lane, index) {
-                        (Some(lane), 1..) => Some(lane.slots.acquire().await.expect("never closed")),
+                        (Some(lane), 1..) => {
+                            let turn = lane.slots.acquire().await.expect("never closed");
+                            Some((turn, self.slot().await))
+                        }
                         _ => None,
                     };
+                    if lane.is_none() && !parked && index >= 1 && own_slot.is_none() {
+                        own_slot = Some((self.slot().await, self.consul.lease().await));
+                    }
+                    let lease = own_slot.as_ref().and_then(|(_, lease)| lease.as_ref()).filter(|_| index >= 1);
                     // A parked group whose token was just accepted blocks until the planner gives
                     // it a slot; that wait holds up no one.
                     let _parked = match (parked, index) {
                         (true, 0) => Some(self.parked_reads.acquire().await.expect("never closed")),
                         _ => None,
                     };
-                    self.consul.get_wait(&query, index, wait, limit).await
+                    match lease {
+                        Some(lease) => self.consul.get_leased(lease, &query, index, wait, limit).await,
+                        None => self.consul.get_wait(&query, index, wait, limit).await,
+                    }
                 };
                 tokio::pin!(request);
                 loop {

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use consul_kv::{Client, Digest, Error, KvQuery, KvResponse};
+use consul_kv::{Client, Digest, Error, KvQuery, KvResponse, Lease};
 use futures::future::BoxFuture;
 
 use super::runner::MIN_WAIT;
@@ -33,6 +33,24 @@ pub trait KvSource: Send + Sync + 'static {
     /// From now on, answers give `digest` of each value in its place.
     fn digest_values(&self, _digest: Digest) {}
 
+    /// A blocking slot and its connection, held across queries ([`Client::lease`]); `None`
+    /// where the source has no such limits.
+    fn lease(&self) -> BoxFuture<'_, Option<Lease>> {
+        Box::pin(async { None })
+    }
+
+    /// [`KvSource::get_wait`] under a lease.
+    fn get_leased<'a>(
+        &'a self,
+        _lease: &'a Lease,
+        query: &'a KvQuery,
+        index: u64,
+        wait: Duration,
+        max_bytes: u64,
+    ) -> BoxFuture<'a, Result<KvResponse, Error>> {
+        self.get_wait(query, index, wait, max_bytes)
+    }
+
     /// A plain read with the values themselves.
     fn get_values<'a>(&'a self, query: &'a KvQuery, max_bytes: u64) -> BoxFuture<'a, Result<KvResponse, Error>> {
         self.get_wait(query, 0, MIN_WAIT, max_bytes)
@@ -52,6 +70,21 @@ impl KvSource for Client {
 
     fn digest_values(&self, digest: Digest) {
         Client::digest_values(self, digest);
+    }
+
+    fn lease(&self) -> BoxFuture<'_, Option<Lease>> {
+        Box::pin(async { Some(Client::lease(self).await) })
+    }
+
+    fn get_leased<'a>(
+        &'a self,
+        lease: &'a Lease,
+        query: &'a KvQuery,
+        index: u64,
+        wait: Duration,
+        max_bytes: u64,
+    ) -> BoxFuture<'a, Result<KvResponse, Error>> {
+        Box::pin(Client::get_leased(self, lease, query, index, wait, max_bytes))
     }
 
     fn get_values<'a>(&'a self, query: &'a KvQuery, max_bytes: u64) -> BoxFuture<'a, Result<KvResponse, Error>> {

@@ -762,3 +762,184 @@ async fn a_namespace_whose_keys_change_without_pause_leaves_another_rolling_once
     calm.finish().await;
     flood.finish().await;
 }
+
+/// `--namespace-write-limit`: a namespace whose keys never stop changing is held to its rate,
+/// told so on its bindings, and ends on its last content; another namespace rolls once per change.
+#[tokio::test]
+async fn a_namespace_over_its_write_limit_is_told_so_and_ends_on_its_last_content() {
+    let Some(mut flood) = Scene::without_controller("wlimit").await else { return };
+    let Some(calm) = Scene::without_controller("wcalm").await else { return };
+    flood.start_controller(&[&format!("--namespaces={}", calm.ns), "--namespace-write-limit=20/10s"]).await;
+    let keys: Vec<String> = (0..4).map(|i| flood.key(&format!("k{i}"))).collect();
+    for (i, key) in keys.iter().enumerate() {
+        flood.put(key, "f0").await;
+        flood.workload(DEPLOY, &format!("w{i}"), json!({})).await;
+        flood.binding(&format!("b{i}"), spec(json!([{"key": key}]), deploy(&format!("w{i}")), "0s")).await;
+    }
+    let theirs = calm.key("config");
+    calm.put(&theirs, "v1").await;
+    calm.workload(DEPLOY, "web", json!({})).await;
+    calm.binding("cfg", spec(json!([{"key": theirs}]), deploy("web"), "0s")).await;
+    for i in 0..keys.len() {
+        flood.wait_condition(&format!("b{i}"), conditions::READY, "True", reason::BASELINED).await;
+    }
+    calm.wait_condition("cfg", conditions::READY, "True", reason::BASELINED).await;
+    let generations = async |scene: &Scene| {
+        let mut sum = 0;
+        for i in 0..4 {
+            sum += scene.generation(&format!("w{i}")).await;
+        }
+        sum
+    };
+    let before = generations(&flood).await;
+    // Let the baselines' writes age out of the window.
+    tokio::time::sleep(std::time::Duration::from_secs(10)).await;
+
+    let started = std::time::Instant::now();
+    let writing = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let writer = tokio::spawn({
+        let (consul, keys, writing) = (flood.consul.clone(), keys.clone(), writing.clone());
+        async move {
+            let mut n = 0;
+            while writing.load(std::sync::atomic::Ordering::Relaxed) {
+                n += 1;
+                let value = format!("f{n}");
+                futures::future::join_all(keys.iter().map(|k| consul.put(k, value.as_bytes(), None))).await;
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+            n
+        }
+    });
+    let told = flood.wait_message("b0", conditions::READY, "False", reason::WRITE_LIMITED).await;
+    assert!(told.contains("--namespace-write-limit") && told.contains("coalesced"), "{told}");
+    let deployments = Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(calm.client.clone(), &calm.ns);
+    for change in 2..=4 {
+        let was = deployments.get("web").await.unwrap().metadata.generation.unwrap();
+        calm.put(&theirs, &format!("v{change}")).await;
+        let rolled = || async { Ok(deployments.get("web").await?.metadata.generation != Some(was)) };
+        support::wait_for("the calm namespace's rollout", std::time::Duration::from_secs(5), rolled).await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+        let after = deployments.get("web").await.unwrap().metadata.generation.unwrap();
+        assert_eq!(after, was + 1, "change {change} rolled the calm namespace's Deployment once");
+    }
+    writing.store(false, std::sync::atomic::Ordering::Relaxed);
+    let written = writer.await.unwrap();
+    let flooded = started.elapsed().as_secs_f64();
+    let rolled = generations(&flood).await - before;
+    // Every rollout takes at least its stamp of the 20 at once and 2 a second.
+    let most = 20 + (2.0 * flooded).ceil() as i64;
+    assert!(rolled <= most, "{rolled} rollouts in {flooded:.1} s of {written} changes each, at most {most} allowed");
+    assert!(written > 40, "the flood wrote {written} changes");
+    let events = flood.events_for("b0").await;
+    assert!(events.iter().any(|(reason, _)| reason == reason::WRITE_LIMITED), "{events:?}");
+
+    // Coalesced, never lost: each Deployment ends with the last value, and the bindings are Ready.
+    for (i, key) in keys.iter().enumerate() {
+        let want = flood.checksum_of(key, format!("f{written}").as_bytes()).await;
+        let carries = || async {
+            let annotations = flood.template_annotations(DEPLOY, &format!("w{i}")).await;
+            Ok(annotations.get(&names::annotation_key(&format!("b{i}"))).is_some_and(|v| *v == want))
+        };
+        support::wait("the flood's last content on its Deployment", carries).await.unwrap();
+        flood.wait_condition(&format!("b{i}"), conditions::READY, "True", reason::UP_TO_DATE).await;
+    }
+    calm.finish().await;
+    flood.finish().await;
+}
+
+/// A namespace that adds many token scopes at once waits its own turn: while its new watches
+/// start and its lane is planned again and again, another namespace's watch keeps its slot and
+/// its connection, and each of its changes rolls once, promptly. (Before, such changes took up
+/// to 5 s here; `cargo xtask bench tenants --burst` gives the release build's figures.)
+#[tokio::test]
+async fn a_burst_of_token_scopes_leaves_another_namespace_rolling_once_per_change_promptly() {
+    const BEFORE: usize = 12;
+    const BURST: usize = 60;
+    let (acl_addr, master) =
+        support::acl_consul().expect("CONSULBIND_E2E_ACL_ADDR and CONSULBIND_E2E_ACL_TOKEN must be set");
+    let Some(mut busy) = Scene::without_controller("burst").await else { return };
+    let Some(quiet) = Scene::without_controller("still").await else { return };
+    let args = [
+        format!("--consul-http-addr={acl_addr}"),
+        "--consul-max-connections=8".to_owned(),
+        format!("--namespaces={}", quiet.ns),
+    ];
+    busy.start_controller(&[&args[0], &args[1], &args[2]]).await;
+    let acl = crate::acl::Acl::new(&acl_addr, master);
+    let tokens = acl.read_tokens(&format!("{}/", busy.ns), BEFORE + BURST).await;
+    let quiet_token = acl.read_token(&format!("{}/", quiet.ns)).await;
+    let token_secret = |ns: &str, name: &str, token: &str| {
+        json!({"apiVersion": "v1", "kind": "Secret",
+               "metadata": {"name": name, "namespace": ns, "labels": {"consulbind.dev/token": "true"}},
+               "stringData": {"token": token}})
+    };
+    let with_token = |key: &str, secret: &str| {
+        json!({"keys": [{"key": key}], "targets": deploy("web"), "rollout": {"quietPeriod": "0s"},
+               "consul": {"tokenSecretRef": {"name": secret}}})
+    };
+    let add = async |i: usize| {
+        busy.apply(token_secret(&busy.ns, &format!("token-{i}"), &tokens[i])).await.unwrap();
+        busy.binding(&format!("b{i}"), with_token(&busy.key(&format!("k{i}")), &format!("token-{i}"))).await;
+    };
+    busy.workload(DEPLOY, "web", json!({})).await;
+    quiet.workload(DEPLOY, "web", json!({})).await;
+    for i in 0..BEFORE + BURST {
+        acl.put(&busy.key(&format!("k{i}")), "v1").await;
+    }
+    for i in 0..BEFORE {
+        add(i).await;
+    }
+    let quiet_key = quiet.key("config");
+    acl.put(&quiet_key, "v1").await;
+    quiet.apply(token_secret(&quiet.ns, "token", &quiet_token)).await.unwrap();
+    quiet.binding("cfg", with_token(&quiet_key, "token")).await;
+    quiet.wait_condition("cfg", conditions::READY, "True", reason::BASELINED).await;
+    for i in 0..BEFORE {
+        busy.wait_condition(&format!("b{i}"), conditions::CONSUL_SYNCED, "True", reason::WATCHES_IN_TURNS).await;
+    }
+
+    // Sixty more scopes, four at a time, while the quiet namespace's key changes.
+    let adding = std::sync::atomic::AtomicBool::new(true);
+    let burst = async {
+        futures::StreamExt::for_each_concurrent(futures::stream::iter(BEFORE..BEFORE + BURST), 4, add).await;
+        adding.store(false, std::sync::atomic::Ordering::Relaxed);
+    };
+    let deployments = kube::Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(quiet.client.clone(), &quiet.ns);
+    let mut puts = Vec::new();
+    let changes = async {
+        let mut took = Vec::new();
+        let mut round = 1;
+        while adding.load(std::sync::atomic::Ordering::Relaxed) || round < 10 {
+            round += 1;
+            let before = deployments.get("web").await.unwrap().metadata.generation.unwrap();
+            let sent = std::time::Instant::now();
+            acl.put(&quiet_key, &format!("v{round}")).await;
+            // Timed from the write's answer: Consul's own time to take a write, on cores the
+            // burst keeps busy, is not the controller's.
+            let written = std::time::Instant::now();
+            puts.push(written - sent);
+            while deployments.get("web").await.unwrap().metadata.generation == Some(before) {
+                assert!(written.elapsed() < std::time::Duration::from_secs(60), "change {round} never rolled");
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+            took.push(written.elapsed());
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+            let after = deployments.get("web").await.unwrap().metadata.generation.unwrap();
+            assert_eq!(after, before + 1, "change {round} rolled the quiet namespace's Deployment once");
+        }
+        took
+    };
+    let (_, took) = futures::join!(burst, changes);
+    println!("the quiet namespace's rollouts during the burst: {took:?}");
+    // The debug build's bound; the release build stays well under a second.
+    let slowest = took.iter().max().unwrap();
+    assert!(
+        *slowest < std::time::Duration::from_secs(2),
+        "the quiet namespace waited {took:?} during the burst (the writes took {puts:?})"
+    );
+    for i in BEFORE..BEFORE + BURST {
+        busy.wait_condition(&format!("b{i}"), conditions::CONSUL_SYNCED, "True", reason::WATCHES_IN_TURNS).await;
+    }
+    quiet.finish().await;
+    busy.finish().await;
+}

@@ -139,6 +139,44 @@ impl KvSource for SlowCheck {
     }
 }
 
+/// Answers reads like [`Script`], with the client's blocking slots: a blocking query waits in
+/// line for one and holds it until answered.
+struct Slotted(Script, Arc<tokio::sync::Semaphore>);
+
+impl KvSource for Slotted {
+    fn get_wait<'a>(
+        &'a self,
+        query: &'a KvQuery,
+        index: u64,
+        wait: Duration,
+        max_bytes: u64,
+    ) -> BoxFuture<'a, Result<KvResponse, Error>> {
+        Box::pin(async move {
+            let _slot = match index {
+                0 => None,
+                _ => Some(self.1.acquire().await.expect("never closed")),
+            };
+            self.0.get_wait(query, index, wait, max_bytes).await
+        })
+    }
+
+    fn blocking_slots(&self) -> usize {
+        self.1.available_permits()
+    }
+
+    fn wait(&self) -> Duration {
+        self.0.wait()
+    }
+
+    fn alive(&self, timeout: Duration) -> BoxFuture<'_, Result<(), Error>> {
+        self.0.alive(timeout)
+    }
+
+    fn address(&self) -> &str {
+        self.0.address()
+    }
+}
+
 /// A runner that sends every request to the returned channel, and records what it wakes.
 fn runner(limits: Limits) -> (Arc<Runner>, mpsc::UnboundedReceiver<Request>, Arc<Mutex<Vec<BindingRef>>>) {
     runner_over(limits, |tx| Arc::new(Script(tx)))
@@ -155,7 +193,7 @@ fn runner_over(
         Arc::new(move |b| woken.locked().push(b))
     };
     let runner = Runner::new(source(tx), wake, Arc::new(Metrics::new(&mut Registry::default())), GRACE, limits);
-    runner.planned_slots.store(20, std::sync::atomic::Ordering::Relaxed);
+    runner.plan_slots(20);
     let runner = Arc::new(runner);
     (runner, requests, woken)
 }
@@ -904,7 +942,7 @@ async fn a_binding_woken_by_an_answer_finds_all_its_paths_on_that_answer() {
     let (tx, mut requests) = mpsc::unbounded_channel();
     let runner =
         Runner::new(Arc::new(Script(tx)), wake, Arc::new(Metrics::new(&mut Registry::default())), GRACE, no_limits());
-    runner.planned_slots.store(20, std::sync::atomic::Ordering::Relaxed);
+    runner.plan_slots(20);
     let runner = Arc::new(runner);
     let (_roster, rx) = watch::channel(Arc::new(Roster::new(watch_paths, cells, None, false)));
     let task = tokio::spawn(runner.clone().run_group(KvQuery::prefix("p/"), rx));
@@ -921,4 +959,48 @@ async fn a_binding_woken_by_an_answer_finds_all_its_paths_on_that_answer() {
     }
     assert!(seen.last().is_some_and(|v| v[0] == "2"));
     task.abort();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_kept_group_never_waits_behind_the_turns_of_lanes_being_replaced() {
+    let slots = Arc::new(tokio::sync::Semaphore::new(2));
+    let (runner, mut requests, _woken) = runner_over(no_limits(), |tx| Arc::new(Slotted(Script(tx), slots)));
+    runner.plan_slots(2);
+    let next = |requests: &mut mpsc::UnboundedReceiver<Request>| requests.try_recv().ok();
+    let settle = || async {
+        for _ in 0..20 {
+            tokio::task::yield_now().await;
+        }
+    };
+    let mut rosters = Vec::new();
+    let mut start = |key: &str, lane: Option<Arc<Lane>>| {
+        let (paths, cells) = cells(&[(key, false, &["b"])]);
+        let (roster, rx) = watch::channel(Arc::new(Roster::new(paths, cells, lane, false)));
+        tokio::spawn(runner.clone().run_group(KvQuery::exact(key), rx));
+        rosters.push(roster);
+    };
+    start("quiet", None);
+    settle().await;
+    next(&mut requests).unwrap().reply(10, &[("quiet", "1", 5)]);
+    settle().await;
+    let quiet = next(&mut requests).expect("the quiet group blocks");
+    assert_eq!(quiet.index, 10);
+    // A re-plan made a fresh lane while the old lane's group still finishes its turn: together
+    // they want more slots than the plan left them.
+    start("old", Some(Arc::new(Lane::new(1, 1))));
+    start("new", Some(Arc::new(Lane::new(1, 1))));
+    settle().await;
+    for _ in 0..2 {
+        let plain = next(&mut requests).unwrap();
+        let key = plain.query.key.clone();
+        plain.reply(10, &[(&key, "1", 6)]);
+    }
+    settle().await;
+    let turn = next(&mut requests).expect("one lane group blocks");
+    assert!(next(&mut requests).is_none(), "the other waits for a slot");
+    quiet.reply(11, &[("quiet", "2", 11)]);
+    settle().await;
+    let again = next(&mut requests).expect("the quiet group asks again at once, ahead of the lanes");
+    assert_eq!((again.query.key.as_str(), again.index), ("quiet", 11));
+    drop((turn, again, rosters));
 }
