@@ -39,6 +39,8 @@ pub struct Sizes {
     pub every: Duration,
     /// Changes to the quiet namespace's key, in each phase.
     pub changes: usize,
+    /// The controller's `--namespace-write-limit`.
+    pub write_limit: Option<String>,
 }
 
 pub fn run(env: &Env, sizes: Sizes) -> Result<()> {
@@ -81,7 +83,8 @@ async fn measure(env: &Env, vars: &[(&'static str, String)], sizes: &Sizes) -> R
     let quiet_key = format!("{quiet}/config");
     bind(&quiet, "web", &quiet_key).await?;
 
-    let args = ["--default-token-prefixes=*".to_owned()];
+    let mut args = vec!["--default-token-prefixes=*".to_owned()];
+    args.extend(sizes.write_limit.iter().map(|limit| format!("--namespace-write-limit={limit}")));
     let served = format!("{flood},{quiet}");
     let (controller, pid) =
         crate::bench::release_controller(env, "bench-flood-controller", vars, &served, ADMIN_PORT, &args, &[])?;
@@ -160,9 +163,10 @@ async fn measure(env: &Env, vars: &[(&'static str, String)], sizes: &Sizes) -> R
             )
         };
         println!(
-            "\nresults: {} flooding bindings beside 1 quiet one, release build, {} cores:",
+            "\nresults: {} flooding bindings beside 1 quiet one, release build, {} cores, write limit {}:",
             sizes.bindings,
-            std::thread::available_parallelism().map_or(0, |n| n.get())
+            std::thread::available_parallelism().map_or(0, |n| n.get()),
+            sizes.write_limit.as_deref().unwrap_or("none"),
         );
         println!("  quiet namespace alone, Consul write to new generation:  {}", summary(&mut alone));
         println!("  quiet namespace during the flood:                        {}", summary(&mut during));

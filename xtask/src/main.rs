@@ -168,6 +168,9 @@ enum Bench {
         /// Changes to the quiet namespace's key, alone and then during the flood.
         #[arg(long, default_value_t = 30)]
         changes: usize,
+        /// The controller's --namespace-write-limit (N/span), if any.
+        #[arg(long)]
+        namespace_write_limit: Option<String>,
     },
     /// ConfigMaps and Secrets that no binding reads: what they add to the controller's
     /// resident memory, made while it runs and listed at a start.
@@ -295,8 +298,9 @@ fn run(command: Command) -> Result<()> {
         Command::Bench { bench: Bench::Objects { config_maps, secrets, bytes, deployments } } => {
             objects::run(&env, objects::Sizes { config_maps, secrets, bytes, deployments })
         }
-        Command::Bench { bench: Bench::Flood { bindings, every_ms, changes } } => {
-            flood::run(&env, flood::Sizes { bindings, every: Duration::from_millis(every_ms), changes })
+        Command::Bench { bench: Bench::Flood { bindings, every_ms, changes, namespace_write_limit } } => {
+            let every = Duration::from_millis(every_ms);
+            flood::run(&env, flood::Sizes { bindings, every, changes, write_limit: namespace_write_limit })
         }
         Command::Bench { bench: Bench::Rollout { bindings, rounds } } => bench::rollout(&env, bindings, rounds),
         Command::Bench { bench: Bench::Anchor { bindings, changes, rounds, gap_ms } } => {

@@ -226,7 +226,8 @@ pub struct TargetRef {
     pub selector: Option<LabelSelector>,
 }
 
-/// The kinds of workload that can be rolled: `Rollout` is Argo Rollouts' (`argoproj.io/v1alpha1`).
+/// The kinds of workload that can be rolled: `Rollout` is Argo Rollouts' (`argoproj.io/v1alpha1`);
+/// a `CronJob`'s stamp goes on its job template, so the Jobs it makes next run the new content.
 #[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, JsonSchema)]
 pub enum WorkloadKind {
     #[default]
@@ -234,10 +235,12 @@ pub enum WorkloadKind {
     StatefulSet,
     DaemonSet,
     Rollout,
+    CronJob,
 }
 
 impl WorkloadKind {
-    pub const ALL: [WorkloadKind; 4] = [Self::Deployment, Self::StatefulSet, Self::DaemonSet, Self::Rollout];
+    pub const ALL: [WorkloadKind; 5] =
+        [Self::Deployment, Self::StatefulSet, Self::DaemonSet, Self::Rollout, Self::CronJob];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -245,13 +248,24 @@ impl WorkloadKind {
             Self::StatefulSet => "StatefulSet",
             Self::DaemonSet => "DaemonSet",
             Self::Rollout => "Rollout",
+            Self::CronJob => "CronJob",
         }
     }
 
+    /// Its current API version; a cluster older than 1.21 serves `CronJob` as `batch/v1beta1`.
     pub fn api_version(self) -> &'static str {
         match self {
             Self::Rollout => "argoproj.io/v1alpha1",
+            Self::CronJob => "batch/v1",
             _ => "apps/v1",
+        }
+    }
+
+    /// Where its pod template is, from the object's root.
+    pub fn template_path(self) -> &'static [&'static str] {
+        match self {
+            Self::CronJob => &["spec", "jobTemplate", "spec", "template"],
+            _ => &["spec", "template"],
         }
     }
 }

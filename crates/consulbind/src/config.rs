@@ -301,6 +301,25 @@ mod tests {
     }
 
     #[test]
+    fn malformed_limits_are_refused_naming_the_flag() {
+        for (flag, value) in [
+            ("--namespace-write-limit", "0/1m"),
+            ("--namespace-write-limit", "100"),
+            ("--namespace-write-limit", "5/48h"),
+            ("--max-concurrent-writes", "0"),
+            ("--max-concurrent-writes", "70000"),
+            ("--default-rollout-budget", "0/1h"),
+            ("--default-rollout-budget", "3/0s"),
+        ] {
+            let error = Config::try_parse_from(["consulbind", &format!("{flag}={value}")]).unwrap_err().to_string();
+            assert!(error.contains(flag) && error.contains(value), "{flag}={value}: {error}");
+        }
+        let extreme = Config::parse_from(["consulbind", "--namespace-write-limit=1/24h", "--max-concurrent-writes=1"]);
+        assert_eq!(extreme.namespace_write_limit.map(|r| r.max), Some(1));
+        assert_eq!(extreme.max_concurrent_writes, 1);
+    }
+
+    #[test]
     fn the_lease_must_be_renewed_well_within_its_duration() {
         let parse = |renew: &str| {
             Config::parse_from([

@@ -5,7 +5,7 @@ use std::{
     sync::{Arc, Mutex, atomic::Ordering},
 };
 
-use consulbind_api::{ConsulBinding, WorkloadKind};
+use consulbind_api::ConsulBinding;
 use futures::{StreamExt, TryStreamExt, channel::mpsc};
 use kube::{
     Api, Client,
@@ -224,7 +224,7 @@ async fn run_scope(
     };
     let secret_tx = touched_tx.clone();
     let namespace_tx = touched_tx.clone();
-    let rollout_tx = touched_tx.clone();
+    let kind_tx = touched_tx.clone();
     let object_tx = touched_tx.clone();
     let interest = ctx.interest.clone();
     tokio::spawn(touched.for_each(move |t| {
@@ -247,18 +247,19 @@ async fn run_scope(
         }
         futures::future::ready(())
     }));
-    // The cluster starting or stopping to serve Rollouts (Argo Rollouts installed or removed)
-    // concerns every binding that targets one.
-    let mut rollouts_served = ctx.workloads.rollouts_served();
-    let bindings = ctx.bindings.clone();
-    tokio::spawn(async move {
-        while rollouts_served.changed().await.is_ok() {
-            let targets_rollouts = |b: &ConsulBinding| b.spec.targets.iter().any(|t| t.kind == WorkloadKind::Rollout);
-            for binding in bindings.state().iter().filter(|b| targets_rollouts(b)) {
-                rollout_tx(ObjectRef::from_obj(&**binding));
+    // The cluster starting or stopping to serve an optional kind (Argo Rollouts installed or
+    // removed, a rule granted) concerns every binding that targets one.
+    for (kind, mut served) in ctx.workloads.optional_kinds_served() {
+        let (bindings, served_tx) = (ctx.bindings.clone(), kind_tx.clone());
+        tokio::spawn(async move {
+            while served.changed().await.is_ok() {
+                let targets = |b: &ConsulBinding| b.spec.targets.iter().any(|t| t.kind == kind);
+                for binding in bindings.state().iter().filter(|b| targets(b)) {
+                    served_tx(ObjectRef::from_obj(&**binding));
+                }
             }
-        }
-    });
+        });
+    }
     // A namespace's rule changes rarely; every binding there is looked at again.
     let bindings = ctx.bindings.clone();
     tokio::spawn(namespaces_touched.for_each(move |namespace| {

@@ -5,6 +5,7 @@
 //! selectors the API server would take ([`selector`]). Nothing here writes to the cluster.
 
 pub mod argo;
+pub mod cronjob;
 pub mod health;
 pub mod interest;
 pub mod objects;
@@ -30,7 +31,14 @@ pub struct Version {
 
 impl Version {
     pub fn of<K: kube::Resource>(obj: &K) -> Self {
-        Self { uid: obj.meta().uid.clone().unwrap_or_default(), generation: obj.meta().generation.unwrap_or_default() }
+        let meta = obj.meta();
+        // Before 1.21 a CronJob has no generation; its resource version (etcd's revision, which
+        // only grows) tells as well whether the cache has caught up with a stamp.
+        let revision = || meta.resource_version.as_deref()?.parse().ok();
+        Self {
+            uid: meta.uid.clone().unwrap_or_default(),
+            generation: meta.generation.or_else(revision).unwrap_or_default(),
+        }
     }
 }
 

@@ -30,6 +30,7 @@ use tokio::sync::watch;
 use super::{
     Live, Version, Workload,
     argo::Rollout,
+    cronjob::{CronJob, CronJobV1Beta1},
     health::{self, Health},
     references::{self, References},
 };
@@ -44,6 +45,11 @@ pub struct Workloads {
     rollouts: Store<PartialObjectMeta<Rollout>>,
     /// Whether the cluster serves Argo Rollouts' kind, which is optional.
     rollouts_served: watch::Receiver<Served>,
+    cronjobs: Store<PartialObjectMeta<CronJob>>,
+    cronjobs_served: watch::Receiver<Served>,
+    /// Before 1.21, CronJobs are served as `batch/v1beta1` only.
+    old_cronjobs: Store<PartialObjectMeta<CronJobV1Beta1>>,
+    old_cronjobs_served: watch::Receiver<Served>,
 }
 
 /// Whether the API server serves a kind to this controller, as its last list or watch said.
@@ -100,8 +106,35 @@ impl Workloads {
         let (daemonsets, ds) = cache::<DaemonSet>(client, namespace, WorkloadKind::DaemonSet, None);
         let (served, rollouts_served) = watch::channel(Served::Unknown);
         let (rollouts, r) = cache::<Rollout>(client, namespace, WorkloadKind::Rollout, Some(served));
-        let workloads = Self { deployments, statefulsets, daemonsets, rollouts, rollouts_served };
-        (workloads, futures::stream::select_all([d, s, ds, r]))
+        let (served, cronjobs_served) = watch::channel(Served::Unknown);
+        let (cronjobs, c) = cache::<CronJob>(client, namespace, WorkloadKind::CronJob, Some(served));
+        let (served, old_cronjobs_served) = watch::channel(Served::Unknown);
+        let (old_cronjobs, oc) = cache::<CronJobV1Beta1>(client, namespace, WorkloadKind::CronJob, Some(served));
+        let workloads = Self {
+            deployments,
+            statefulsets,
+            daemonsets,
+            rollouts,
+            rollouts_served,
+            cronjobs,
+            cronjobs_served,
+            old_cronjobs,
+            old_cronjobs_served,
+        };
+        (workloads, futures::stream::select_all([d, s, ds, r, c, oc]))
+    }
+
+    /// The API version the cluster serves `kind` at.
+    pub fn api_version(&self, kind: WorkloadKind) -> &'static str {
+        match kind {
+            WorkloadKind::CronJob if self.old_cronjobs_only() => "batch/v1beta1",
+            _ => kind.api_version(),
+        }
+    }
+
+    /// The cluster serves CronJobs as `batch/v1beta1` and not as `batch/v1` (before 1.21).
+    pub fn old_cronjobs_only(&self) -> bool {
+        *self.cronjobs_served.borrow() != Served::Yes && *self.old_cronjobs_served.borrow() == Served::Yes
     }
 
     /// Waits for the first list of every kind; for Rollouts, an answer that the kind is not
@@ -110,29 +143,53 @@ impl Workloads {
         self.deployments.wait_until_ready().await?;
         self.statefulsets.wait_until_ready().await?;
         self.daemonsets.wait_until_ready().await?;
-        let _ = self.rollouts_served.clone().wait_for(|s| *s != Served::Unknown).await;
+        for served in [&self.rollouts_served, &self.cronjobs_served, &self.old_cronjobs_served] {
+            let _ = served.clone().wait_for(|s| *s != Served::Unknown).await;
+        }
         Ok(())
     }
 
-    /// Changes whenever the cluster starts or stops serving Rollouts.
-    pub fn rollouts_served(&self) -> watch::Receiver<Served> {
-        self.rollouts_served.clone()
+    /// For each kind the cluster may not serve, what changes whenever it starts or stops
+    /// serving it.
+    pub fn optional_kinds_served(&self) -> [(WorkloadKind, watch::Receiver<Served>); 3] {
+        [
+            (WorkloadKind::Rollout, self.rollouts_served.clone()),
+            (WorkloadKind::CronJob, self.cronjobs_served.clone()),
+            (WorkloadKind::CronJob, self.old_cronjobs_served.clone()),
+        ]
     }
 
-    /// The workloads in `namespace` that `targets` name or select, with what each carries in
-    /// the pod-template annotation `annotation`, and with `references`, the objects their pod
-    /// templates reference.
-    pub fn resolve(&self, namespace: &str, targets: &[TargetRef], annotation: &str, references: bool) -> Resolved {
+    /// The workloads in `namespace` that `targets` name or select, with what `wants` asks of each.
+    pub fn resolve(&self, namespace: &str, targets: &[TargetRef], wants: &Wants<'_>) -> Resolved {
         let mut found = BTreeMap::new();
         let mut missing = Vec::new();
         let mut unserved = Vec::new();
         for target in targets {
             let mut live = match target.kind {
-                WorkloadKind::Deployment => select(&self.deployments, namespace, target, annotation, references),
-                WorkloadKind::StatefulSet => select(&self.statefulsets, namespace, target, annotation, references),
-                WorkloadKind::DaemonSet => select(&self.daemonsets, namespace, target, annotation, references),
+                WorkloadKind::Deployment => select(&self.deployments, namespace, target, wants),
+                WorkloadKind::StatefulSet => select(&self.statefulsets, namespace, target, wants),
+                WorkloadKind::DaemonSet => select(&self.daemonsets, namespace, target, wants),
+                WorkloadKind::CronJob => {
+                    let (now, old) = (self.cronjobs_served.borrow().clone(), self.old_cronjobs_served.borrow().clone());
+                    match (now, old) {
+                        (Served::Yes, _) => select(&self.cronjobs, namespace, target, wants),
+                        (_, Served::Yes) => select(&self.old_cronjobs, namespace, target, wants),
+                        (Served::Forbidden, _) | (_, Served::Forbidden) => {
+                            unserved.push(
+                                "the controller may not list or watch CronJobs (batch); grant it list, watch and \
+                                 patch on cronjobs (see config/rbac)"
+                                    .to_owned(),
+                            );
+                            continue;
+                        }
+                        _ => {
+                            unserved.push("the cluster serves no CronJobs (batch/v1 or batch/v1beta1)".to_owned());
+                            continue;
+                        }
+                    }
+                }
                 WorkloadKind::Rollout => match &*self.rollouts_served.borrow() {
-                    Served::Yes => select(&self.rollouts, namespace, target, annotation, references),
+                    Served::Yes => select(&self.rollouts, namespace, target, wants),
                     Served::Forbidden => {
                         unserved.push(
                             "the controller may not list or watch Argo Rollouts (rollouts.argoproj.io); grant it \
@@ -383,6 +440,8 @@ fn event_of<K, M>(event: watcher::Event<K>, f: impl Fn(K) -> M) -> watcher::Even
 
 /// A workload's pod template: its annotations and its spec.
 pub trait Template {
+    const KIND: WorkloadKind;
+
     fn template_annotations(&self) -> Option<&BTreeMap<String, String>>;
 
     fn pod_spec(&self) -> Option<&PodSpec>;
@@ -396,6 +455,8 @@ pub trait Template {
 }
 
 impl Template for Rollout {
+    const KIND: WorkloadKind = WorkloadKind::Rollout;
+
     fn template_annotations(&self) -> Option<&BTreeMap<String, String>> {
         self.spec.as_ref()?.template.as_ref()?.metadata.as_ref()?.annotations.as_ref()
     }
@@ -415,8 +476,10 @@ impl Template for Rollout {
 }
 
 macro_rules! template {
-    ($($kind:ty: $health:path),*) => {$(
+    ($($kind:ident: $health:path),*) => {$(
         impl Template for $kind {
+            const KIND: WorkloadKind = WorkloadKind::$kind;
+
             fn health(&self) -> Health {
                 $health(self)
             }
@@ -432,6 +495,28 @@ macro_rules! template {
     )*};
 }
 template!(Deployment: health::deployment, StatefulSet: health::stateful_set, DaemonSet: health::daemon_set);
+
+macro_rules! cronjob_template {
+    ($($kind:ty),*) => {$(
+        impl Template for $kind {
+            const KIND: WorkloadKind = WorkloadKind::CronJob;
+
+            fn template_annotations(&self) -> Option<&BTreeMap<String, String>> {
+                self.spec.as_ref()?.template()?.metadata.as_ref()?.annotations.as_ref()
+            }
+
+            fn pod_spec(&self) -> Option<&PodSpec> {
+                self.spec.as_ref()?.template()?.spec.as_ref()
+            }
+
+            /// A CronJob rolls nothing that runs: the next Job it makes carries the stamp.
+            fn health(&self) -> Health {
+                Health::Healthy
+            }
+        }
+    )*};
+}
+cronjob_template!(CronJob, CronJobV1Beta1);
 
 /// Marks, in a cached workload's annotations, that the binding's own field manager set the
 /// annotation after it; anything else (a rollout undo, a hand edit) set the live value.
@@ -451,7 +536,7 @@ fn live_meta<K: Resource<DynamicType = ()> + Template>(obj: K) -> PartialObjectM
         .collect();
     let mut annotations = BTreeMap::new();
     for (key, value) in ours {
-        if owned_by_its_binding(meta, &key) {
+        if owned_by_its_binding(meta, K::KIND, &key) {
             annotations.insert(format!("{OWNED}{key}"), String::new());
         }
         annotations.insert(key, value);
@@ -469,6 +554,7 @@ fn live_meta<K: Resource<DynamicType = ()> + Template>(obj: K) -> PartialObjectM
         // With the generation, tells whether the cache has caught up with a stamp.
         uid: meta.uid.clone(),
         generation: meta.generation,
+        resource_version: meta.generation.is_none().then(|| meta.resource_version.clone()).flatten(),
         labels: meta.labels.clone(),
         annotations: Some(annotations).filter(|a| !a.is_empty()),
         ..ObjectMeta::default()
@@ -478,15 +564,16 @@ fn live_meta<K: Resource<DynamicType = ()> + Template>(obj: K) -> PartialObjectM
 
 /// Whether this controller set `annotation` for its binding, from the object's managed fields:
 /// the binding's own field manager, or the joint write of several bindings' stamps.
-fn owned_by_its_binding(meta: &ObjectMeta, annotation: &str) -> bool {
+fn owned_by_its_binding(meta: &ObjectMeta, kind: WorkloadKind, annotation: &str) -> bool {
     let Some(part) = annotation.strip_prefix(names::ANNOTATION_PREFIX).and_then(|p| p.strip_prefix('/')) else {
         return false;
     };
     let manager = format!("consulbind-{part}");
     let field = format!("f:{annotation}");
     meta.managed_fields.iter().flatten().filter(|m| stamps_for(m, &manager)).any(|m| {
-        let fields = m.fields_v1.as_ref().map(|f| &f.0);
-        fields.is_some_and(|f| !f["f:spec"]["f:template"]["f:metadata"]["f:annotations"][&field].is_null())
+        let Some(fields) = m.fields_v1.as_ref().map(|f| &f.0) else { return false };
+        let template = kind.template_path().iter().fold(fields, |at, part| &at[format!("f:{part}").as_str()]);
+        !template["f:metadata"]["f:annotations"][&field].is_null()
     })
 }
 
@@ -512,8 +599,18 @@ struct Selected {
     labels: BTreeMap<String, String>,
 }
 
-fn selected<K: Resource>(obj: &PartialObjectMeta<K>, annotation: &str, with_references: bool) -> Selected {
-    let annotations = obj.annotations();
+/// What a reconcile asks of each workload it finds, beside its name and version.
+pub struct Wants<'a> {
+    /// The binding's pod-template annotation: what the workload carries.
+    pub annotation: &'a str,
+    /// The objects its pod template references.
+    pub references: bool,
+    /// Its labels, which waves select by.
+    pub labels: bool,
+}
+
+fn selected<K: Resource>(obj: &PartialObjectMeta<K>, wants: &Wants<'_>) -> Selected {
+    let (annotation, annotations) = (wants.annotation, obj.annotations());
     let owned = |key: &str| annotations.contains_key(&format!("{OWNED}{key}"));
     let live = annotations.get(annotation).map(|value| Live { value: value.clone(), owned: owned(annotation) });
     Selected {
@@ -521,9 +618,9 @@ fn selected<K: Resource>(obj: &PartialObjectMeta<K>, annotation: &str, with_refe
         live,
         version: Version::of(obj),
         workload_ref: annotations.get(WORKLOAD_REF).cloned(),
-        references: if with_references { references::decode(annotations) } else { References::new() },
+        references: if wants.references { references::decode(annotations) } else { References::new() },
         health: Health::decode(annotations),
-        labels: obj.labels().clone(),
+        labels: if wants.labels { obj.labels().clone() } else { BTreeMap::new() },
     }
 }
 
@@ -531,15 +628,14 @@ fn select<K>(
     store: &Store<PartialObjectMeta<K>>,
     namespace: &str,
     target: &TargetRef,
-    annotation: &str,
-    references: bool,
+    wants: &Wants<'_>,
 ) -> Vec<Selected>
 where
     K: Resource<DynamicType = ()> + Clone,
 {
     if let Some(name) = &target.name {
         let key = ObjectRef::<PartialObjectMeta<K>>::new(name).within(namespace);
-        return store.get(&key).map(|obj| vec![selected(&obj, annotation, references)]).unwrap_or_default();
+        return store.get(&key).map(|obj| vec![selected(&obj, wants)]).unwrap_or_default();
     }
     let Some(selector) = target.selector.clone().and_then(|s| Selector::try_from(s).ok()) else {
         return Vec::new();
@@ -548,7 +644,7 @@ where
         .state()
         .iter()
         .filter(|obj| obj.namespace().as_deref() == Some(namespace) && selector.matches(obj.labels()))
-        .map(|obj| selected(obj, annotation, references))
+        .map(|obj| selected(obj, wants))
         .collect();
     found.sort_by(|a, b| a.name.cmp(&b.name));
     found
@@ -624,7 +720,7 @@ mod tests {
         };
         let owned = |entries: Vec<serde_json::Value>, binding: &str| {
             let meta: ObjectMeta = serde_json::from_value(json!({"managedFields": entries})).unwrap();
-            owned_by_its_binding(&meta, &format!("checksum.consulbind.dev/{binding}"))
+            owned_by_its_binding(&meta, WorkloadKind::Deployment, &format!("checksum.consulbind.dev/{binding}"))
         };
         assert!(owned(vec![entry("consulbind-a", "Apply", &["a"])], "a"));
         assert!(!owned(vec![entry("consulbind-b", "Apply", &["a", "b"])], "a"), "another binding's manager");
@@ -632,5 +728,13 @@ mod tests {
         assert!(!owned(vec![entry("consulbind", "Apply", &["a"])], "a"), "a joint write is an update");
         assert!(!owned(vec![entry("kube-controller-manager", "Update", &["a"])], "a"), "a rollback");
         assert!(!owned(vec![entry("consulbind", "Update", &["b"])], "a"));
+        // A CronJob's is on its job template.
+        let meta: ObjectMeta = serde_json::from_value(json!({"managedFields": [{
+            "manager": "consulbind-a", "operation": "Apply", "fieldsType": "FieldsV1",
+            "fieldsV1": {"f:spec": {"f:jobTemplate": {"f:spec": {"f:template": {"f:metadata": {"f:annotations": {
+                "f:checksum.consulbind.dev/a": {}}}}}}}}}]}))
+        .unwrap();
+        assert!(owned_by_its_binding(&meta, WorkloadKind::CronJob, "checksum.consulbind.dev/a"));
+        assert!(!owned_by_its_binding(&meta, WorkloadKind::Deployment, "checksum.consulbind.dev/a"));
     }
 }

@@ -206,7 +206,13 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
         return Ok(Action::requeue(Duration::from_millis(500)));
     }
     let annotation = names::annotation_key(&oref.name);
-    let mut resolved = ctx.workloads.resolve(&namespace, &spec.targets, &annotation, spec.include_target_references);
+    let staging = waves::Staging::of(spec, ctx.default_rollout_budget).ok().flatten();
+    let wants = crate::cluster::workloads::Wants {
+        annotation: &annotation,
+        references: spec.include_target_references,
+        labels: staging.as_ref().is_some_and(waves::Staging::selects_by_label),
+    };
+    let mut resolved = ctx.workloads.resolve(&namespace, &spec.targets, &wants);
     read::trust_own_stamps(ctx, &oref, &mut resolved);
     let bound = read::bound_objects(spec, &resolved.references);
     let listed = bound.as_deref().unwrap_or_default().iter().map(|b| (b.kind, b.source.name.as_str()));
@@ -271,7 +277,6 @@ async fn reconcile_binding(binding: &ConsulBinding, ctx: &Context) -> Result<Act
         [c.datacenter.as_deref(), c.namespace.as_deref(), c.partition.as_deref()].map(Option::unwrap_or_default)
     });
     let key = ctx.checksum_key.scoped(&namespace, consul_scope);
-    let staging = waves::Staging::of(spec, ctx.default_rollout_budget).ok().flatten();
     let input = Input {
         key: &key,
         spec,

@@ -162,7 +162,7 @@ pub fn rolled_out(
         let labels = WorkloadLabels { namespace: namespace.clone(), kind: kind.as_str(), workload: workload.clone() };
         ctx.metrics.workload_rollouts.get_or_create(&labels).inc();
         let reference = ObjectReference {
-            api_version: Some(kind.api_version().into()),
+            api_version: Some(ctx.workloads.api_version(*kind).into()),
             kind: Some(kind.as_str().into()),
             namespace: Some(namespace.clone()),
             name: Some(workload.clone()),

@@ -21,7 +21,11 @@ use super::{
 };
 use crate::{
     BindingRef, Lock,
-    cluster::{Version, Workload, argo::Rollout},
+    cluster::{
+        Version, Workload,
+        argo::Rollout,
+        cronjob::{CronJob, CronJobV1Beta1},
+    },
     names,
 };
 
@@ -62,7 +66,8 @@ pub async fn stamp_all(
                 .desk
                 .run(turn, |stamps| async move {
                     let _slot = ctx.writes.permit(namespace).await;
-                    write(&ctx.client, namespace, target, uid, stamps).await
+                    let api_version = ctx.workloads.api_version(target.0);
+                    write(&ctx.client, namespace, target, api_version, uid, stamps).await
                 })
                 .await;
             ctx.metrics.stage("patch", started.elapsed());
@@ -119,16 +124,21 @@ async fn write(
     client: &Client,
     namespace: &str,
     workload: &Workload,
+    api_version: &str,
     uid: Option<&str>,
     stamps: Vec<Stamp>,
 ) -> Written {
     let (kind, name) = workload;
-    let (body, params) = body(workload, uid, &stamps);
+    let (body, params) = body(workload, api_version, uid, &stamps);
     let patched = match kind {
         WorkloadKind::Deployment => patch::<Deployment>(client, namespace, name, &params, &body).await,
         WorkloadKind::StatefulSet => patch::<StatefulSet>(client, namespace, name, &params, &body).await,
         WorkloadKind::DaemonSet => patch::<DaemonSet>(client, namespace, name, &params, &body).await,
         WorkloadKind::Rollout => patch::<Rollout>(client, namespace, name, &params, &body).await,
+        WorkloadKind::CronJob if api_version == CronJob::api_version(&()) => {
+            patch::<CronJob>(client, namespace, name, &params, &body).await
+        }
+        WorkloadKind::CronJob => patch::<CronJobV1Beta1>(client, namespace, name, &params, &body).await,
     };
     patched.map_err(|error| match &error {
         // An apply held to a uid that finds no object: 409, `... "web": uid mismatch: ...` (no
@@ -147,17 +157,23 @@ async fn write(
     })
 }
 
-/// The write of `stamps`: an apply of one, a merge patch of several.
-fn body((kind, name): &Workload, uid: Option<&str>, stamps: &[Stamp]) -> (Patch<serde_json::Value>, PatchParams) {
+/// The write of `stamps` on the pod template: an apply of one, a merge patch of several.
+fn body(
+    (kind, name): &Workload,
+    api_version: &str,
+    uid: Option<&str>,
+    stamps: &[Stamp],
+) -> (Patch<serde_json::Value>, PatchParams) {
     let annotations: serde_json::Map<String, serde_json::Value> =
         stamps.iter().map(|s| (s.annotation.clone(), s.value.clone().into())).collect();
-    let mut body = json!({ "spec": { "template": { "metadata": { "annotations": annotations } } } });
+    let template = json!({ "metadata": { "annotations": annotations } });
+    let mut body = kind.template_path().iter().rev().fold(template, |inner, part| json!({ *part: inner }));
     if let Some(uid) = uid {
         body["metadata"] = json!({ "uid": uid });
     }
     match stamps {
         [alone] => {
-            body["apiVersion"] = kind.api_version().into();
+            body["apiVersion"] = api_version.into();
             body["kind"] = kind.as_str().into();
             body["metadata"]["name"] = name.as_str().into();
             (Patch::Apply(body), PatchParams::apply(&alone.manager).force())
@@ -199,7 +215,9 @@ mod tests {
             value: format!("v2:{binding}"),
             manager: format!("consulbind-{binding}"),
         };
-        let (Patch::Apply(alone), params) = body(&web, Some("u-1"), &[stamp("a")]) else { panic!("not an apply") };
+        let (Patch::Apply(alone), params) = body(&web, "apps/v1", Some("u-1"), &[stamp("a")]) else {
+            panic!("not an apply")
+        };
         assert_eq!(
             alone,
             json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web", "uid": "u-1"},
@@ -207,14 +225,24 @@ mod tests {
         );
         assert_eq!(params.field_manager.as_deref(), Some("consulbind-a"));
 
-        let (Patch::Merge(joint), params) = body(&web, Some("u-1"), &[stamp("a"), stamp("b")]) else {
+        let (Patch::Merge(joint), params) = body(&web, "apps/v1", Some("u-1"), &[stamp("a"), stamp("b")]) else {
             panic!("not a merge patch")
         };
         assert_eq!(joint["metadata"], json!({"uid": "u-1"}));
         assert_eq!(joint["spec"]["template"]["metadata"]["annotations"].as_object().unwrap().len(), 2);
         assert_eq!(params.field_manager.as_deref(), Some(names::JOINT_MANAGER));
 
-        let (Patch::Merge(unknown), _) = body(&web, None, &[stamp("a"), stamp("b")]) else { panic!() };
+        let (Patch::Merge(unknown), _) = body(&web, "apps/v1", None, &[stamp("a"), stamp("b")]) else { panic!() };
         assert!(unknown.get("metadata").is_none(), "no uid to hold it to");
+
+        let nightly: Workload = (WorkloadKind::CronJob, "nightly".into());
+        let (Patch::Apply(cron), _) = body(&nightly, "batch/v1beta1", None, &[stamp("a")]) else { panic!() };
+        assert_eq!(
+            cron,
+            json!({"apiVersion": "batch/v1beta1", "kind": "CronJob", "metadata": {"name": "nightly"},
+                "spec": {"jobTemplate": {"spec": {"template": {"metadata": {"annotations": {
+                    "checksum.consulbind.dev/a": "v2:a"}}}}}}}),
+            "a CronJob's stamp goes on its job template"
+        );
     }
 }

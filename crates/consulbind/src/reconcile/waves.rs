@@ -81,6 +81,11 @@ fn duration(text: &str, field: &str) -> Result<Option<Duration>, String> {
 }
 
 impl Staging {
+    /// Whether a wave selects its targets by label.
+    pub fn selects_by_label(&self) -> bool {
+        self.waves.iter().any(|w| w.selector.is_some())
+    }
+
     /// The binding's staging rules, with `default_budget` for a binding without a budget of its
     /// own; `None` when it has neither waves nor a budget.
     pub fn of(spec: &ConsulBindingSpec, default_budget: Option<Budget>) -> Result<Option<Self>, String> {
@@ -149,6 +154,11 @@ pub struct Step {
 
 fn since(at: &Time, now: Timestamp) -> Duration {
     Duration::try_from(now.duration_since(at.0)).unwrap_or_default()
+}
+
+/// How long from `now` until `at`; zero once it has passed.
+fn until(at: Timestamp, now: Timestamp) -> Duration {
+    Duration::try_from(at.duration_since(now)).unwrap_or_default()
 }
 
 fn later(now: Timestamp, wait: Duration) -> Timestamp {
@@ -297,7 +307,7 @@ fn decide(staging: &Staging, input: &Input<'_>, behind: &[Workload], go: bool, d
                 reason::ROLLOUT_BUDGET_EXHAUSTED,
                 format!("{waiting} wait for the rollout budget: {}: {}", name(w), message.as_deref().unwrap_or("")),
             ));
-            step.wake = Some(Duration::try_from(next.duration_since(now)).unwrap_or_default());
+            step.wake = Some(until(*next, now));
             at(0, RolloutPhase::Waiting, &mut step);
         }
         return step;
@@ -345,17 +355,17 @@ fn decide(staging: &Staging, input: &Input<'_>, behind: &[Workload], go: bool, d
                 let paused_since = ours
                     .filter(|r| r.wave as usize == shown_wave && r.phase == RolloutPhase::Paused)
                     .map_or(now, |r| r.since.0);
-                let until = later(paused_since, pause);
-                if now < until {
+                let pause_end = later(paused_since, pause);
+                if now < pause_end {
                     step.hold = Some((
                         reason::WAVE_PAUSED,
                         format!(
                             "wave {shown_wave}/{count} is healthy; the next wave starts at {} (a pause of {})",
-                            shown(until),
+                            shown(pause_end),
                             human(pause)
                         ),
                     ));
-                    step.wake = Some(Duration::try_from(until.duration_since(now)).unwrap_or_default());
+                    step.wake = Some(until(pause_end, now));
                     at(i, RolloutPhase::Paused, &mut step);
                     return step;
                 }
@@ -383,7 +393,7 @@ fn decide(staging: &Staging, input: &Input<'_>, behind: &[Workload], go: bool, d
                     shown(next)
                 ),
             ));
-            step.wake = Some(Duration::try_from(next.duration_since(now)).unwrap_or_default());
+            step.wake = Some(until(next, now));
             at(i, RolloutPhase::Waiting, &mut step);
             return step;
         }

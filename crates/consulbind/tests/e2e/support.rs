@@ -131,7 +131,14 @@ impl Scene {
                     .await?,
             ),
             "Rollout" => drop(self.rollouts().patch(&name, &pp, &patch).await?),
-            other => bail!("cannot apply {other}"),
+            other => {
+                let api_version = manifest["apiVersion"].as_str().unwrap_or_default();
+                let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+                let gvk = GroupVersionKind::gvk(group, version, other);
+                let (resource, _) = kube::discovery::pinned_kind(&self.client, &gvk).await?;
+                let api = Api::<DynamicObject>::namespaced_with(self.client.clone(), &self.ns, &resource);
+                drop(api.patch(&name, &pp, &patch).await?)
+            }
         }
         Ok(())
     }

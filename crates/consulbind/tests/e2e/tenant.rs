@@ -703,9 +703,20 @@ async fn a_binding_past_its_namespaces_share_of_watched_paths_waits_and_the_othe
 /// the flood's last content is what its Deployments end with.
 #[tokio::test]
 async fn a_namespace_whose_keys_change_without_pause_leaves_another_rolling_once_per_change() {
-    let Some(mut flood) = Scene::without_controller("flood").await else { return };
-    let Some(calm) = Scene::without_controller("calm").await else { return };
-    flood.start_controller(&[&format!("--namespaces={}", calm.ns)]).await;
+    flood_beside_calm("flood", &[]).await;
+}
+
+/// The same with the least room for writes: one in flight at a time for every namespace.
+#[tokio::test]
+async fn with_a_single_write_in_flight_a_flood_still_leaves_another_namespace_rolling_once_per_change() {
+    flood_beside_calm("flood1", &["--max-concurrent-writes=1"]).await;
+}
+
+async fn flood_beside_calm(name: &str, args: &[&str]) {
+    let Some(mut flood) = Scene::without_controller(name).await else { return };
+    let Some(calm) = Scene::without_controller(&format!("calm-{name}")).await else { return };
+    let served = format!("--namespaces={}", calm.ns);
+    flood.start_controller(&[&[served.as_str()], args].concat()).await;
     let keys: Vec<String> = (0..8).map(|i| flood.key(&format!("k{i}"))).collect();
     for (i, key) in keys.iter().enumerate() {
         flood.put(key, "f0").await;
