@@ -64,6 +64,8 @@ fn e2e(env: &Env, args: &[String]) -> Result<()> {
         println!("NOTE: the workspace has no integration test targets yet; nothing to run");
         return Ok(());
     }
+    // Argo CD's dialect, to run the health check of config/argocd/ on real statuses.
+    crate::apt::ensure_packages(&["lua5.1"], false)?;
     run(cargo()
         .args(["test", "--workspace", "--test", "*", "--"])
         .args(args)

@@ -6,6 +6,12 @@ pub const READY: &str = "Ready";
 pub const CONSUL_SYNCED: &str = "ConsulSynced";
 /// Every target was found and carries the applied checksum.
 pub const TARGETS_UPDATED: &str = "TargetsUpdated";
+/// kstatus (Flux, `kubectl wait`): work is under way that ends by itself, such as a quiet period
+/// or a staged rollout; the reason is Ready's.
+pub const RECONCILING: &str = "Reconciling";
+/// kstatus: the binding cannot go on until someone acts (an invalid spec, a denied token, a
+/// missing key); the reason is Ready's.
+pub const STALLED: &str = "Stalled";
 
 pub mod reason {
     pub const UP_TO_DATE: &str = "UpToDate";

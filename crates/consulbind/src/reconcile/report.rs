@@ -117,12 +117,13 @@ pub fn not_served(
 ) -> ConsulBindingStatus {
     let now = Time(Timestamp::now());
     let generation = binding.metadata.generation;
-    let conditions = [conditions::READY, conditions::TARGETS_UPDATED]
+    let mut conditions: Vec<_> = [conditions::READY, conditions::TARGETS_UPDATED]
         .into_iter()
         .map(|type_| {
             status::condition(&previous.conditions, type_, Some(false), reason, message.into(), generation, &now)
         })
         .collect();
+    status::kstatus(&previous.conditions, &mut conditions, generation, &now);
     ConsulBindingStatus { observed_generation: generation, conditions, ..previous.clone() }
 }
 

@@ -98,6 +98,7 @@ pub fn status(input: &Input<'_>, plan: &Plan, outcome: &Outcome, now: &Time) -> 
         }
     };
     set(conditions::READY, Some(ready), ready_reason, ready_message);
+    kstatus(&previous.conditions, &mut conditions, input.generation, now);
 
     let present = plan.keys.iter().filter(|k| k.present).count() + plan.objects.iter().filter(|o| o.present).count();
     ConsulBindingStatus {
@@ -128,6 +129,35 @@ pub fn status(input: &Input<'_>, plan: &Plan, outcome: &Outcome, now: &Time) -> 
             _ => None,
         },
         conditions,
+    }
+}
+
+/// Whether a reason of `Ready=False` is work that ends by itself, as opposed to a problem that
+/// waits for someone.
+fn ends_by_itself(reason: &str) -> bool {
+    [
+        reason::PENDING,
+        reason::ROLLOUT_IN_PROGRESS,
+        reason::WAVE_PAUSED,
+        reason::ROLLOUT_BUDGET_EXHAUSTED,
+        reason::WRITE_LIMITED,
+    ]
+    .contains(&reason)
+}
+
+/// Adds kstatus's `Reconciling` and `Stalled`, read from the Ready condition in `conditions`:
+/// Flux and `kubectl wait` read these. A suspended binding holding a change is neither.
+pub fn kstatus(previous: &[Condition], conditions: &mut Vec<Condition>, generation: Option<i64>, now: &Time) {
+    let Some(ready) = conditions.iter().find(|c| c.type_ == conditions::READY).cloned() else { return };
+    let (reconciling, stalled) = match ready.status.as_str() {
+        "True" => (false, false),
+        "False" if ready.reason == reason::SUSPENDED => (false, false),
+        "False" => (ends_by_itself(&ready.reason), !ends_by_itself(&ready.reason)),
+        _ => (true, false),
+    };
+    for (type_, on) in [(conditions::RECONCILING, reconciling), (conditions::STALLED, stalled)] {
+        let message = if on { ready.message.clone() } else { String::new() };
+        conditions.push(condition(previous, type_, Some(on), &ready.reason, message, generation, now));
     }
 }
 
@@ -167,4 +197,48 @@ fn count(n: usize, noun: &str) -> String {
 /// "1 target carries", "2 targets carry", "0 targets carry".
 fn carry(targets: usize) -> String {
     format!("{} {}", count(targets, "target"), if targets == 1 { "carries" } else { "carry" })
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::jiff::Timestamp;
+
+    use super::*;
+
+    /// Reconciling and Stalled, as kstatus reads them, after a Ready of `status` and `reason`.
+    fn after(status: Option<bool>, reason: &str) -> (String, String, String) {
+        let now = Time(Timestamp::UNIX_EPOCH);
+        let mut conditions = vec![condition(&[], conditions::READY, status, reason, "why".into(), Some(1), &now)];
+        kstatus(&[], &mut conditions, Some(1), &now);
+        let of = |type_: &str| conditions.iter().find(|c| c.type_ == type_).unwrap().clone();
+        let (reconciling, stalled) = (of(conditions::RECONCILING), of(conditions::STALLED));
+        assert_eq!((reconciling.reason.as_str(), stalled.reason.as_str()), (reason, reason));
+        let message = [&reconciling, &stalled].iter().map(|c| c.message.as_str()).collect();
+        (reconciling.status, stalled.status, message)
+    }
+
+    #[test]
+    fn work_that_ends_by_itself_is_reconciling_and_a_problem_for_a_person_is_stalled() {
+        let on = |r: &str, s: &str| (r.to_owned(), s.to_owned());
+        let pair = |(r, s, _): (String, String, String)| (r, s);
+        assert_eq!(pair(after(Some(true), reason::UP_TO_DATE)), on("False", "False"));
+        assert_eq!(pair(after(Some(true), reason::BASELINED)), on("False", "False"));
+        for waiting in [reason::PENDING, reason::ROLLOUT_IN_PROGRESS, reason::WAVE_PAUSED, reason::WRITE_LIMITED] {
+            assert_eq!(pair(after(Some(false), waiting)), on("True", "False"), "{waiting}");
+        }
+        assert_eq!(pair(after(Some(false), reason::ROLLOUT_BUDGET_EXHAUSTED)), on("True", "False"));
+        for stuck in [
+            reason::INVALID_SPEC,
+            reason::ACCESS_DENIED,
+            reason::KEY_MISSING,
+            reason::TARGET_MISSING,
+            reason::ROLLOUT_HALTED,
+            reason::CONSUL_UNREACHABLE,
+        ] {
+            assert_eq!(pair(after(Some(false), stuck)), on("False", "True"), "{stuck}");
+        }
+        assert_eq!(pair(after(Some(false), reason::SUSPENDED)), on("False", "False"), "suspended is neither");
+        assert_eq!(pair(after(None, reason::PENDING)), on("True", "False"), "not known yet");
+        assert_eq!(after(Some(false), reason::KEY_MISSING).2, "why", "the message of the condition that is True");
+    }
 }

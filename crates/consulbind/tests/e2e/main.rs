@@ -3,6 +3,7 @@
 
 mod cronjobs;
 mod faults;
+mod gitops;
 mod image;
 mod operations;
 mod rbac;
