@@ -713,60 +713,14 @@ async fn with_a_single_write_in_flight_a_flood_still_leaves_another_namespace_ro
 }
 
 async fn flood_beside_calm(name: &str, args: &[&str]) {
-    let Some(mut flood) = Scene::without_controller(name).await else { return };
-    let Some(calm) = Scene::without_controller(&format!("calm-{name}")).await else { return };
-    let served = format!("--namespaces={}", calm.ns);
-    flood.start_controller(&[&[served.as_str()], args].concat()).await;
-    let keys: Vec<String> = (0..8).map(|i| flood.key(&format!("k{i}"))).collect();
-    for (i, key) in keys.iter().enumerate() {
-        flood.put(key, "f0").await;
-        flood.workload(DEPLOY, &format!("w{i}"), json!({})).await;
-        flood.binding(&format!("b{i}"), spec(json!([{"key": key}]), deploy(&format!("w{i}")), "0s")).await;
-    }
-    let theirs = calm.key("config");
-    calm.put(&theirs, "v1").await;
-    calm.workload(DEPLOY, "web", json!({})).await;
-    calm.binding("cfg", spec(json!([{"key": theirs}]), deploy("web"), "0s")).await;
-    for i in 0..keys.len() {
-        flood.wait_condition(&format!("b{i}"), conditions::READY, "True", reason::BASELINED).await;
-    }
-    calm.wait_condition("cfg", conditions::READY, "True", reason::BASELINED).await;
-
-    let writing = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let writer = tokio::spawn({
-        let (consul, keys, writing) = (flood.consul.clone(), keys.clone(), writing.clone());
-        async move {
-            let mut n = 0;
-            while writing.load(std::sync::atomic::Ordering::Relaxed) {
-                n += 1;
-                let value = format!("f{n}");
-                futures::future::join_all(keys.iter().map(|k| consul.put(k, value.as_bytes(), None))).await;
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-            }
-            n
-        }
-    });
-    let deployments = Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(calm.client.clone(), &calm.ns);
+    let Some((flood, calm, keys)) = flood_and_calm(name, 8, args).await else { return };
+    let writer = Writer::start(&flood, &keys, std::time::Duration::from_millis(50));
     for change in 2..=6 {
-        let before = deployments.get("web").await.unwrap().metadata.generation.unwrap();
-        calm.put(&theirs, &format!("v{change}")).await;
-        let rolled = || async { Ok(deployments.get("web").await?.metadata.generation != Some(before)) };
-        support::wait_for("the calm namespace's rollout", std::time::Duration::from_secs(5), rolled).await.unwrap();
-        tokio::time::sleep(std::time::Duration::from_millis(700)).await;
-        let after = deployments.get("web").await.unwrap().metadata.generation.unwrap();
-        assert_eq!(after, before + 1, "change {change} rolled the calm namespace's Deployment once");
+        rolls_once(&calm, change, std::time::Duration::from_millis(700)).await;
     }
-    writing.store(false, std::sync::atomic::Ordering::Relaxed);
-    let written = writer.await.unwrap();
-
-    // Coalesced, never lost: each of the flood's Deployments ends with the last value.
+    let written = writer.stop().await;
     for (i, key) in keys.iter().enumerate() {
-        let want = flood.checksum_of(key, format!("f{written}").as_bytes()).await;
-        let carries = || async {
-            let annotations = flood.template_annotations(DEPLOY, &format!("w{i}")).await;
-            Ok(annotations.get(&names::annotation_key(&format!("b{i}"))).is_some_and(|v| *v == want))
-        };
-        support::wait("the flood's last content on its Deployment", carries).await.unwrap();
+        ends_on_last(&flood, i, key, written).await;
         let generation = flood.generation(&format!("w{i}")).await;
         assert!(generation <= written as i64 + 1, "w{i}: {generation} generations for {written} changes");
     }
@@ -774,14 +728,15 @@ async fn flood_beside_calm(name: &str, args: &[&str]) {
     flood.finish().await;
 }
 
-/// `--namespace-write-limit`: a namespace whose keys never stop changing is held to its rate,
-/// told so on its bindings, and ends on its last content; another namespace rolls once per change.
-#[tokio::test]
-async fn a_namespace_over_its_write_limit_is_told_so_and_ends_on_its_last_content() {
-    let Some(mut flood) = Scene::without_controller("wlimit").await else { return };
-    let Some(calm) = Scene::without_controller("wcalm").await else { return };
-    flood.start_controller(&[&format!("--namespaces={}", calm.ns), "--namespace-write-limit=20/10s"]).await;
-    let keys: Vec<String> = (0..4).map(|i| flood.key(&format!("k{i}"))).collect();
+/// A namespace of `n` bindings, each with a key and a Deployment of its own and no quiet period,
+/// beside one whose binding `cfg` has key `config` and Deployment `web`, all Baselined, under a
+/// controller started with `args`.
+async fn flood_and_calm(name: &str, n: usize, args: &[&str]) -> Option<(Scene, Scene, Vec<String>)> {
+    let mut flood = Scene::without_controller(name).await?;
+    let calm = Scene::without_controller(&format!("calm-{name}")).await?;
+    let served = format!("--namespaces={}", calm.ns);
+    flood.start_controller(&[&[served.as_str()], args].concat()).await;
+    let keys: Vec<String> = (0..n).map(|i| flood.key(&format!("k{i}"))).collect();
     for (i, key) in keys.iter().enumerate() {
         flood.put(key, "f0").await;
         flood.workload(DEPLOY, &format!("w{i}"), json!({})).await;
@@ -791,10 +746,75 @@ async fn a_namespace_over_its_write_limit_is_told_so_and_ends_on_its_last_conten
     calm.put(&theirs, "v1").await;
     calm.workload(DEPLOY, "web", json!({})).await;
     calm.binding("cfg", spec(json!([{"key": theirs}]), deploy("web"), "0s")).await;
-    for i in 0..keys.len() {
+    for i in 0..n {
         flood.wait_condition(&format!("b{i}"), conditions::READY, "True", reason::BASELINED).await;
     }
     calm.wait_condition("cfg", conditions::READY, "True", reason::BASELINED).await;
+    Some((flood, calm, keys))
+}
+
+/// Writes every key, `f1`, `f2`, …, each `every`, until stopped.
+struct Writer {
+    writing: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<usize>,
+}
+
+impl Writer {
+    fn start(scene: &Scene, keys: &[String], every: std::time::Duration) -> Self {
+        let writing = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let task = tokio::spawn({
+            let (consul, keys, writing) = (scene.consul.clone(), keys.to_vec(), writing.clone());
+            async move {
+                let mut n = 0;
+                while writing.load(std::sync::atomic::Ordering::Relaxed) {
+                    n += 1;
+                    let value = format!("f{n}");
+                    futures::future::join_all(keys.iter().map(|k| consul.put(k, value.as_bytes(), None))).await;
+                    tokio::time::sleep(every).await;
+                }
+                n
+            }
+        });
+        Self { writing, task }
+    }
+
+    /// Stops, and says how many values each key was given.
+    async fn stop(self) -> usize {
+        self.writing.store(false, std::sync::atomic::Ordering::Relaxed);
+        self.task.await.unwrap()
+    }
+}
+
+/// The calm namespace's change `change` rolls its Deployment within 5 s, and once: no second
+/// rollout within `settle`.
+async fn rolls_once(calm: &Scene, change: usize, settle: std::time::Duration) {
+    let deployments = Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(calm.client.clone(), &calm.ns);
+    let before = deployments.get("web").await.unwrap().metadata.generation.unwrap();
+    calm.put(&calm.key("config"), &format!("v{change}")).await;
+    let rolled = || async { Ok(deployments.get("web").await?.metadata.generation != Some(before)) };
+    support::wait_for("the calm namespace's rollout", std::time::Duration::from_secs(5), rolled).await.unwrap();
+    tokio::time::sleep(settle).await;
+    let after = deployments.get("web").await.unwrap().metadata.generation.unwrap();
+    assert_eq!(after, before + 1, "change {change} rolled the calm namespace's Deployment once");
+}
+
+/// Coalesced, never lost: the flood's Deployment `w{i}` ends with the last value of its key.
+async fn ends_on_last(flood: &Scene, i: usize, key: &str, written: usize) {
+    let want = flood.checksum_of(key, format!("f{written}").as_bytes()).await;
+    let carries = || async {
+        let annotations = flood.template_annotations(DEPLOY, &format!("w{i}")).await;
+        Ok(annotations.get(&names::annotation_key(&format!("b{i}"))).is_some_and(|v| *v == want))
+    };
+    support::wait("the flood's last content on its Deployment", carries).await.unwrap();
+}
+
+/// `--namespace-write-limit`: a namespace whose keys never stop changing is held to its rate,
+/// told so on its bindings, and ends on its last content; another namespace rolls once per change.
+#[tokio::test]
+async fn a_namespace_over_its_write_limit_is_told_so_and_ends_on_its_last_content() {
+    let Some((flood, calm, keys)) = flood_and_calm("wlimit", 4, &["--namespace-write-limit=20/10s"]).await else {
+        return;
+    };
     let generations = async |scene: &Scene| {
         let mut sum = 0;
         for i in 0..4 {
@@ -807,34 +827,13 @@ async fn a_namespace_over_its_write_limit_is_told_so_and_ends_on_its_last_conten
     tokio::time::sleep(std::time::Duration::from_secs(10)).await;
 
     let started = std::time::Instant::now();
-    let writing = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let writer = tokio::spawn({
-        let (consul, keys, writing) = (flood.consul.clone(), keys.clone(), writing.clone());
-        async move {
-            let mut n = 0;
-            while writing.load(std::sync::atomic::Ordering::Relaxed) {
-                n += 1;
-                let value = format!("f{n}");
-                futures::future::join_all(keys.iter().map(|k| consul.put(k, value.as_bytes(), None))).await;
-                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-            }
-            n
-        }
-    });
+    let writer = Writer::start(&flood, &keys, std::time::Duration::from_millis(100));
     let told = flood.wait_message("b0", conditions::READY, "False", reason::WRITE_LIMITED).await;
     assert!(told.contains("--namespace-write-limit") && told.contains("coalesced"), "{told}");
-    let deployments = Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(calm.client.clone(), &calm.ns);
     for change in 2..=4 {
-        let was = deployments.get("web").await.unwrap().metadata.generation.unwrap();
-        calm.put(&theirs, &format!("v{change}")).await;
-        let rolled = || async { Ok(deployments.get("web").await?.metadata.generation != Some(was)) };
-        support::wait_for("the calm namespace's rollout", std::time::Duration::from_secs(5), rolled).await.unwrap();
-        tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
-        let after = deployments.get("web").await.unwrap().metadata.generation.unwrap();
-        assert_eq!(after, was + 1, "change {change} rolled the calm namespace's Deployment once");
+        rolls_once(&calm, change, std::time::Duration::from_millis(1500)).await;
     }
-    writing.store(false, std::sync::atomic::Ordering::Relaxed);
-    let written = writer.await.unwrap();
+    let written = writer.stop().await;
     let flooded = started.elapsed().as_secs_f64();
     let rolled = generations(&flood).await - before;
     // Every rollout takes at least its stamp of the 20 at once and 2 a second.
@@ -843,15 +842,8 @@ async fn a_namespace_over_its_write_limit_is_told_so_and_ends_on_its_last_conten
     assert!(written > 40, "the flood wrote {written} changes");
     let events = flood.events_for("b0").await;
     assert!(events.iter().any(|(reason, _)| reason == reason::WRITE_LIMITED), "{events:?}");
-
-    // Coalesced, never lost: each Deployment ends with the last value, and the bindings are Ready.
     for (i, key) in keys.iter().enumerate() {
-        let want = flood.checksum_of(key, format!("f{written}").as_bytes()).await;
-        let carries = || async {
-            let annotations = flood.template_annotations(DEPLOY, &format!("w{i}")).await;
-            Ok(annotations.get(&names::annotation_key(&format!("b{i}"))).is_some_and(|v| *v == want))
-        };
-        support::wait("the flood's last content on its Deployment", carries).await.unwrap();
+        ends_on_last(&flood, i, key, written).await;
         flood.wait_condition(&format!("b{i}"), conditions::READY, "True", reason::UP_TO_DATE).await;
     }
     calm.finish().await;
