@@ -117,12 +117,14 @@ pub fn not_served(
 ) -> ConsulBindingStatus {
     let now = Time(Timestamp::now());
     let generation = binding.metadata.generation;
-    let mut conditions: Vec<_> = [conditions::READY, conditions::TARGETS_UPDATED]
-        .into_iter()
-        .map(|type_| {
-            status::condition(&previous.conditions, type_, Some(false), reason, message.into(), generation, &now)
-        })
-        .collect();
+    let replaced = [conditions::READY, conditions::TARGETS_UPDATED, conditions::RECONCILING, conditions::STALLED];
+    let mut conditions: Vec<_> =
+        previous.conditions.iter().filter(|c| !replaced.contains(&c.type_.as_str())).cloned().collect();
+    for type_ in [conditions::READY, conditions::TARGETS_UPDATED] {
+        let condition =
+            status::condition(&previous.conditions, type_, Some(false), reason, message.into(), generation, &now);
+        conditions.push(condition);
+    }
     status::kstatus(&previous.conditions, &mut conditions, generation, &now);
     ConsulBindingStatus { observed_generation: generation, conditions, ..previous.clone() }
 }
