@@ -155,8 +155,10 @@ pub fn kstatus(previous: &[Condition], conditions: &mut Vec<Condition>, generati
         "False" => (ends_by_itself(&ready.reason), !ends_by_itself(&ready.reason)),
         _ => (true, false),
     };
-    for (type_, on) in [(conditions::RECONCILING, reconciling), (conditions::STALLED, stalled)] {
-        let message = if on { ready.message.clone() } else { String::new() };
+    let idle = [(conditions::RECONCILING, "no work is under way"), (conditions::STALLED, "nothing waits for a person")];
+    for ((type_, idle), on) in idle.into_iter().zip([reconciling, stalled]) {
+        // The API server takes no empty message.
+        let message = if on { ready.message.clone() } else { idle.to_owned() };
         conditions.push(condition(previous, type_, Some(on), &ready.reason, message, generation, now));
     }
 }
@@ -213,8 +215,11 @@ mod tests {
         let of = |type_: &str| conditions.iter().find(|c| c.type_ == type_).unwrap().clone();
         let (reconciling, stalled) = (of(conditions::RECONCILING), of(conditions::STALLED));
         assert_eq!((reconciling.reason.as_str(), stalled.reason.as_str()), (reason, reason));
-        let message = [&reconciling, &stalled].iter().map(|c| c.message.as_str()).collect();
-        (reconciling.status, stalled.status, message)
+        assert!(
+            !reconciling.message.is_empty() && !stalled.message.is_empty(),
+            "the API server takes no empty message"
+        );
+        (reconciling.status, stalled.status, stalled.message)
     }
 
     #[test]
@@ -239,6 +244,6 @@ mod tests {
         }
         assert_eq!(pair(after(Some(false), reason::SUSPENDED)), on("False", "False"), "suspended is neither");
         assert_eq!(pair(after(None, reason::PENDING)), on("True", "False"), "not known yet");
-        assert_eq!(after(Some(false), reason::KEY_MISSING).2, "why", "the message of the condition that is True");
+        assert_eq!(after(Some(false), reason::KEY_MISSING).2, "why", "Ready's message on the condition that is True");
     }
 }

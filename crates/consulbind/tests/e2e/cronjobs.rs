@@ -16,7 +16,7 @@ const CRON: &str = "CronJob";
 
 /// CronJobs as the API server serves them (`batch/v1`, or `batch/v1beta1` before 1.21), and
 /// that API version.
-async fn cronjobs(s: &Scene) -> (Api<DynamicObject>, String) {
+pub async fn cronjobs(s: &Scene) -> (Api<DynamicObject>, String) {
     let kind = |version| kube::api::GroupVersionKind::gvk("batch", version, CRON);
     let (resource, _): (ApiResource, _) = match kube::discovery::pinned_kind(&s.client, &kind("v1")).await {
         Ok(found) => found,
@@ -29,7 +29,7 @@ async fn cronjobs(s: &Scene) -> (Api<DynamicObject>, String) {
 }
 
 /// A suspended CronJob (it makes no Jobs by itself) whose pods read ConfigMap `env`.
-fn cronjob(api_version: &str, name: &str) -> Value {
+pub fn cronjob(api_version: &str, name: &str) -> Value {
     json!({
         "apiVersion": api_version, "kind": CRON, "metadata": {"name": name},
         "spec": {
@@ -44,7 +44,7 @@ fn cronjob(api_version: &str, name: &str) -> Value {
     })
 }
 
-fn stamp_of(object: &DynamicObject, binding: &str) -> Option<String> {
+pub fn stamp_of(object: &DynamicObject, binding: &str) -> Option<String> {
     let template = &object.data["spec"]["jobTemplate"]["spec"]["template"]["metadata"]["annotations"];
     template[names::annotation_key(binding)].as_str().map(str::to_owned)
 }

@@ -625,8 +625,8 @@ async fn api_server_refuses_invalid_bindings() {
         ("no targets", json!({"keys": ok_keys, "targets": []}), "spec.targets"),
         (
             "unknown kind",
-            json!({"keys": ok_keys, "targets": [{"kind": "CronJob", "name": "x"}]}),
-            "Unsupported value: \"CronJob\"",
+            json!({"keys": ok_keys, "targets": [{"kind": "ReplicaSet", "name": "x"}]}),
+            "Unsupported value: \"ReplicaSet\"",
         ),
         (
             "malformed duration",

@@ -40,13 +40,16 @@ async fn scenario(s: &Scene, twin: &Twin, kubeconfig: &str, tag: &str) -> Result
         let rollout = json!({"apiVersion": "argoproj.io/v1alpha1", "kind": "Rollout", "metadata": {"name": web},
             "spec": {"template": {"metadata": {"labels": {"app": web}}}}});
         s.apply(rollout).await?;
+        let (cronjobs, version) = crate::cronjobs::cronjobs(s).await;
+        s.apply(crate::cronjobs::cronjob(&version, &web)).await?;
         wait_for("a first ReplicaSet", STEP, || async { Ok(s.revisions("Deployment", &web).await == 1) }).await?;
         let secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "consul-token",
             "labels": {"consulbind.dev/token": "true"}}, "stringData": {"token": "unused-without-acls"}});
         s.apply(secret).await?;
         s.binding(
             &binding,
-            json!({"keys": [{"key": key}], "targets": [{"kind": "Deployment", "name": web}, {"kind": "Rollout", "name": web}],
+            json!({"keys": [{"key": key}], "targets": [{"kind": "Deployment", "name": web}, {"kind": "Rollout", "name": web},
+                {"kind": "CronJob", "name": web}],
             "rollout": {"quietPeriod": "0s"}, "consul": {"tokenSecretRef": {"name": "consul-token"}}}),
         )
         .await;
@@ -59,6 +62,10 @@ async fn scenario(s: &Scene, twin: &Twin, kubeconfig: &str, tag: &str) -> Result
         s.put(&key, "v2").await;
         wait_for("a rollout", STEP, || async { Ok(s.revisions("Deployment", &web).await == 2) }).await?;
         wait_for("a stamped Rollout", STEP, || async { Ok(s.rollout_generation(&web).await == 2) }).await?;
+        wait_for("a stamped CronJob", STEP, || async {
+            Ok(crate::cronjobs::stamp_of(&cronjobs.get(&web).await?, &binding).is_some())
+        })
+        .await?;
         wait_for("a RolledOut event", STEP, || async {
             Ok(s.events_for(&binding).await.iter().any(|(r, _)| r == reason::ROLLED_OUT))
         })
