@@ -283,7 +283,7 @@ where
                 .with_max_delay(std::time::Duration::from_secs(8))
                 .with_jitter()
                 .without_max_times();
-            events.backoff(watcher::ExponentialBackoff::from(retry)).boxed()
+            events.backoff(Patient::new(watcher::ExponentialBackoff::from(retry))).boxed()
         }
         None => events.default_backoff().boxed(),
     };
@@ -357,6 +357,41 @@ where
         })
         .boxed();
     (reader, stream)
+}
+
+/// A backoff that a retry's own start does not reset. The watcher says `Init` before each list
+/// it tries, and a stream backoff resets on anything but an error, so a kind the cluster does
+/// not serve would be listed again every 0.8 s for ever. Only a watch that has gone without
+/// failing for a while starts again from the shortest delay.
+struct Patient<B> {
+    backoff: B,
+    failed_at: Option<tokio::time::Instant>,
+}
+
+impl<B> Patient<B> {
+    /// How long a watch must go without failing before its next failure is retried soon again.
+    const QUIET: std::time::Duration = std::time::Duration::from_secs(30);
+
+    fn new(backoff: B) -> Self {
+        Self { backoff, failed_at: None }
+    }
+}
+
+impl<B: Iterator<Item = std::time::Duration>> Iterator for Patient<B> {
+    type Item = std::time::Duration;
+
+    fn next(&mut self) -> Option<std::time::Duration> {
+        self.failed_at = Some(tokio::time::Instant::now());
+        self.backoff.next()
+    }
+}
+
+impl<B: kube::runtime::utils::Backoff> kube::runtime::utils::Backoff for Patient<B> {
+    fn reset(&mut self) {
+        if self.failed_at.is_none_or(|at| at.elapsed() >= Self::QUIET) {
+            self.backoff.reset();
+        }
+    }
 }
 
 /// A hash of what the bindings read of a workload's metadata: its labels and annotations. A
@@ -654,6 +689,7 @@ where
 mod tests {
     use kube::core::response::Status;
     use serde_json::json;
+    use std::time::Duration;
 
     use super::*;
 
@@ -708,6 +744,29 @@ mod tests {
                 && !annotations.contains_key("kubectl.kubernetes.io/last-applied-configuration")
         );
         assert_eq!(Version::of(&meta), Version { uid: "u-1".into(), generation: 4 }, "a stamp is trusted by both");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_kind_not_served_is_listed_less_and_less_often_and_a_lasting_watch_starts_afresh() {
+        use kube::runtime::utils::Backoff;
+        let exponential = backon::ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(800))
+            .with_max_delay(Duration::from_secs(8))
+            .without_max_times();
+        let mut backoff = Patient::new(watcher::ExponentialBackoff::from(exponential));
+        let mut delays = Vec::new();
+        for _ in 0..6 {
+            let delay = backoff.next().unwrap();
+            delays.push(delay);
+            tokio::time::advance(delay).await;
+            // The watcher's Init before it tries the list again.
+            backoff.reset();
+        }
+        let tenths: Vec<u128> = delays.iter().map(|d| d.as_millis() / 100).collect();
+        assert_eq!(tenths, [8, 16, 32, 64, 80, 80], "the retry's own start reset nothing");
+        tokio::time::advance(Duration::from_secs(30)).await;
+        backoff.reset();
+        assert_eq!(backoff.next(), Some(Duration::from_millis(800)), "a watch that lasted starts afresh");
     }
 
     #[test]
