@@ -471,6 +471,19 @@ async fn a_tenant_cannot_stop_the_controller_with_the_largest_durations() {
     s.finish().await;
 }
 
+/// A Secret holding a Consul token, labelled so the controller may use it.
+fn token_secret(ns: &str, name: &str, token: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Secret",
+           "metadata": {"name": name, "namespace": ns, "labels": {"consulbind.dev/token": "true"}},
+           "stringData": {"token": token}})
+}
+
+/// A binding of `key`, read with the token of Secret `secret`, rolling Deployment `web` at once.
+fn with_token(key: &str, secret: &str) -> Value {
+    json!({"keys": [{"key": key}], "targets": deploy("web"), "rollout": {"quietPeriod": "0s"},
+           "consul": {"tokenSecretRef": {"name": secret}}})
+}
+
 /// A namespace with more token scopes than its share of blocking queries takes turns among its
 /// own watches; another namespace keeps a query of its own, and refused tokens take no slot.
 #[tokio::test]
@@ -491,15 +504,6 @@ async fn many_token_scopes_in_one_namespace_leave_another_its_own_watch() {
     let tokens = acl.read_tokens(&format!("{}/", busy.ns), 12).await;
     let quiet_token = acl.read_token(&format!("{}/", quiet.ns)).await;
 
-    let token_secret = |ns: &str, name: &str, token: &str| {
-        json!({"apiVersion": "v1", "kind": "Secret",
-               "metadata": {"name": name, "namespace": ns, "labels": {"consulbind.dev/token": "true"}},
-               "stringData": {"token": token}})
-    };
-    let with_token = |key: &str, secret: &str| {
-        json!({"keys": [{"key": key}], "targets": deploy("web"), "rollout": {"quietPeriod": "0s"},
-               "consul": {"tokenSecretRef": {"name": secret}}})
-    };
     busy.workload(DEPLOY, "web", json!({})).await;
     quiet.workload(DEPLOY, "web", json!({})).await;
     for (i, token) in tokens.iter().enumerate() {
@@ -871,15 +875,6 @@ async fn a_burst_of_token_scopes_leaves_another_namespace_rolling_once_per_chang
     let acl = crate::acl::Acl::new(&acl_addr, master);
     let tokens = acl.read_tokens(&format!("{}/", busy.ns), BEFORE + BURST).await;
     let quiet_token = acl.read_token(&format!("{}/", quiet.ns)).await;
-    let token_secret = |ns: &str, name: &str, token: &str| {
-        json!({"apiVersion": "v1", "kind": "Secret",
-               "metadata": {"name": name, "namespace": ns, "labels": {"consulbind.dev/token": "true"}},
-               "stringData": {"token": token}})
-    };
-    let with_token = |key: &str, secret: &str| {
-        json!({"keys": [{"key": key}], "targets": deploy("web"), "rollout": {"quietPeriod": "0s"},
-               "consul": {"tokenSecretRef": {"name": secret}}})
-    };
     let add = async |i: usize| {
         busy.apply(token_secret(&busy.ns, &format!("token-{i}"), &tokens[i])).await.unwrap();
         busy.binding(&format!("b{i}"), with_token(&busy.key(&format!("k{i}")), &format!("token-{i}"))).await;
