@@ -87,7 +87,7 @@ async fn bind_and_roll(
         async move {
             while !done.load(Ordering::Relaxed) {
                 most.fetch_max(connections_to(pid, port), Ordering::Relaxed);
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                tokio::time::sleep(Duration::from_millis(10)).await;
             }
         }
     });

@@ -631,7 +631,9 @@ pub fn connections_to(pid: u32, port: u16) -> usize {
                 .collect()
         })
         .unwrap_or_default();
-    let mut count = 0;
+    // The kernel lists a table a page at a time, so a socket opened or closed between two reads
+    // can shift a line into the next page: count each socket once.
+    let mut open = std::collections::HashSet::new();
     for table in ["tcp", "tcp6"] {
         let text = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")).unwrap_or_default();
         for line in text.lines().skip(1) {
@@ -639,11 +641,11 @@ pub fn connections_to(pid: u32, port: u16) -> usize {
             let remote_port =
                 fields.get(2).and_then(|r| r.rsplit(':').next()).and_then(|p| u16::from_str_radix(p, 16).ok());
             // 01 is ESTABLISHED, 02 SYN_SENT.
-            let open = matches!(fields.get(3), Some(&"01" | &"02"));
-            if remote_port == Some(port) && open && inodes.contains(fields[9]) {
-                count += 1;
+            let established = matches!(fields.get(3), Some(&"01" | &"02"));
+            if remote_port == Some(port) && established && inodes.contains(fields[9]) {
+                open.insert(fields[9].to_owned());
             }
         }
     }
-    count
+    open.len()
 }
