@@ -1,25 +1,28 @@
-//! Writes the CRD YAML in `crds/` from the schemars types, or checks that it is current.
+//! Writes the CRD YAML in `crds/` (and its copy in the Helm chart's `crds/`, which Helm installs
+//! before the templates) from the schemars types, or checks that both are current.
 
 use std::{fs, path::Path};
 
 use anyhow::{Context, Result, bail};
 
-const CRD_FILE: &str = "crds/consulbinding.yaml";
+const CRD_FILES: [&str; 2] = ["crds/consulbinding.yaml", "config/helm/consulbind/crds/consulbinding.yaml"];
 
 pub fn run(check: bool) -> Result<()> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().context("workspace root")?;
-    let path = root.join(CRD_FILE);
     let generated = render()?;
-    if check {
-        let committed = fs::read_to_string(&path).unwrap_or_default();
-        if committed != generated {
-            bail!("{CRD_FILE} is out of date with the API types; run `cargo xtask crdgen` and commit the result");
+    for file in CRD_FILES {
+        let path = root.join(file);
+        if check {
+            let committed = fs::read_to_string(&path).unwrap_or_default();
+            if committed != generated {
+                bail!("{file} is out of date with the API types; run `cargo xtask crdgen` and commit the result");
+            }
+            println!("{file} is up to date");
+        } else {
+            fs::create_dir_all(path.parent().context("crds dir")?)?;
+            fs::write(&path, &generated).with_context(|| format!("writing {}", path.display()))?;
+            println!("wrote {file}");
         }
-        println!("{CRD_FILE} is up to date");
-    } else {
-        fs::create_dir_all(path.parent().context("crds dir")?)?;
-        fs::write(&path, generated).with_context(|| format!("writing {}", path.display()))?;
-        println!("wrote {CRD_FILE}");
     }
     Ok(())
 }

