@@ -358,6 +358,8 @@ impl Env {
             ("CONSULBIND_E2E_ACL_TOKEN", master_token.trim().to_owned()),
             ("CONSULBIND_E2E_TLS_ADDR", format!("https://127.0.0.1:{}", port(CONSUL_HTTPS_PORT))),
             ("CONSULBIND_E2E_CONSUL_CA", self.consul_tls().ca.display().to_string()),
+            // Installed by `cargo xtask e2e` (and `cargo xtask helm`), for the chart's tests.
+            ("CONSULBIND_HELM", provision::helm_path()?.display().to_string()),
         ])
     }
 

@@ -67,6 +67,8 @@ fn e2e(env: &Env, args: &[String]) -> Result<()> {
     }
     // Argo CD's dialect, to run the health check of config/argocd/ on real statuses.
     crate::apt::ensure_packages(&["lua5.1"], false)?;
+    // The chart is installed into the API server and run with its own RBAC.
+    crate::provision::helm()?;
     run(cargo()
         .args(["test", "--workspace", "--test", "*", "--"])
         .args(args)

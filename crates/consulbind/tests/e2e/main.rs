@@ -4,6 +4,7 @@
 mod cronjobs;
 mod faults;
 mod gitops;
+mod helm;
 mod image;
 mod operations;
 mod rbac;

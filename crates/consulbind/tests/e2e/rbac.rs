@@ -25,14 +25,22 @@ const OWN_ROLE: &str = "consulbind-own-namespace";
 const KEY_SECRET: &str = "consulbind-checksum-key";
 const STEP: Duration = Duration::from_secs(20);
 
+/// How to start the controller for [`scenario`]: its arguments and environment (its kubeconfig
+/// among them), and the namespace and name of its checksum key.
+pub struct Start {
+    pub args: Vec<String>,
+    pub envs: Vec<(String, String)>,
+    pub key: (String, String),
+}
+
 /// The core path: a token from a Secret, a baseline, a rollout, an event, the status.
-async fn scenario(s: &Scene, twin: &Twin, kubeconfig: &str, tag: &str) -> Result<()> {
-    // A checksum key of its own, made afresh each time, so that creating it is part of the path.
-    let secrets: Api<Secret> = Api::namespaced(s.client.clone(), SYSTEM_NS);
-    let _ = secrets.delete(twin.name, &Default::default()).await;
-    let args = twin.args();
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let controller = Controller::start_with_env(&s.ns, &args, &[("KUBECONFIG", kubeconfig)]).await?;
+pub async fn scenario(s: &Scene, start: &Start, tag: &str) -> Result<()> {
+    // The checksum key is made afresh each time, so that creating it is part of the path.
+    let secrets: Api<Secret> = Api::namespaced(s.client.clone(), &start.key.0);
+    let _ = secrets.delete(&start.key.1, &Default::default()).await;
+    let args: Vec<&str> = start.args.iter().map(String::as_str).collect();
+    let envs: Vec<(&str, &str)> = start.envs.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let controller = Controller::start_with_env(&s.ns, &args, &envs).await?;
     let result = async {
         let (key, web, binding) = (s.key(tag), format!("web-{tag}"), format!("cfg-{tag}"));
         s.put(&key, "v1").await;
@@ -152,6 +160,12 @@ impl Twin {
             format!("--checksum-key-secret={SYSTEM_NS}/{}", self.name),
         ]
     }
+
+    /// Starting the controller as the twin, with `kubeconfig`.
+    fn start(&self, kubeconfig: &str) -> Start {
+        let envs = vec![("KUBECONFIG".to_owned(), kubeconfig.to_owned())];
+        Start { args: self.args(), envs, key: (SYSTEM_NS.to_owned(), self.name.to_owned()) }
+    }
 }
 
 #[tokio::test]
@@ -162,15 +176,14 @@ async fn every_granted_rule_is_needed() {
     install_rollout_crd();
     let twin = Twin::new(&s, PROBE).await;
     let (cluster_rules, own_rules) = (twin.cluster_rules.clone(), twin.own_rules.clone());
-    let kubeconfig = kubeconfig_for(PROBE);
-    let kubeconfig = kubeconfig.to_str().unwrap();
+    let start = twin.start(kubeconfig_for(PROBE).to_str().unwrap());
 
-    scenario(&s, &twin, kubeconfig, "granted").await.expect("the core path with every rule");
+    scenario(&s, &start, "granted").await.expect("the core path with every rule");
     for (i, rule) in cluster_rules.iter().enumerate() {
         let mut fewer = cluster_rules.clone();
         fewer.remove(i);
         twin.set_rules(&fewer, &own_rules).await;
-        let result = scenario(&s, &twin, kubeconfig, &format!("without-{i}")).await;
+        let result = scenario(&s, &start, &format!("without-{i}")).await;
         let error = result.expect_err(&format!("removing {rule:?} broke nothing"));
         assert_forbidden(&error, &format!("{rule:?}"));
     }
@@ -178,17 +191,17 @@ async fn every_granted_rule_is_needed() {
         let mut fewer = own_rules.clone();
         fewer.remove(i);
         twin.set_rules(&cluster_rules, &fewer).await;
-        let result = scenario(&s, &twin, kubeconfig, &format!("without-own-{i}")).await;
+        let result = scenario(&s, &start, &format!("without-own-{i}")).await;
         let error = result.expect_err(&format!("removing {rule:?} broke nothing"));
         assert_forbidden(&error, &format!("{rule:?}"));
     }
     twin.set_rules(&cluster_rules, &own_rules).await;
-    scenario(&s, &twin, kubeconfig, "restored").await.expect("the core path with the rules restored");
+    scenario(&s, &start, "restored").await.expect("the core path with the rules restored");
     s.finish().await;
 }
 
 /// The scenario failed because the API server said 403 to the controller, not for another reason.
-fn assert_forbidden(error: &anyhow::Error, rule: &str) {
+pub fn assert_forbidden(error: &anyhow::Error, rule: &str) {
     let text = format!("{error:#}");
     assert!(
         // The API server words every 403 as "<resource> is forbidden: User ... cannot <verb>".

@@ -1,0 +1,118 @@
+//! The Helm chart (config/helm/consulbind), installed into the API server with `helm`, and the
+//! controller run with the settings and the ServiceAccount the chart made: its RBAC is enough for
+//! the core path, and what it does not grant is refused. `cargo xtask helm` checks the rest of the
+//! chart without a server.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use anyhow::anyhow;
+use k8s_openapi::api::{
+    apps::v1::Deployment,
+    core::v1::{ConfigMap, Secret},
+    rbac::v1::ClusterRoleBinding,
+};
+use kube::{Api, Client, Config, config::KubeConfigOptions};
+use serde_json::json;
+
+use crate::rbac::{Start, assert_forbidden, scenario};
+use crate::support::{ROLLOUT_CRD, Scene, install_rollout_crd, kubeconfig_in};
+
+/// Installs (or upgrades) `release` into `namespace` with `sets`, and returns the path of a
+/// kubeconfig for the ServiceAccount it made and how to start the controller as the chart would.
+fn install(release: &str, namespace: &str, sets: &[String]) -> (PathBuf, Start) {
+    let helm = std::env::var("CONSULBIND_HELM").expect("CONSULBIND_HELM names Helm; run `cargo xtask e2e`");
+    let chart = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../config/helm/consulbind");
+    let consul = std::env::var("CONSUL_HTTP_ADDR").unwrap();
+    let mut cmd = Command::new(helm);
+    cmd.args(["upgrade", "--install", release]).arg(chart);
+    cmd.args(["--namespace", namespace, "--create-namespace", "--set", &format!("consul.address={consul}")]);
+    let out = cmd.args(sets.iter().flat_map(|s| ["--set", s])).output().expect("running helm");
+    assert!(
+        out.status.success(),
+        "helm install: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let account = format!("{release}-consulbind");
+    let kubeconfig = kubeconfig_in(namespace, &account);
+    let start = Start {
+        args: vec![],
+        envs: vec![
+            ("KUBECONFIG".into(), kubeconfig.display().to_string()),
+            ("POD_NAME".into(), format!("{account}-0")),
+        ],
+        key: (namespace.to_owned(), "consulbind-checksum-key".to_owned()),
+    };
+    (kubeconfig, start)
+}
+
+/// The settings the chart's ConfigMap gives the controller, read back from the API server.
+async fn settings(s: &Scene, release: &str, namespace: &str) -> Vec<(String, String)> {
+    let config_maps: Api<ConfigMap> = Api::namespaced(s.client.clone(), namespace);
+    let config = config_maps.get(&format!("{release}-consulbind-config")).await.unwrap();
+    config.data.unwrap().into_iter().collect()
+}
+
+async fn client_for(kubeconfig: &PathBuf) -> Client {
+    let config = kube::config::Kubeconfig::read_from(kubeconfig).unwrap();
+    let config = Config::from_custom_kubeconfig(config, &KubeConfigOptions::default()).await.unwrap();
+    Client::try_from(config).unwrap()
+}
+
+/// What the chart does not grant: reading a Secret by name (only the labelled token Secrets are
+/// listed), deleting a workload, and binding itself to more.
+async fn refused(s: &Scene, client: Client, other_namespace: Option<&str>) {
+    let forbidden = |what: &str, result: Result<(), kube::Error>| {
+        let error = result.err().map(|e| anyhow!(e)).unwrap_or_else(|| panic!("{what} was allowed"));
+        assert_forbidden(&error, what);
+    };
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &s.ns);
+    forbidden("get of a Secret", secrets.get("anything").await.map(drop));
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &s.ns);
+    forbidden("delete of a Deployment", deployments.delete("anything", &Default::default()).await.map(drop));
+    let escalation = serde_json::from_value(json!({"metadata": {"name": "helm-escalation"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+        "subjects": [{"kind": "User", "name": "someone"}]}))
+    .unwrap();
+    let bindings: Api<ClusterRoleBinding> = Api::all(client.clone());
+    forbidden("create of a ClusterRoleBinding", bindings.create(&Default::default(), &escalation).await.map(drop));
+    if let Some(other) = other_namespace {
+        let deployments: Api<Deployment> = Api::namespaced(client, other);
+        forbidden(
+            "list of Deployments outside the served namespaces",
+            deployments.list(&Default::default()).await.map(drop),
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_chart_installs_and_its_rbac_serves_every_namespace() {
+    let Some(s) = Scene::without_controller("helm").await else { return };
+    // The core path stamps a Rollout too.
+    let _crd = ROLLOUT_CRD.lock().await;
+    install_rollout_crd();
+    let (release, namespace) = ("helm-e2e", "consulbind-helm");
+    let (kubeconfig, mut start) = install(release, namespace, &["image.tag=e2e".into()]);
+    let chart_settings = settings(&s, release, namespace).await;
+    assert!(chart_settings.iter().all(|(k, _)| k != "CONSULBIND_NAMESPACES"), "{chart_settings:?}");
+    start.envs.splice(0..0, chart_settings);
+    scenario(&s, &start, "cluster").await.expect("the core path with the chart's settings and ServiceAccount");
+    refused(&s, client_for(&kubeconfig).await, None).await;
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn the_chart_serving_listed_namespaces_grants_those_alone() {
+    let Some(s) = Scene::without_controller("helm-ns").await else { return };
+    let _crd = ROLLOUT_CRD.lock().await;
+    install_rollout_crd();
+    let (release, namespace) = ("helm-ns", "consulbind-helm-ns");
+    let (kubeconfig, mut start) = install(release, namespace, &[format!("namespaces={{{}}}", s.ns)]);
+    let chart_settings = settings(&s, release, namespace).await;
+    assert!(chart_settings.contains(&("CONSULBIND_NAMESPACES".into(), s.ns.clone())), "{chart_settings:?}");
+    start.envs.splice(0..0, chart_settings);
+    scenario(&s, &start, "namespaced").await.expect("the core path with the chart's Role in the namespace");
+    refused(&s, client_for(&kubeconfig).await, Some("default")).await;
+    s.finish().await;
+}
