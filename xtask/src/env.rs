@@ -20,6 +20,8 @@ use crate::{minutes, remove_all, repo_root};
 const ETCD_PORT: u16 = 23791;
 const ETCD_PEER_PORT: u16 = 23801;
 const APISERVER_PORT: u16 = 16443;
+/// Kubernetes' CRD server at a current version, for the CRD's validation rules.
+const APIEXTENSIONS_PORT: u16 = 16450;
 /// The plain agent's HTTPS port.
 const CONSUL_HTTPS_PORT: u16 = 18501;
 const CONSUL_FAULTS_HTTPS_PORT: u16 = 18701;
@@ -155,6 +157,10 @@ impl Env {
         }
 
         self.apply_crds(&tools.kubectl)?;
+        // Built only by the commands that test it (`cargo xtask e2e` and `test`).
+        if let Some(binary) = provision::apiextensions_if_built()? {
+            self.start_apiextensions(&binary)?;
+        }
         self.write_env_file()?;
         println!("environment up after {}; to use it from a shell:", minutes(started.elapsed()));
         println!("    source {}", shown(&self.path("env")).display());
@@ -273,6 +279,48 @@ impl Env {
         cmd
     }
 
+    /// Starts Kubernetes' current CRD server (built by [`provision::apiextensions`]) on the
+    /// environment's etcd, under a prefix of its own. It serves CRDs and their objects, and asks
+    /// the 1.20 kube-apiserver who a client is (TokenReview), what it may do (SubjectAccessReview)
+    /// and which namespaces exist, as an aggregated API server would.
+    pub fn start_apiextensions(&self, binary: &Path) -> Result<()> {
+        let kubectl = provision::kubectl()?;
+        let daemon = self.daemon("apiextensions-apiserver");
+        let kubeconfig = self.kubeconfig().display().to_string();
+        daemon.ensure_started(
+            Command::new(binary).args([
+                format!("--etcd-servers=http://127.0.0.1:{}", port(ETCD_PORT)),
+                "--etcd-prefix=/apiextensions".to_owned(),
+                "--bind-address=127.0.0.1".to_owned(),
+                format!("--secure-port={}", port(APIEXTENSIONS_PORT)),
+                format!("--cert-dir={}", self.path("pki/apiextensions").display()),
+                format!("--kubeconfig={kubeconfig}"),
+                format!("--authentication-kubeconfig={kubeconfig}"),
+                format!("--authorization-kubeconfig={kubeconfig}"),
+                // 1.20 has no client CA for front proxies to publish, no priority and fairness
+                // objects and no admission policies: nothing to wait for.
+                "--authentication-skip-lookup".to_owned(),
+                "--enable-priority-and-fairness=false".to_owned(),
+                "--disable-admission-plugins=ValidatingAdmissionPolicy,MutatingAdmissionPolicy,\
+             ValidatingAdmissionWebhook,MutatingAdmissionWebhook"
+                    .to_owned(),
+            ]),
+        )?;
+        fs::write(
+            self.apiextensions_kubeconfig(),
+            self.kubeconfig_text(port(APIEXTENSIONS_PORT), "pki/apiextensions/apiserver.crt")?,
+        )?;
+        daemon.wait_ready("ready (/readyz)", Duration::from_secs(120), || {
+            let config = format!("--kubeconfig={}", self.apiextensions_kubeconfig().display());
+            capture(Command::new(&kubectl).args([config.as_str(), "get", "--raw=/readyz", "--request-timeout=5s"]))
+                .is_ok_and(|body| body.trim() == "ok")
+        })
+    }
+
+    fn apiextensions_kubeconfig(&self) -> PathBuf {
+        self.path("apiextensions.kubeconfig")
+    }
+
     /// Starts or stops a second kube-apiserver on the same etcd, on the next port. A client whose
     /// watches it served comes back to a fresh watch cache: resuming from an older resource
     /// version is refused (410 Gone), and the client lists again.
@@ -300,7 +348,12 @@ impl Env {
     pub fn down(&self) -> Result<()> {
         let mut failed = Vec::new();
         // Controllers of the demo and the benchmark, then the servers in reverse start order.
-        let controllers = [self.daemon("controller"), self.daemon("bench-controller"), self.daemon("kube-apiserver-2")];
+        let controllers = [
+            self.daemon("controller"),
+            self.daemon("bench-controller"),
+            self.daemon("kube-apiserver-2"),
+            self.daemon("apiextensions-apiserver"),
+        ];
         for daemon in controllers.into_iter().chain(self.daemons().into_iter().rev()) {
             if let Err(e) = daemon.stop() {
                 eprintln!("{e:#}");
@@ -360,6 +413,8 @@ impl Env {
             ("CONSULBIND_E2E_CONSUL_CA", self.consul_tls().ca.display().to_string()),
             // Installed by `cargo xtask e2e` (and `cargo xtask helm`), for the chart's tests.
             ("CONSULBIND_HELM", provision::helm_path()?.display().to_string()),
+            // Started once `cargo xtask e2e` (or `test`) has built it.
+            ("CONSULBIND_E2E_APIEXTENSIONS_KUBECONFIG", self.apiextensions_kubeconfig().display().to_string()),
         ])
     }
 
@@ -402,14 +457,19 @@ impl Env {
         }
         capture(Command::new("openssl").args(["rsa", "-pubout", "-in"]).arg(&key).arg("-out").arg(pki.join("sa.pub")))?;
         fs::write(self.path("tokens.csv"), format!("{admin_token},admin,admin,system:masters\n"))?;
-        let ca = pki.join("apiserver.crt");
-        let kubeconfig = format!(
+        Ok(fs::write(self.kubeconfig(), self.kubeconfig_text(port(APISERVER_PORT), "pki/apiserver.crt")?)?)
+    }
+
+    /// A kubeconfig for the admin, for the server on `port` whose CA is the file `ca` of the run dir.
+    fn kubeconfig_text(&self, port: u16, ca: &str) -> Result<String> {
+        let admin_token = self.secret("admin-token")?;
+        Ok(format!(
             "apiVersion: v1
 kind: Config
 clusters:
 - name: consulbind
   cluster:
-    server: https://127.0.0.1:{apiserver_port}
+    server: https://127.0.0.1:{port}
     certificate-authority: {:?}
 users:
 - name: admin
@@ -422,10 +482,8 @@ contexts:
     user: admin
 current-context: consulbind
 ",
-            ca.display().to_string(),
-            apiserver_port = port(APISERVER_PORT),
-        );
-        Ok(fs::write(self.kubeconfig(), kubeconfig)?)
+            self.path(ca).display().to_string(),
+        ))
     }
 
     /// Where the HTTPS agent's CA and serving certificate live.
@@ -561,10 +619,11 @@ performance {{
             .is_ok_and(|body| body.trim() == "ok")
     }
 
-    /// Applies the CRDs listed by `crds/kustomization.yaml` and waits until the API serves them.
+    /// Applies the CRDs for Kubernetes 1.20 (without validation rules, which it refuses) and waits
+    /// until the API serves them.
     fn apply_crds(&self, kubectl: &Path) -> Result<()> {
-        let crds = repo_root().join("crds");
-        println!("==> installing the CRDs from crds/");
+        let crds = repo_root().join("crds/before-1.25");
+        println!("==> installing the CRDs from crds/before-1.25/");
         run(self.kubectl(kubectl).args(["apply", "--server-side", "--force-conflicts", "-k"]).arg(&crds))?;
         run(self.kubectl(kubectl).args([
             "wait",

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, ensure};
 
 use crate::apt;
-use crate::process::{run, succeeds, tail};
+use crate::process::{capture, run, succeeds, tail};
 use crate::{cache_dir, minutes, remove_all};
 
 const KUBE_VERSION: &str = "1.20.2";
@@ -93,6 +93,74 @@ pub fn helm() -> Result<PathBuf> {
 /// Where [`helm`] puts Helm.
 pub fn helm_path() -> Result<PathBuf> {
     Ok(cache_dir()?.join(HELM_PACKAGE.replace('@', "-")).join("node_modules/.bin/helm"))
+}
+
+/// [`apiextensions`] if it was built already.
+pub fn apiextensions_if_built() -> Result<Option<PathBuf>> {
+    let binary = cache_dir()?.join("apiextensions-apiserver/apiextensions-apiserver");
+    Ok(binary.is_file().then_some(binary))
+}
+
+/// Debian sid's sources of Kubernetes' CRD server (1.36's libraries), which no suite ships built.
+const APIEXTENSIONS_PACKAGE: &str = "golang-k8s-apiextensions-apiserver-dev";
+
+/// Kubernetes' CRD server (`k8s.io/apiextensions-apiserver`) as a standalone program, built
+/// offline from Debian sid's Go sources with sid's Go, for the tests of the CRD's validation rules
+/// on a current API server. Only the binary is kept.
+pub fn apiextensions() -> Result<PathBuf> {
+    let cache = cache_dir()?;
+    fs::create_dir_all(&cache)?;
+    let entry = cache.join("apiextensions-apiserver");
+    let binary = entry.join("apiextensions-apiserver");
+    let runs = |path: &Path| succeeds(Command::new(path).arg("--help").stdout(Stdio::null()));
+    if runs(&binary) {
+        return Ok(binary);
+    }
+    let _lock = lock(&cache)?;
+    let started = Instant::now();
+    println!("==> building Kubernetes' apiextensions-apiserver from Debian sid's Go sources");
+    let sid = private_apt_get_in(&cache.join("apt-sid"), "deb {mirror} sid main\n")?;
+    // Every Go package it needs, resolved as if nothing were installed, and Go itself.
+    let plan = capture(sid().args(["-s", "install", APIEXTENSIONS_PACKAGE, "golang-go"]))?;
+    let packages: Vec<&str> = plan
+        .lines()
+        .filter_map(|line| line.strip_prefix("Inst ")?.split_whitespace().next())
+        .filter(|name| name.starts_with("golang-"))
+        .collect();
+    ensure!(packages.contains(&APIEXTENSIONS_PACKAGE), "apt-get plans no {APIEXTENSIONS_PACKAGE}:\n{plan}");
+    let work = cache.join("src/apiextensions");
+    remove_all(&work)?;
+    let (debs, root) = (work.join("debs"), work.join("root"));
+    fs::create_dir_all(&debs)?;
+    run(sid().arg("download").args(&packages).current_dir(&debs))?;
+    for deb in fs::read_dir(&debs)? {
+        run(Command::new("dpkg").arg("-x").arg(deb?.path()).arg(&root))?;
+    }
+    let goroot = fs::read_dir(root.join("usr/lib"))?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("go-")))
+        .context("sid's Go is not in the unpacked packages")?;
+    install_dir(&entry, |tmp| {
+        run(Command::new(goroot.join("bin/go"))
+            .args(["build", "-trimpath", "-o"])
+            .arg(tmp.join("apiextensions-apiserver"))
+            .arg("k8s.io/apiextensions-apiserver")
+            .env("GOROOT", &goroot)
+            .env("GOPATH", root.join("usr/share/gocode"))
+            // Debian's layout is a GOPATH: no modules, nothing fetched.
+            .env("GO111MODULE", "off")
+            .env("GOFLAGS", "")
+            .env("GOTOOLCHAIN", "local")
+            .env("CGO_ENABLED", "0")
+            .env("GOCACHE", work.join("gocache")))?;
+        ensure!(runs(&tmp.join("apiextensions-apiserver")), "the apiextensions-apiserver built does not run");
+        Ok(())
+    })?;
+    // The unpacked sources and Go's build cache are gigabytes.
+    remove_all(&work)?;
+    println!("    built in {}", minutes(started.elapsed()));
+    Ok(binary)
 }
 
 /// Serialises provisioning between concurrent runs, which would otherwise build into the same paths.
@@ -253,21 +321,34 @@ fn download(
 /// An apt-get with a private config that adds bookworm sources and bullseye packages from the
 /// machine's own mirror, leaving the host's apt files alone. Its package lists are refreshed first.
 fn private_apt_get(cache: &Path) -> Result<Command> {
-    let dir = cache.join("apt");
-    for sub in ["etc", "lists/partial", "archives/partial", "cache"] {
+    let apt_get =
+        private_apt_get_in(&cache.join("apt"), "deb-src {mirror} bookworm main\ndeb {mirror} bullseye main\n")?;
+    Ok(apt_get())
+}
+
+/// An apt-get whose sources (`sources`, with `{mirror}` for the machine's mirror), lists, cache
+/// and dpkg state are all under `dir`: another suite's packages are fetched without the host's
+/// apt knowing, and resolved as if nothing were installed. Its package lists are refreshed first.
+fn private_apt_get_in(dir: &Path, sources: &str) -> Result<impl Fn() -> Command + use<>> {
+    for sub in ["etc", "lists/partial", "archives/partial", "cache", "state"] {
         fs::create_dir_all(dir.join(sub))?;
     }
-    let mirror = debian_mirror()?;
-    let sources = dir.join("etc/sources.list");
-    fs::write(&sources, format!("deb-src {mirror} bookworm main\ndeb {mirror} bullseye main\n"))?;
+    let list = dir.join("etc/sources.list");
+    fs::write(&list, sources.replace("{mirror}", &debian_mirror()?))?;
+    let status = dir.join("state/status");
+    if !status.exists() {
+        fs::write(&status, "")?;
+    }
     let options = [
-        format!("Dir::Etc::SourceList={}", sources.display()),
+        format!("Dir::Etc::SourceList={}", list.display()),
         "Dir::Etc::SourceParts=/dev/null".to_owned(),
         format!("Dir::State::Lists={}", dir.join("lists").display()),
+        format!("Dir::State::status={}", status.display()),
         format!("Dir::Cache::Archives={}", dir.join("archives").display()),
         format!("Dir::Cache={}", dir.join("cache").display()),
+        "APT::Install-Recommends=false".to_owned(),
     ];
-    let apt_get = || {
+    let apt_get = move || {
         let mut cmd = Command::new("apt-get");
         for option in &options {
             cmd.arg("-o").arg(option);
@@ -275,7 +356,7 @@ fn private_apt_get(cache: &Path) -> Result<Command> {
         cmd
     };
     run(apt_get().arg("update"))?;
-    Ok(apt_get())
+    Ok(apt_get)
 }
 
 /// The machine's Debian mirror: the first `URIs:` of its deb822 sources, or the first `deb` line

@@ -69,6 +69,8 @@ fn e2e(env: &Env, args: &[String]) -> Result<()> {
     crate::apt::ensure_packages(&["lua5.1"], false)?;
     // The chart is installed into the API server and run with its own RBAC.
     crate::provision::helm()?;
+    // The CRD's validation rules are tested on a current CRD server.
+    env.start_apiextensions(&crate::provision::apiextensions()?)?;
     run(cargo()
         .args(["test", "--workspace", "--test", "*", "--"])
         .args(args)

@@ -26,6 +26,24 @@ use serde::{Deserialize, Serialize};
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {
+        "rule": "(has(self.keys) && size(self.keys) > 0) || (has(self.configMaps) && size(self.configMaps) > 0) || (has(self.secrets) && size(self.secrets) > 0) || (has(self.includeTargetReferences) && self.includeTargetReferences)",
+        "message": "spec: the binding has no source; set spec.keys, spec.configMaps, spec.secrets or spec.includeTargetReferences"
+    },
+    {
+        "rule": "!has(self.keys) || self.keys.all(a, self.keys.all(b, a.key != b.key || (has(a.recurse) && a.recurse) != (has(b.recurse) && b.recurse) || (has(a.optional) && a.optional) == (has(b.optional) && b.optional)))",
+        "message": "spec.keys: a Consul key or prefix is listed twice with different settings; list it once"
+    },
+    {
+        "rule": "!has(self.configMaps) || self.configMaps.all(a, self.configMaps.all(b, a.name != b.name || ((has(a.optional) && a.optional) == (has(b.optional) && b.optional) && has(a.keys) == has(b.keys) && (!has(a.keys) || a.keys == b.keys))))",
+        "message": "spec.configMaps: a ConfigMap is listed twice with different keys or optional; list it once, with every key it should read"
+    },
+    {
+        "rule": "!has(self.secrets) || self.secrets.all(a, self.secrets.all(b, a.name != b.name || ((has(a.optional) && a.optional) == (has(b.optional) && b.optional) && has(a.keys) == has(b.keys) && (!has(a.keys) || a.keys == b.keys))))",
+        "message": "spec.secrets: a Secret is listed twice with different keys or optional; list it once, with every key it should read"
+    }
+]))]
 pub struct ConsulBindingSpec {
     /// Consul keys or key prefixes whose content drives the targets; at most 64. A binding
     /// needs at least one source: a key, a ConfigMap or a Secret.
@@ -164,9 +182,9 @@ pub struct ObjectSource {
     pub name: String,
 
     /// Only these keys of its `data` (and of a ConfigMap's `binaryData`); the whole object when
-    /// absent.
+    /// absent. At most 64, none empty.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 64))]
+    #[schemars(length(max = 64), inner(length(min = 1, max = 253)))]
     pub keys: Option<Vec<String>>,
 
     /// A missing optional object is part of the content like any data. A missing required
@@ -212,7 +230,13 @@ impl ConsulBindingSpec {
 /// A workload to roll, chosen either by name or by label selector.
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
-#[schemars(extend("oneOf" = [{"required": ["name"]}, {"required": ["selector"]}]))]
+#[schemars(extend(
+    "oneOf" = [{"required": ["name"]}, {"required": ["selector"]}],
+    "x-kubernetes-validations" = [{
+        "rule": "has(self.name) != has(self.selector)",
+        "message": "spec.targets: each target needs exactly one of name and selector"
+    }]
+))]
 pub struct TargetRef {
     /// Kind of the workload.
     pub kind: WorkloadKind,
@@ -317,6 +341,24 @@ pub struct SecretKeyRef {
 /// period, and a stream of changes still rolls out once `maxDelay` has passed since the first.
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {
+        "rule": "!has(self.quietPeriod) || duration(self.quietPeriod) <= duration('1h')",
+        "message": "spec.rollout.quietPeriod: at most 1h is allowed"
+    },
+    {
+        "rule": "!has(self.maxDelay) || duration(self.maxDelay) <= duration('24h')",
+        "message": "spec.rollout.maxDelay: at most 24h is allowed"
+    },
+    {
+        "rule": "!has(self.quietPeriod) || !has(self.maxDelay) || duration(self.maxDelay) >= duration(self.quietPeriod)",
+        "message": "spec.rollout.maxDelay: shorter than spec.rollout.quietPeriod, so the quiet period could never be waited for"
+    },
+    {
+        "rule": "!has(self.healthTimeout) || duration(self.healthTimeout) <= duration('24h')",
+        "message": "spec.rollout.healthTimeout: at most 24h is allowed"
+    }
+]))]
 pub struct RolloutPolicy {
     /// How long the content must stay unchanged before rolling out, such as `0s`, `5s` or `1m30s`.
     /// Defaults to `2s`; at most `1h`.
@@ -366,6 +408,16 @@ pub struct RolloutPolicy {
 /// One wave of a staged rollout.
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {
+        "rule": "!(has(self.name) && has(self.selector))",
+        "message": "spec.rollout.waves: a wave sets both name and selector; set at most one"
+    },
+    {
+        "rule": "!has(self.pause) || duration(self.pause) <= duration('24h')",
+        "message": "spec.rollout.waves: a wave's pause is longer than 24h"
+    }
+]))]
 pub struct Wave {
     /// Only targets of this kind.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -396,6 +448,10 @@ pub struct Wave {
 /// At most `maxRollouts` rollouts of each target within any span of `per`.
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "duration(self.per) > duration('0s') && duration(self.per) <= duration('24h')",
+    "message": "spec.rollout.budget.per: more than 0s and at most 24h"
+}]))]
 pub struct RolloutBudget {
     /// Between 1 and 100.
     #[schemars(range(min = 1, max = 100))]

@@ -1,4 +1,6 @@
-//! The CustomResourceDefinition as `cargo xtask crdgen` writes it into `crds/`.
+//! The CustomResourceDefinition as `cargo xtask crdgen` writes it into `crds/`: with validation
+//! rules for Kubernetes 1.25 and newer, and without them for older API servers, which refuse the
+//! rules' field.
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
@@ -9,8 +11,22 @@ use schemars::{
 
 use crate::ConsulBinding;
 
-/// The CRD with [`DropNullable`] applied to every version's schema.
+/// The CRD with [`DropNullable`] applied to every version's schema. Its validation rules
+/// (`x-kubernetes-validations`, CEL) refuse at admission what the controller would show as
+/// `InvalidSpec`; the controller keeps its own checks for servers without them.
 pub fn crd() -> CustomResourceDefinition {
+    transformed(&mut DropNullable)
+}
+
+/// [`crd`] without its validation rules, for Kubernetes 1.20 to 1.24.
+pub fn crd_without_rules() -> CustomResourceDefinition {
+    transformed(&mut |schema: &mut Schema| {
+        DropNullable.transform(schema);
+        DropRules.transform(schema);
+    })
+}
+
+fn transformed(transform: &mut impl Transform) -> CustomResourceDefinition {
     let mut crd = ConsulBinding::crd();
     for version in &mut crd.spec.versions {
         let Some(props) = version.schema.as_mut().and_then(|s| s.open_api_v3_schema.as_mut()) else {
@@ -18,10 +34,19 @@ pub fn crd() -> CustomResourceDefinition {
         };
         let mut schema = Schema::try_from(serde_json::to_value(&*props).expect("JSONSchemaProps serialize"))
             .expect("the CRD schema is a JSON object");
-        DropNullable.transform(&mut schema);
-        *props = serde_json::from_value(schema.to_value()).expect("valid JSONSchemaProps after DropNullable");
+        transform.transform(&mut schema);
+        *props = serde_json::from_value(schema.to_value()).expect("valid JSONSchemaProps after the transform");
     }
     crd
+}
+
+struct DropRules;
+
+impl Transform for DropRules {
+    fn transform(&mut self, schema: &mut Schema) {
+        schema.remove("x-kubernetes-validations");
+        transform_subschemas(self, schema);
+    }
 }
 
 /// Removes `nullable: true`, which kube-derive adds to every `Option` field. The 1.20 API server
@@ -81,6 +106,27 @@ mod tests {
             assert!(values.clone().all(|v| !v.is_null()), "{path} lists null among its values");
             assert!(field["type"].is_string(), "{path} has no type: {field}");
         }
+    }
+
+    #[test]
+    fn the_variant_for_old_servers_has_every_field_and_no_rule() {
+        let with = serde_json::to_string(&crd()).unwrap();
+        let without = serde_json::to_string(&crd_without_rules()).unwrap();
+        assert_eq!(with.matches("x-kubernetes-validations").count(), 5, "spec, targets, rollout, waves, budget");
+        assert!(!without.contains("x-kubernetes-validations"));
+        let mut stripped: Value = serde_json::from_str(&with).unwrap();
+        fn drop_rules(v: &mut Value) {
+            match v {
+                Value::Object(map) => {
+                    map.remove("x-kubernetes-validations");
+                    map.values_mut().for_each(drop_rules);
+                }
+                Value::Array(items) => items.iter_mut().for_each(drop_rules),
+                _ => {}
+            }
+        }
+        drop_rules(&mut stripped);
+        assert_eq!(stripped, serde_json::from_str::<Value>(&without).unwrap());
     }
 
     #[test]

@@ -6,7 +6,7 @@ mod crd;
 mod duration;
 
 pub use binding::*;
-pub use crd::{DropNullable, crd};
+pub use crd::{DropNullable, crd, crd_without_rules};
 pub use duration::{DURATION_PATTERN, MAX_DELAY, MAX_QUIET_PERIOD, parse_duration};
 
 /// API group of every resource this project defines.

@@ -87,8 +87,15 @@ pub fn validate(spec: &ConsulBindingSpec) -> Result<Window, String> {
         }
     };
     super::waves::Staging::of(spec, None)?;
+    let both = rollout.quiet_period.is_some() && rollout.max_delay.is_some();
     let quiet = duration("quietPeriod", rollout.quiet_period, DEFAULT_QUIET, MAX_QUIET_PERIOD)?;
     let max = duration("maxDelay", rollout.max_delay, DEFAULT_MAX.max(quiet), MAX_DELAY)?;
+    if both && max < quiet {
+        return Err(
+            "spec.rollout.maxDelay: shorter than spec.rollout.quietPeriod, so the quiet period could never be waited for"
+                .into(),
+        );
+    }
     Ok(Window { quiet, max })
 }
 
@@ -487,6 +494,10 @@ mod tests {
         assert!(error.contains("spec.rollout.maxDelay") && error.contains("at most 24h"), "{error}");
         let error = validate(&spec(named(), Some(rollout("1s", "99999999999999999999h")))).unwrap_err();
         assert!(error.contains("spec.rollout.maxDelay"), "{error}");
+        // The same words as the CRD's rule, which refuses it at admission on a current server.
+        let error = validate(&spec(named(), Some(rollout("1m", "30s")))).unwrap_err();
+        assert!(error.contains("maxDelay: shorter than spec.rollout.quietPeriod"), "{error}");
+        assert!(validate(&spec(named(), Some(rollout("1m", "1m")))).is_ok());
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! End-to-end scenarios against a real kube-apiserver, kube-controller-manager and Consul,
 //! with the real controller binary. Each test has its own namespace and controller.
 
+mod admission;
 mod cronjobs;
 mod faults;
 mod gitops;
