@@ -544,13 +544,28 @@ pub fn controller_kubeconfig() -> &'static PathBuf {
 }
 
 pub fn free_port() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+    let [port] = free_ports();
+    port
 }
 
-/// Distinct free ports: each is held until all are chosen, so none is handed out twice.
+/// Distinct free ports, none handed out twice in this process.
 pub fn free_ports<const N: usize>() -> [SocketAddr; N] {
-    let held: [TcpListener; N] = std::array::from_fn(|_| TcpListener::bind("127.0.0.1:0").unwrap());
-    held.map(|listener| listener.local_addr().unwrap())
+    // Below the kernel's ephemeral range (32768 and up), which the port 0 of a bind draws from:
+    // there an outgoing connection could take a port while a killed controller's restart waits
+    // to listen on it again. A counter keeps the tests of this process apart.
+    static NEXT: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
+    const FIRST: u16 = 24_000;
+    const COUNT: u16 = 8_000;
+    let start = (std::process::id() % u32::from(COUNT)) as u16;
+    std::array::from_fn(|_| {
+        loop {
+            let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let port = FIRST + (start.wrapping_add(n)) % COUNT;
+            if let Ok(listener) = TcpListener::bind(("127.0.0.1", port)) {
+                break listener.local_addr().unwrap();
+            }
+        }
+    })
 }
 
 /// A plain HTTP GET, returning status and body.
