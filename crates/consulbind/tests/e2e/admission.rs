@@ -8,14 +8,13 @@ use std::{path::PathBuf, time::Duration};
 use consulbind_api::{ConsulBinding, ConsulBindingSpec, ConsulBindingStatus};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::{
-    Api, Client, Config,
+    Api, Client,
     api::{Patch, PatchParams, PostParams},
-    config::{KubeConfigOptions, Kubeconfig},
 };
 use serde_json::{Value, json};
 use tokio::sync::OnceCell;
 
-use crate::support::{Scene, wait_for};
+use crate::support::{Scene, client_from, wait_for};
 
 const CRD_NAME: &str = "consulbindings.consulbind.dev";
 
@@ -35,9 +34,7 @@ async fn client() -> Client {
         std::path::Path::new(&path).exists(),
         "no current CRD server: `cargo xtask e2e` builds and starts it ({path} is missing)"
     );
-    let config = Kubeconfig::read_from(&path).unwrap();
-    let config = Config::from_custom_kubeconfig(config, &KubeConfigOptions::default()).await.unwrap();
-    Client::try_from(config).unwrap()
+    client_from(std::path::Path::new(&path)).await
 }
 
 async fn install(client: Client) {

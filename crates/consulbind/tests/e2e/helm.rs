@@ -12,15 +12,16 @@ use k8s_openapi::api::{
     core::v1::{ConfigMap, Secret},
     rbac::v1::ClusterRoleBinding,
 };
-use kube::{Api, Client, Config, config::KubeConfigOptions};
+use kube::{Api, Client};
 use serde_json::json;
 
 use crate::rbac::{Start, assert_forbidden, scenario};
-use crate::support::{ROLLOUT_CRD, Scene, install_rollout_crd, kubeconfig_in};
+use crate::support::{ROLLOUT_CRD, Scene, client_from, install_rollout_crd, kubeconfig_in};
 
 /// Installs (or upgrades) `release` into `namespace` with `sets`, and returns the path of a
-/// kubeconfig for the ServiceAccount it made and how to start the controller as the chart would.
-fn install(release: &str, namespace: &str, sets: &[String]) -> (PathBuf, Start) {
+/// kubeconfig for the ServiceAccount it made and how to start the controller as the chart would:
+/// with the settings of the chart's ConfigMap, read back from the API server, and that account.
+async fn install(s: &Scene, release: &str, namespace: &str, sets: &[String]) -> (PathBuf, Start) {
     let helm = std::env::var("CONSULBIND_HELM").expect("CONSULBIND_HELM names Helm; run `cargo xtask e2e`");
     let chart = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../config/helm/consulbind");
     let consul = std::env::var("CONSUL_HTTP_ADDR").unwrap();
@@ -36,28 +37,18 @@ fn install(release: &str, namespace: &str, sets: &[String]) -> (PathBuf, Start) 
     );
     let account = format!("{release}-consulbind");
     let kubeconfig = kubeconfig_in(namespace, &account);
-    let start = Start {
-        args: vec![],
-        envs: vec![
-            ("KUBECONFIG".into(), kubeconfig.display().to_string()),
-            ("POD_NAME".into(), format!("{account}-0")),
-        ],
-        key: (namespace.to_owned(), "consulbind-checksum-key".to_owned()),
-    };
+    let config_maps: Api<ConfigMap> = Api::namespaced(s.client.clone(), namespace);
+    let config = config_maps.get(&format!("{account}-config")).await.unwrap();
+    let mut envs: Vec<(String, String)> = config.data.unwrap().into_iter().collect();
+    envs.push(("KUBECONFIG".into(), kubeconfig.display().to_string()));
+    envs.push(("POD_NAME".into(), format!("{account}-0")));
+    let start = Start { args: vec![], envs, key: (namespace.to_owned(), "consulbind-checksum-key".to_owned()) };
     (kubeconfig, start)
 }
 
-/// The settings the chart's ConfigMap gives the controller, read back from the API server.
-async fn settings(s: &Scene, release: &str, namespace: &str) -> Vec<(String, String)> {
-    let config_maps: Api<ConfigMap> = Api::namespaced(s.client.clone(), namespace);
-    let config = config_maps.get(&format!("{release}-consulbind-config")).await.unwrap();
-    config.data.unwrap().into_iter().collect()
-}
-
-async fn client_for(kubeconfig: &PathBuf) -> Client {
-    let config = kube::config::Kubeconfig::read_from(kubeconfig).unwrap();
-    let config = Config::from_custom_kubeconfig(config, &KubeConfigOptions::default()).await.unwrap();
-    Client::try_from(config).unwrap()
+/// The value the chart's settings give `name`.
+fn setting<'a>(start: &'a Start, name: &str) -> Option<&'a str> {
+    start.envs.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
 }
 
 /// What the chart does not grant: reading a Secret by name (only the labelled token Secrets are
@@ -93,12 +84,10 @@ async fn the_chart_installs_and_its_rbac_serves_every_namespace() {
     let _crd = ROLLOUT_CRD.lock().await;
     install_rollout_crd();
     let (release, namespace) = ("helm-e2e", "consulbind-helm");
-    let (kubeconfig, mut start) = install(release, namespace, &["image.tag=e2e".into()]);
-    let chart_settings = settings(&s, release, namespace).await;
-    assert!(chart_settings.iter().all(|(k, _)| k != "CONSULBIND_NAMESPACES"), "{chart_settings:?}");
-    start.envs.splice(0..0, chart_settings);
+    let (kubeconfig, start) = install(&s, release, namespace, &["image.tag=e2e".into()]).await;
+    assert_eq!(setting(&start, "CONSULBIND_NAMESPACES"), None, "{:?}", start.envs);
     scenario(&s, &start, "cluster").await.expect("the core path with the chart's settings and ServiceAccount");
-    refused(&s, client_for(&kubeconfig).await, None).await;
+    refused(&s, client_from(&kubeconfig).await, None).await;
     s.finish().await;
 }
 
@@ -108,11 +97,9 @@ async fn the_chart_serving_listed_namespaces_grants_those_alone() {
     let _crd = ROLLOUT_CRD.lock().await;
     install_rollout_crd();
     let (release, namespace) = ("helm-ns", "consulbind-helm-ns");
-    let (kubeconfig, mut start) = install(release, namespace, &[format!("namespaces={{{}}}", s.ns)]);
-    let chart_settings = settings(&s, release, namespace).await;
-    assert!(chart_settings.contains(&("CONSULBIND_NAMESPACES".into(), s.ns.clone())), "{chart_settings:?}");
-    start.envs.splice(0..0, chart_settings);
+    let (kubeconfig, start) = install(&s, release, namespace, &[format!("namespaces={{{}}}", s.ns)]).await;
+    assert_eq!(setting(&start, "CONSULBIND_NAMESPACES"), Some(s.ns.as_str()), "{:?}", start.envs);
     scenario(&s, &start, "namespaced").await.expect("the core path with the chart's Role in the namespace");
-    refused(&s, client_for(&kubeconfig).await, Some("default")).await;
+    refused(&s, client_from(&kubeconfig).await, Some("default")).await;
     s.finish().await;
 }

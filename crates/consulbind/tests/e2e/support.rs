@@ -501,6 +501,13 @@ pub fn install_config() {
     });
 }
 
+/// A client that reads its server and credentials from the kubeconfig at `path`.
+pub async fn client_from(path: &std::path::Path) -> kube::Client {
+    let config = kube::config::Kubeconfig::read_from(path).unwrap();
+    let options = kube::config::KubeConfigOptions::default();
+    kube::Client::try_from(kube::Config::from_custom_kubeconfig(config, &options).await.unwrap()).unwrap()
+}
+
 /// A kubeconfig that authenticates as ServiceAccount `account` of consulbind-system, with a
 /// token from the TokenRequest API.
 pub fn kubeconfig_for(account: &str) -> PathBuf {
