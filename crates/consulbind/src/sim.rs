@@ -25,7 +25,8 @@ use consulbind_api::{
     ConsulBindingSpec, ConsulBindingStatus, KeySource, ObjectKind, RolloutPolicy, TargetRef, WorkloadKind,
     conditions::{self, reason},
 };
-use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
+use k8s_openapi::jiff::Timestamp;
+use kube::runtime::controller::Action;
 use tokio::time::Instant;
 
 use crate::{
@@ -35,14 +36,16 @@ use crate::{
         Live, Version, Workload,
         objects::Digested,
         references::{References, Use},
+        workloads::Resolved,
     },
     reconcile::{
+        apply::{self, Port},
+        decide::{self, Event},
         desk::{Desk, Stamp},
-        loss,
-        plan::{self, Consul, Input, Outcome},
+        observe::{Observed, Read},
+        plan::{Consul, Outcome, Plan},
         read,
         state::Record,
-        status,
     },
     watches::{KeyState, path::Path},
 };
@@ -410,11 +413,24 @@ impl Sim {
         self.works[name].found && (self.active == 0 || name == "web")
     }
 
+    /// The active binding's reconcile: the world as the controller's reads would find it, then
+    /// the controller's own decide and apply, with writes that land in the model.
     async fn reconcile_with(&mut self, controller: &mut Controller) {
-        let now = Instant::now();
         let spec = self.spec.clone();
-        let window = read::validate(&spec).expect("the simulated spec is valid");
-        let previous = self.status.clone();
+        let Some(observed) = self.observe(&spec, controller).await else { return };
+        let decision = decide::decide(&observed, &mut controller.record, Instant::now());
+        let ready = observed
+            .read
+            .as_ref()
+            .is_ok_and(|read| matches!(observed.input(read, None, false).consul, Consul::Ready(_)));
+        let mut port = Writes { sim: self, controller, spec: &spec, ready, desired: None, rolled: Vec::new() };
+        apply::apply(&mut port, &observed, decision).await.expect("the model takes every write");
+    }
+
+    /// What the controller's reads find: its watches' paths, the workloads as its caches hold
+    /// them, the ConfigMap (as listed before the API server went away, while its cache lists
+    /// again), and at its first read, whether Consul's indexes went below the status's.
+    async fn observe<'a>(&mut self, spec: &'a ConsulBindingSpec, controller: &mut Controller) -> Option<Observed<'a>> {
         let states: Vec<KeyState> = match self.consul_up {
             true => controller.paths.iter().map(Path::state).collect(),
             false => controller
@@ -426,73 +442,50 @@ impl Sim {
                 })
                 .collect(),
         };
-        let Some(consul) = read::consul_view(&spec, &states, u64::MAX) else { return };
-        // The go-ahead releases what the status showed as lost. One given while Consul cannot
-        // be read says nothing of a loss the status could not show yet: that is held until a
-        // later go-ahead.
-        let unsuspended = |s: &ConsulBindingSpec| ConsulBindingSpec { suspend: false, ..s.clone() };
-        let edited = self.shown_spec.as_ref().is_some_and(|shown| unsuspended(shown) != unsuspended(&spec));
-        if edited && !spec.suspend {
-            let read = matches!(consul, Consul::Ready(_));
-            for (lost, shown) in self.lost.iter_mut().zip(&previous.keys) {
-                if shown.lost {
-                    *lost = false;
-                    self.go_ahead |= read && !self.reset_unshown;
-                }
-            }
-        }
-        let queries = read::queries(&spec, None);
-        let found: Vec<Workload> = self
-            .works
-            .iter()
-            .filter(|(name, _)| self.targeted(name))
-            .map(|(name, _)| (WorkloadKind::Deployment, name.to_string()))
-            .collect();
-        let mut live: BTreeMap<Workload, Live> = self
-            .works
-            .iter()
-            .filter(|(name, _)| self.targeted(name))
-            .filter_map(|(name, w)| Some(((WorkloadKind::Deployment, name.to_string()), w.live[self.active].clone()?)))
-            .collect();
-        let versions: BTreeMap<Workload, Version> = self
-            .works
-            .iter()
-            .filter(|(name, _)| self.targeted(name))
-            .map(|(name, w)| {
-                let version = Version { uid: format!("{name}-{}", w.uid), generation: w.generation };
-                ((WorkloadKind::Deployment, name.to_string()), version)
-            })
-            .collect();
-        read::trust_stamps(&mut controller.record.stamps, &versions, &mut live);
+        let consul = read::consul_view(spec, &states, u64::MAX)?;
+        let ready = matches!(consul, Consul::Ready(_));
+        self.go_ahead_given(spec, ready);
+        let previous = self.status.clone();
+        let targeted: Vec<(&'static str, &Work)> =
+            self.works.iter().filter(|(name, _)| self.targeted(name)).map(|(name, w)| (*name, w)).collect();
+        let workload = |name: &str| (WorkloadKind::Deployment, name.to_owned());
+        let mut resolved = Resolved {
+            found: targeted.iter().map(|(name, _)| workload(name)).collect(),
+            live: targeted
+                .iter()
+                .filter_map(|(name, w)| Some((workload(name), w.live[self.active].clone()?)))
+                .collect(),
+            versions: targeted
+                .iter()
+                .map(|(name, w)| {
+                    (workload(name), Version { uid: format!("{name}-{}", w.uid), generation: w.generation })
+                })
+                .collect(),
+            ..Resolved::default()
+        };
+        read::trust_stamps(&mut controller.record.stamps, &resolved.versions, &mut resolved.live);
         let cm = References::from([((ObjectKind::ConfigMap, "cm".into()), Use { keys: None, optional: false })]);
-        let uses: BTreeMap<Workload, References> = self
-            .works
+        resolved.uses = targeted
             .iter()
-            .filter(|(name, w)| self.targeted(name) && w.refs && spec.include_target_references)
-            .map(|(name, _)| ((WorkloadKind::Deployment, name.to_string()), cm.clone()))
+            .filter(|(_, w)| w.refs && spec.include_target_references)
+            .map(|(name, _)| (workload(name), cm.clone()))
             .collect();
-        let references = uses.values().next().cloned().unwrap_or_default();
-        let bound = read::bound_objects(&spec, &references).expect("one reference");
+        let references = resolved.uses.values().next().cloned().unwrap_or_default();
+        let bound = read::bound_objects(spec, &references).expect("one reference");
+        let cached = controller.cached_cm.as_ref().filter(|_| controller.listing).unwrap_or(&self.cm);
         let digested = Arc::new(Digested {
             version: "1".into(),
             fingerprint: 0,
-            entries: controller
-                .cached_cm
-                .as_ref()
-                .filter(|_| controller.listing)
-                .unwrap_or(&self.cm)
+            entries: cached
                 .iter()
                 .map(|(k, v)| (k.to_string(), Field::Data, checksum::digest(&KEY, v.as_bytes())))
                 .collect(),
         });
-        let objects: Vec<read::ObjectRead<'_>> = bound.iter().map(|b| (b, Some(digested.clone()))).collect();
+        let objects = bound.iter().map(|_| Some(digested.clone())).collect();
 
-        if matches!(consul, Consul::Ready(_)) && !controller.record.compared {
-            self.forget_undetectable(&previous);
-        }
-        let held = loss::held_for_lost_content(&previous);
         let found_restored = match &consul {
             Consul::Ready(read) if !controller.record.compared => {
+                self.forget_undetectable(&previous);
                 let store = &self.store;
                 let alone = async |queries: &[&KvQuery]| {
                     let index = |q: &&KvQuery| {
@@ -501,74 +494,50 @@ impl Sim {
                     };
                     Ok(queries.iter().map(index).collect())
                 };
+                let queries = read::queries(spec, None);
                 Some(read::restored_at_first_read(&previous, read, &queries, alone).await.unwrap())
             }
             _ => None,
         };
-        let reset = read::latest_reset(&states);
-        let (restore, restored) = controller.record.restore(held, found_restored, reset, now, GRACE);
-        let ready = matches!(consul, Consul::Ready(_));
-        let input = Input {
-            key: &KEY.scoped("ns", ["", "", ""]),
-            spec: &spec,
-            window,
-            generation: Some(self.generation),
-            previous: &previous,
-            consul,
-            objects: Ok(read::object_contents(&objects)),
-            found: &found,
-            live: &live,
-            uses: &uses,
-            versions: &versions,
-            missing: &[],
-            unserved: &[],
-            dry_run: false,
-            in_turns: None,
-            restore,
-            restored: restored && ready,
+        let read = Read {
+            window: read::validate(spec).expect("the simulated spec is valid"),
+            key: KEY.scoped("ns", ["", "", ""]),
             staging: None,
-            health: &BTreeMap::new(),
-            labels: &BTreeMap::new(),
-            clock: k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            dry_run: false,
+            restore_grace: GRACE,
+            consul: Ok(states),
+            in_turns: None,
+            found_restored,
+            resolved,
+            bound,
+            objects: Ok(objects),
+            values: None,
+            write_limited: None,
         };
-        let plan = plan::plan(&input, &mut controller.record.pending, now);
-        // Content the targets already carry holds nothing, lost or not.
-        if plan.desired.is_some() && plan.desired == previous.applied_checksum {
-            self.lost.fill(false);
-        }
-        for w in &plan.roll {
-            let version = self.stamp(&w.1, plan.values[w].clone());
-            controller.record.stamps.insert(w.clone(), (version, plan.values[w].clone()));
-        }
-        let held = plan.held.iter().map(|w| (target(&w.1), stamp(self.active, plan.content[w].clone())));
-        controller.desk.hold(&binding(self.active), held.collect());
-        let outcome = Outcome { rolled: plan.roll.clone(), failed: Vec::new() };
-        let status = status::status(&input, &plan, &outcome, &Time(Timestamp::UNIX_EPOCH));
-        controller.record.written(restored && ready, plan.desired.as_deref(), &status, now);
-        if ready {
-            for (i, source) in spec.keys.iter().enumerate() {
-                self.seen_content[i] = self.store.matching(source).next().is_some();
+        Some(Observed {
+            spec,
+            generation: Some(self.generation),
+            previous,
+            started: Instant::now(),
+            clock: Timestamp::UNIX_EPOCH,
+            read: Ok(read),
+        })
+    }
+
+    /// The go-ahead releases what the status showed as lost. One given while Consul cannot be
+    /// read says nothing of a loss the status could not show yet: that is held until a later
+    /// go-ahead.
+    fn go_ahead_given(&mut self, spec: &ConsulBindingSpec, read: bool) {
+        let unsuspended = |s: &ConsulBindingSpec| ConsulBindingSpec { suspend: false, ..s.clone() };
+        let edited = self.shown_spec.as_ref().is_some_and(|shown| unsuspended(shown) != unsuspended(spec));
+        if edited && !spec.suspend {
+            for (lost, shown) in self.lost.iter_mut().zip(&self.status.keys) {
+                if shown.lost {
+                    *lost = false;
+                    self.go_ahead |= read && !self.reset_unshown;
+                }
             }
         }
-        controller.wake_at = plan.wake_at;
-        let ready = status.conditions.iter().find(|c| c.type_ == conditions::READY).map(|c| c.reason.clone());
-        let keys: Vec<(bool, bool)> = status.keys.iter().map(|k| (k.present, k.lost)).collect();
-        let short = |c: &str| c.get(3..9).unwrap_or(c).to_owned();
-        let rows: Vec<String> = status
-            .targets
-            .iter()
-            .chain(&status.former_targets)
-            .map(|t| format!("{}={}/{}", t.name, short(&t.checksum), t.stamp.as_deref().map_or("-".into(), short)))
-            .collect();
-        let desired = plan.desired.as_deref().map_or("-".into(), short);
-        self.note(format_args!("  desired {desired}, rows {rows:?}"));
-        self.note(format_args!(
-            "reconciled: Ready {ready:?}, rolled {:?}, keys (present, lost) {keys:?}",
-            outcome.rolled
-        ));
-        self.status = status;
-        self.shown_spec = Some(spec);
-        self.check_hold_shown(ready.as_deref());
     }
 
     /// Plans the active binding's stamp on `name`, written with the round's others; returns the
@@ -927,6 +896,79 @@ impl Sim {
         let time = Duration::from_millis(self.rng.u64(1..3000));
         self.pass(time).await;
         self.reconcile().await;
+    }
+}
+
+/// The simulator's side of the controller's writes: stamps planned into the round's batch,
+/// held stamps on the model's desk, the status into the model.
+struct Writes<'s> {
+    sim: &'s mut Sim,
+    controller: &'s mut Controller,
+    spec: &'s ConsulBindingSpec,
+    /// Consul was read.
+    ready: bool,
+    desired: Option<String>,
+    rolled: Vec<Workload>,
+}
+
+impl Port for Writes<'_> {
+    fn record<R>(&mut self, f: impl FnOnce(&mut Record) -> R) -> R {
+        f(&mut self.controller.record)
+    }
+
+    fn hold(&mut self, plan: &Plan) {
+        // Content the targets already carry holds nothing, lost or not.
+        if plan.desired.is_some() && plan.desired == self.sim.status.applied_checksum {
+            self.sim.lost.fill(false);
+        }
+        self.desired = plan.desired.clone();
+        let active = self.sim.active;
+        let held = plan.held.iter().map(|w| (target(&w.1), stamp(active, plan.content[w].clone())));
+        self.controller.desk.hold(&binding(active), held.collect());
+    }
+
+    async fn stamp(&mut self, _: &Read, plan: &Plan) -> Outcome {
+        for w in &plan.roll {
+            let version = self.sim.stamp(&w.1, plan.values[w].clone());
+            self.controller.record.stamps.insert(w.clone(), (version, plan.values[w].clone()));
+        }
+        self.rolled = plan.roll.clone();
+        Outcome { rolled: plan.roll.clone(), failed: Vec::new() }
+    }
+
+    fn due(&mut self, at: Option<Instant>) {
+        self.controller.wake_at = at;
+    }
+
+    fn publish(&mut self, _: Event, _: &Read, _: &ConsulBindingStatus, _: &Outcome) {}
+
+    async fn status(&mut self, _: &ConsulBindingStatus, status: &ConsulBindingStatus) -> Result<(), crate::Error> {
+        let sim = &mut *self.sim;
+        if self.ready {
+            for (i, source) in self.spec.keys.iter().enumerate() {
+                sim.seen_content[i] = sim.store.matching(source).next().is_some();
+            }
+        }
+        let ready = status.conditions.iter().find(|c| c.type_ == conditions::READY).map(|c| c.reason.clone());
+        let keys: Vec<(bool, bool)> = status.keys.iter().map(|k| (k.present, k.lost)).collect();
+        let short = |c: &str| c.get(3..9).unwrap_or(c).to_owned();
+        let rows: Vec<String> = status
+            .targets
+            .iter()
+            .chain(&status.former_targets)
+            .map(|t| format!("{}={}/{}", t.name, short(&t.checksum), t.stamp.as_deref().map_or("-".into(), short)))
+            .collect();
+        let desired = self.desired.as_deref().map_or("-".into(), short);
+        sim.note(format_args!("  desired {desired}, rows {rows:?}"));
+        sim.note(format_args!("reconciled: Ready {ready:?}, rolled {:?}, keys (present, lost) {keys:?}", self.rolled));
+        sim.status = status.clone();
+        sim.shown_spec = Some(self.spec.clone());
+        sim.check_hold_shown(ready.as_deref());
+        Ok(())
+    }
+
+    async fn write_limited(&mut self, _: &ConsulBindingStatus, _: Instant) -> Result<Action, crate::Error> {
+        unreachable!("the simulated namespace has no write limit")
     }
 }
 

@@ -101,7 +101,8 @@ pub async fn write_limited(
          workload stamp, status and event the controller writes there; this binding's changes wait, coalesced, \
          and roll out once the namespace is within it"
     );
-    let held = not_served(binding, previous, conditions::reason::WRITE_LIMITED, &message);
+    let now = Time(Timestamp::now());
+    let held = not_served(previous, binding.metadata.generation, conditions::reason::WRITE_LIMITED, &message, &now);
     status(ctx, binding, previous, &held).await?;
     let wait = free.saturating_duration_since(tokio::time::Instant::now());
     Ok(kube::runtime::controller::Action::requeue(wait.max(std::time::Duration::from_millis(50))))
@@ -110,22 +111,21 @@ pub async fn write_limited(
 /// The status of a binding that cannot be served (an invalid spec, a controller bug): Ready
 /// and TargetsUpdated say why; the rest stays as it was.
 pub fn not_served(
-    binding: &ConsulBinding,
     previous: &ConsulBindingStatus,
+    generation: Option<i64>,
     reason: &str,
     message: &str,
+    now: &Time,
 ) -> ConsulBindingStatus {
-    let now = Time(Timestamp::now());
-    let generation = binding.metadata.generation;
     let replaced = [conditions::READY, conditions::TARGETS_UPDATED, conditions::RECONCILING, conditions::STALLED];
     let mut conditions: Vec<_> =
         previous.conditions.iter().filter(|c| !replaced.contains(&c.type_.as_str())).cloned().collect();
     for type_ in [conditions::READY, conditions::TARGETS_UPDATED] {
         let condition =
-            status::condition(&previous.conditions, type_, Some(false), reason, message.into(), generation, &now);
+            status::condition(&previous.conditions, type_, Some(false), reason, message.into(), generation, now);
         conditions.push(condition);
     }
-    status::kstatus(&previous.conditions, &mut conditions, generation, &now);
+    status::kstatus(&previous.conditions, &mut conditions, generation, now);
     ConsulBindingStatus { observed_generation: generation, conditions, ..previous.clone() }
 }
 

@@ -1,0 +1,147 @@
+//! The last stage of a reconcile: the writes a [`Decision`] calls for, in their order, through a
+//! [`Port`]. The controller's port writes to the cluster; a simulator's writes to its model.
+
+use std::time::Duration;
+
+use consul_kv::jitter;
+use consulbind_api::{ConsulBinding, ConsulBindingStatus};
+use kube::{
+    Resource,
+    runtime::{controller::Action, events::EventType},
+};
+use tokio::time::Instant;
+use tracing::info;
+
+use super::{
+    Context, RETRY,
+    decide::{self, Decision, Event, Report},
+    observe::{Observed, Read},
+    plan::{Outcome, Plan},
+    read, report, stamp,
+    state::Record,
+};
+use crate::{BindingRef, Error, binding_ref};
+
+/// How often a settled binding is looked at again, as a safety net: Consul, the workloads and
+/// the token Secrets all wake it when they change. Such a reconcile writes nothing unless
+/// something changed, and jitter keeps many bindings from coming due together.
+const RESYNC: Duration = Duration::from_secs(600);
+
+/// Where a reconcile's writes go.
+#[allow(async_fn_in_trait)]
+pub trait Port {
+    /// Runs `f` on the binding's record.
+    fn record<R>(&mut self, f: impl FnOnce(&mut Record) -> R) -> R;
+    /// Holds back the stamps of the targets the plan does not roll, for another binding's write
+    /// of the same checksum to carry.
+    fn hold(&mut self, plan: &Plan);
+    /// Stamps the workloads of `plan.roll`.
+    async fn stamp(&mut self, read: &Read, plan: &Plan) -> Outcome;
+    /// Other bindings' stamps on the same workloads wait for this one until then.
+    fn due(&mut self, at: Option<Instant>);
+    fn publish(&mut self, event: Event, read: &Read, status: &ConsulBindingStatus, outcome: &Outcome);
+    /// Writes `status` where it says something new.
+    async fn status(&mut self, previous: &ConsulBindingStatus, status: &ConsulBindingStatus) -> Result<(), Error>;
+    /// Shows that the namespace is over its write limit until `free`, and says when to look again.
+    async fn write_limited(&mut self, previous: &ConsulBindingStatus, free: Instant) -> Result<Action, Error>;
+}
+
+/// Makes the writes of `decision`, and says when to look at the binding again.
+pub async fn apply(port: &mut impl Port, observed: &Observed<'_>, decision: Decision<'_>) -> Result<Action, Error> {
+    let previous = &observed.previous;
+    let act = match decision {
+        Decision::Refused { status, then } => {
+            port.status(previous, &status).await?;
+            return Ok(then);
+        }
+        Decision::Retry(wait) => return Ok(Action::requeue(wait)),
+        Decision::WriteLimited(free) => return port.write_limited(previous, free).await,
+        Decision::Act(act) => act,
+    };
+    port.hold(&act.plan);
+    let outcome = port.stamp(act.read, &act.plan).await;
+    port.due(act.plan.wake_at);
+    let settled = port.record(|record| record.settled_sources.clone());
+    let Report { status, event, wake_at, healthy } = decide::conclude(observed, &act, &outcome, settled.as_ref());
+    if let Some(event) = event {
+        port.publish(event, act.read, &status, &outcome);
+    }
+    port.status(previous, &status).await?;
+    let shown = decide::shown(&act);
+    port.record(|record| record.written(shown, act.plan.desired.as_deref(), &status, observed.started));
+    // A Consul failure retries on its own, but a binding that is not healthy is looked at soon:
+    // an object unreadable for want of a rule changes nothing the watches see once it is granted.
+    Ok(match wake_at {
+        Some(at) => Action::requeue(at.saturating_duration_since(Instant::now()).max(Duration::from_millis(50))),
+        None if healthy => Action::requeue(jitter(RESYNC, 0.2)),
+        None => Action::requeue(RETRY),
+    })
+}
+
+/// The controller's port: the API server, the desk of shared stamps, events and metrics.
+pub struct Cluster<'a> {
+    pub ctx: &'a Context,
+    pub binding: &'a ConsulBinding,
+    pub oref: BindingRef,
+    pub started: Instant,
+}
+
+impl<'a> Cluster<'a> {
+    pub fn new(ctx: &'a Context, binding: &'a ConsulBinding, started: Instant) -> Self {
+        Self { ctx, binding, oref: binding_ref(binding), started }
+    }
+}
+
+impl Port for Cluster<'_> {
+    fn record<R>(&mut self, f: impl FnOnce(&mut Record) -> R) -> R {
+        self.ctx.states.update(&self.oref, f)
+    }
+
+    fn hold(&mut self, plan: &Plan) {
+        stamp::hold(self.ctx, &self.oref, plan);
+    }
+
+    async fn stamp(&mut self, read: &Read, plan: &Plan) -> Outcome {
+        let ctx = self.ctx;
+        if plan.roll.is_empty() {
+            ctx.desk.planned(&self.oref);
+            return Outcome::default();
+        }
+        if let Some(seen) = read::latest_change(read.contents()) {
+            ctx.metrics.stage("consul_to_reconcile", self.started.saturating_duration_since(seen));
+        }
+        ctx.metrics.stage("reconcile_to_patch", self.started.elapsed());
+        stamp::stamp_all(ctx, &self.oref, plan, &read.resolved.versions).await
+    }
+
+    fn due(&mut self, at: Option<Instant>) {
+        self.ctx.desk.due(&self.oref, at.map(Instant::into_std));
+    }
+
+    fn publish(&mut self, event: Event, read: &Read, status: &ConsulBindingStatus, outcome: &Outcome) {
+        let (ctx, binding) = (self.ctx, self.binding);
+        let (reason, message) = match event {
+            Event::RolledOut { applied } => {
+                return report::rolled_out(ctx, binding, applied.as_deref(), status, outcome, read.contents());
+            }
+            Event::DryRun { reason, message } => {
+                info!(binding = %self.oref, %message, "dry run");
+                (reason, message)
+            }
+            Event::Rebased(message) => {
+                info!(binding = %self.oref, %message, "references changed");
+                (consulbind_api::conditions::reason::BASELINED, message)
+            }
+            Event::Baselined(message) => (consulbind_api::conditions::reason::BASELINED, message),
+        };
+        report::publish(ctx, binding.object_ref(&()), EventType::Normal, reason, message);
+    }
+
+    async fn status(&mut self, previous: &ConsulBindingStatus, status: &ConsulBindingStatus) -> Result<(), Error> {
+        report::status(self.ctx, self.binding, previous, status).await
+    }
+
+    async fn write_limited(&mut self, previous: &ConsulBindingStatus, free: Instant) -> Result<Action, Error> {
+        report::write_limited(self.ctx, self.binding, previous, free).await
+    }
+}
