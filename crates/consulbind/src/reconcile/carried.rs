@@ -108,8 +108,17 @@ pub fn rows(input: &Input<'_>, plan: &Plan, outcome: &Outcome, now: &Time) -> Ve
             let (state, message, rolled_times) = match (&plan.staged, old) {
                 _ if input.staging.is_none() => (None, None, Vec::new()),
                 (Some(step), _) => {
-                    let (state, message) = step.states.get(w).cloned().unzip();
-                    (state, message.flatten(), step.times.get(w).cloned().unwrap_or_default())
+                    // A patch that failed rolled nothing: the target is still to roll, and the
+                    // budget is not spent.
+                    let (state, message) = match outcome.failed.iter().any(|(f, _)| f == w) {
+                        true => step.unrolled.get(w).cloned().flatten().unzip(),
+                        false => step.states.get(w).cloned().unzip(),
+                    };
+                    let mut times = step.times.get(w).cloned().unwrap_or_default();
+                    if outcome.rolled.contains(w) && input.staging.is_some_and(|s| s.budget.is_some()) {
+                        times.push(now.clone());
+                    }
+                    (state, message.flatten(), times)
                 }
                 // Nothing was staged (a source cannot be read, or is missing): the last word stands.
                 (None, Some(old)) => (old.state, old.message.clone(), old.rolled_times.clone()),

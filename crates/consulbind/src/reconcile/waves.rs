@@ -44,8 +44,8 @@ pub struct WaveRule {
     kind: Option<WorkloadKind>,
     name: Option<String>,
     selector: Option<Selector>,
-    max_parallel: Option<u32>,
-    pause: Duration,
+    pub(crate) max_parallel: Option<u32>,
+    pub(crate) pause: Duration,
 }
 
 /// At most `max` rollouts of each target within any span of `per`.
@@ -125,7 +125,7 @@ impl Staging {
     }
 
     /// The wave a target belongs to: the first whose filter takes it, else the last.
-    fn wave_of(&self, w: &Workload, labels: Option<&BTreeMap<String, String>>) -> usize {
+    pub(crate) fn wave_of(&self, w: &Workload, labels: Option<&BTreeMap<String, String>>) -> usize {
         let empty = BTreeMap::new();
         let labels = labels.unwrap_or(&empty);
         let takes = |rule: &WaveRule| {
@@ -144,7 +144,10 @@ pub struct Step {
     pub roll: Vec<Workload>,
     /// Each found target's state, and why it is halted or waiting.
     pub states: BTreeMap<Workload, (TargetState, Option<String>)>,
-    /// With a budget: the times each target was rolled within its span, this roll included.
+    /// The state each target of `roll` had before this step rolled it: its state still, should
+    /// its patch fail.
+    pub unrolled: BTreeMap<Workload, Option<(TargetState, Option<String>)>>,
+    /// With a budget: the times each target was rolled within its span, before this step.
     pub times: BTreeMap<Workload, Vec<Time>>,
     pub rollout: Option<RolloutStatus>,
     pub hold: Option<(&'static str, String)>,
@@ -194,18 +197,10 @@ fn human(d: Duration) -> String {
 
 /// One step: `behind` are the targets whose content differs from what they carry, `go` says
 /// whether the change may roll now (its quiet period is over), `desired` is the content's
-/// checksum. Pure: the same recorded state and reports give the same step.
+/// checksum. Pure: the same recorded state and reports give the same step. A roll's time joins
+/// `times` once its patch has landed ([`carried::rows`](super::carried::rows)): a failed patch
+/// costs no budget.
 pub fn step(staging: &Staging, input: &Input<'_>, behind: &[Workload], go: bool, desired: &str) -> Step {
-    let mut step = decide(staging, input, behind, go, desired);
-    if staging.budget.is_some() {
-        for w in &step.roll {
-            step.times.entry(w.clone()).or_default().push(Time(input.clock));
-        }
-    }
-    step
-}
-
-fn decide(staging: &Staging, input: &Input<'_>, behind: &[Workload], go: bool, desired: &str) -> Step {
     let now = input.clock;
     let previous = input.previous;
     let carried = Carried::new(previous, input.versions);
@@ -214,12 +209,21 @@ fn decide(staging: &Staging, input: &Input<'_>, behind: &[Workload], go: bool, d
 
     // Health of the targets a staged rollout rolled, behind their content or not: a target
     // whose content changes and changes back is still the one rolled, and may not be healthy
-    // (dropped while it was behind, the next wave rolled: simulator seed 1).
+    // (dropped while it was behind, the next wave rolled: simulator seed 1). Until the rollout
+    // is complete, a target healthy once is judged again: one that sours during its wave's pause
+    // holds the next wave (waves simulator seed 9).
+    let in_flight =
+        previous.rollout.as_ref().is_some_and(|r| r.checksum == desired && r.phase != RolloutPhase::Complete);
     if !staging.waves.is_empty() {
         for w in input.found {
             let Some(row) = carried.row(w) else { continue };
+            let judged = match row.state {
+                Some(TargetState::Rolling | TargetState::Halted | TargetState::Waiting) => true,
+                Some(TargetState::Healthy) => in_flight,
+                None => false,
+            };
             let state = match row.state {
-                Some(TargetState::Rolling | TargetState::Halted | TargetState::Waiting) => match input.health.get(w) {
+                Some(_) if judged => match input.health.get(w) {
                     None | Some(Health::Healthy) => (TargetState::Healthy, None),
                     Some(Health::Failed(what)) => (TargetState::Halted, Some(what.clone())),
                     Some(Health::Progressing(what)) => {
@@ -239,7 +243,7 @@ fn decide(staging: &Staging, input: &Input<'_>, behind: &[Workload], go: bool, d
                         }
                     }
                 },
-                Some(TargetState::Healthy) => (TargetState::Healthy, None),
+                Some(state) => (state, None),
                 None => continue,
             };
             step.states.insert(w.clone(), state);
@@ -378,7 +382,8 @@ fn decide(staging: &Staging, input: &Input<'_>, behind: &[Workload], go: bool, d
         let rollable = pending.iter().filter(|w| !blocked.contains_key(**w));
         step.roll = rollable.take(slots).map(|w| (*w).clone()).collect();
         for w in &step.roll {
-            step.states.insert(w.clone(), (TargetState::Rolling, None));
+            let before = step.states.insert(w.clone(), (TargetState::Rolling, None));
+            step.unrolled.insert(w.clone(), before);
         }
         let rolling: Vec<&Workload> = rolling.into_iter().chain(&step.roll).collect();
         let waiting: Vec<&Workload> = pending.iter().copied().filter(|w| !step.roll.contains(w)).collect();

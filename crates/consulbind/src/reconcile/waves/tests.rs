@@ -1,187 +1,17 @@
-//! The staged rollout's state machine, driven through whole plans and statuses over a small
-//! world of Deployments whose health the tests set.
+//! The staged rollout's state machine, driven through whole reconciles over a small world of
+//! Deployments whose health the tests set.
 
-use std::{collections::BTreeMap, time::Duration};
+use std::time::Duration;
 
-use consul_kv::KvEntry;
 use consulbind_api::{
-    ConsulBindingSpec, ConsulBindingStatus, KeySource, RolloutBudget, RolloutPhase, RolloutPolicy, TargetRef,
-    TargetState, Wave, WorkloadKind, conditions, conditions::reason,
+    ConsulBindingSpec, RolloutBudget, RolloutPhase, RolloutPolicy, TargetState, Wave, conditions::reason,
 };
-use k8s_openapi::{
-    apimachinery::pkg::apis::meta::v1::{LabelSelector, Time},
-    jiff::Timestamp,
-};
-use tokio::time::Instant;
 
 use super::*;
 use crate::{
-    checksum,
-    cluster::{Live, Version},
-    reconcile::{
-        debounce::Pending,
-        plan::{Consul, KeyContent, Outcome, plan},
-        status::status,
-    },
+    cluster::health::Health,
+    sim::waves::{World, canary, deploy},
 };
-
-const KEY: checksum::Key = checksum::Key::new([7; checksum::KEY_LEN]);
-
-/// Deployments `names`, the canary labelled `track=canary`, all healthy and carrying nothing.
-struct World {
-    spec: ConsulBindingSpec,
-    status: ConsulBindingStatus,
-    value: String,
-    index: u64,
-    found: Vec<Workload>,
-    labels: BTreeMap<Workload, BTreeMap<String, String>>,
-    live: BTreeMap<Workload, Live>,
-    versions: BTreeMap<Workload, Version>,
-    health: BTreeMap<Workload, Health>,
-    clock: Timestamp,
-    pending: Option<Pending>,
-    /// Generations added by the binding's stamps, per workload.
-    rolls: BTreeMap<String, u32>,
-    last: Option<crate::reconcile::plan::Plan>,
-}
-
-fn deploy(name: &str) -> Workload {
-    (WorkloadKind::Deployment, name.to_owned())
-}
-
-fn canary() -> LabelSelector {
-    LabelSelector { match_labels: Some([("track".to_owned(), "canary".to_owned())].into()), ..Default::default() }
-}
-
-impl World {
-    fn new(names: &[&str], waves: Vec<Wave>, budget: Option<RolloutBudget>) -> Self {
-        let rollout = RolloutPolicy { quiet_period: Some("0s".into()), waves, budget, ..Default::default() };
-        let spec = ConsulBindingSpec {
-            keys: vec![KeySource { key: "app/config".into(), ..Default::default() }],
-            targets: vec![TargetRef {
-                kind: WorkloadKind::Deployment,
-                selector: Some(LabelSelector::default()),
-                name: None,
-            }],
-            rollout: Some(rollout),
-            ..Default::default()
-        };
-        let found: Vec<Workload> = names.iter().map(|n| deploy(n)).collect();
-        let labels = found
-            .iter()
-            .map(|w| {
-                let track = if w.1.starts_with("canary") { "canary" } else { "stable" };
-                (w.clone(), [("track".to_owned(), track.to_owned())].into())
-            })
-            .collect();
-        let versions =
-            found.iter().map(|w| (w.clone(), Version { uid: format!("uid-{}", w.1), generation: 1 })).collect();
-        let mut world = Self {
-            spec,
-            status: ConsulBindingStatus::default(),
-            value: "v1".into(),
-            index: 10,
-            found,
-            labels,
-            live: BTreeMap::new(),
-            versions,
-            health: BTreeMap::new(),
-            clock: "2026-11-26T03:00:00Z".parse().unwrap(),
-            pending: None,
-            rolls: BTreeMap::new(),
-            last: None,
-        };
-        world.tick();
-        assert_eq!(world.ready().reason, reason::BASELINED);
-        world
-    }
-
-    fn staged(names: &[&str], waves: Vec<Wave>) -> Self {
-        Self::new(names, waves, None)
-    }
-
-    fn write(&mut self, value: &str) {
-        self.value = value.into();
-        self.index += 1;
-    }
-
-    fn advance(&mut self, by: Duration) {
-        self.clock = self.clock.checked_add(k8s_openapi::jiff::SignedDuration::try_from(by).unwrap()).unwrap();
-    }
-
-    /// One reconcile, every planned stamp landing; returns the workloads it rolled.
-    fn tick(&mut self) -> Vec<String> {
-        let entries = vec![
-            KvEntry::new("app/config", self.value.clone(), self.index).digested(|v| checksum::digest(&KEY, v).to_vec()),
-        ];
-        let staging = Staging::of(&self.spec, None).unwrap();
-        let input = Input {
-            key: &KEY,
-            spec: &self.spec,
-            window: crate::reconcile::read::validate(&self.spec).unwrap(),
-            generation: Some(1),
-            previous: &self.status,
-            consul: Consul::Ready(vec![KeyContent {
-                source: &self.spec.keys[0],
-                entries: &entries,
-                reset_hold: false,
-                index: None,
-            }]),
-            objects: Ok(Vec::new()),
-            found: &self.found,
-            live: &self.live,
-            uses: &BTreeMap::new(),
-            versions: &self.versions,
-            missing: &[],
-            unserved: &[],
-            dry_run: false,
-            in_turns: None,
-            restore: None,
-            restored: false,
-            staging: staging.as_ref(),
-            health: &self.health,
-            labels: &self.labels,
-            clock: self.clock,
-        };
-        let plan = plan(&input, &mut self.pending, Instant::now());
-        let outcome = Outcome { rolled: plan.roll.clone(), failed: vec![] };
-        let status = status(&input, &plan, &outcome, &Time(self.clock));
-        for w in &plan.roll {
-            self.live.insert(w.clone(), Live { value: plan.values[w].clone(), owned: true });
-            self.versions.get_mut(w).unwrap().generation += 1;
-            *self.rolls.entry(w.1.clone()).or_default() += 1;
-            self.health.insert(w.clone(), Health::Progressing("0 of 1 replicas updated".into()));
-        }
-        self.status = status;
-        let rolled = plan.roll.iter().map(|w| w.1.clone()).collect();
-        self.last = Some(plan);
-        rolled
-    }
-
-    fn healthy(&mut self, name: &str) {
-        self.health.remove(&deploy(name));
-    }
-
-    fn fail(&mut self, name: &str) {
-        self.health.insert(deploy(name), Health::Failed("ProgressDeadlineExceeded: timed out".into()));
-    }
-
-    fn ready(&self) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
-        self.status.conditions.iter().find(|c| c.type_ == conditions::READY).unwrap().clone()
-    }
-
-    fn state(&self, name: &str) -> Option<TargetState> {
-        self.status.targets.iter().find(|t| t.name == name).and_then(|t| t.state)
-    }
-
-    fn phase(&self) -> Option<(u32, RolloutPhase)> {
-        self.status.rollout.as_ref().map(|r| (r.wave, r.phase))
-    }
-
-    fn rolls(&self, name: &str) -> u32 {
-        self.rolls.get(name).copied().unwrap_or(0)
-    }
-}
 
 fn canary_then_rest(pause: Option<&str>, max_parallel: Option<u32>) -> Vec<Wave> {
     vec![
@@ -215,7 +45,7 @@ fn a_canary_wave_rolls_alone_and_the_rest_follow_once_it_is_healthy_and_its_paus
     world.healthy("web-b");
     assert_eq!(world.tick(), Vec::<String>::new());
     assert_eq!((world.ready().reason.as_str(), world.phase()), (reason::UP_TO_DATE, Some((2, RolloutPhase::Complete))));
-    assert_eq!(world.status.applied_checksum, world.last.as_ref().unwrap().desired);
+    assert_eq!(world.status.applied_checksum, world.desired);
     assert_eq!(world.tick(), Vec::<String>::new(), "settled: nothing more");
     for name in ["canary", "web-a", "web-b"] {
         assert_eq!(world.rolls(name), 1, "{name}");
@@ -353,7 +183,7 @@ fn a_budget_of_two_per_minute_gives_three_rollouts_for_five_changes_the_last_wit
     assert_eq!(world.tick(), Vec::<String>::new());
     world.advance(Duration::from_secs(1));
     assert_eq!(world.tick(), ["web"]);
-    assert_eq!(world.live[&deploy("web")].value, world.last.as_ref().unwrap().content[&deploy("web")]);
+    assert_eq!(world.live[&deploy("web")].value, world.content[&deploy("web")]);
     assert_eq!(world.ready().reason, reason::UP_TO_DATE);
     world.advance(Duration::from_secs(600));
     assert_eq!(world.tick(), Vec::<String>::new());
@@ -367,18 +197,18 @@ fn a_restart_in_the_middle_of_a_wave_or_a_pause_goes_on_from_the_status() {
     world.write("v2");
     assert_eq!(world.tick(), ["canary"]);
     // A new replica: no debounce record, the status alone.
-    world.pending = None;
+    world.restart();
     assert_eq!(world.tick(), Vec::<String>::new(), "the canary is still rolling");
     world.healthy("canary");
     world.tick();
     assert_eq!(world.phase(), Some((1, RolloutPhase::Paused)));
-    world.pending = None;
+    world.restart();
     world.advance(Duration::from_secs(30));
     assert_eq!(world.tick(), Vec::<String>::new(), "the pause counts from when it began");
     world.advance(Duration::from_secs(30));
-    world.pending = None;
+    world.restart();
     assert_eq!(world.tick(), ["web-a"]);
-    world.pending = None;
+    world.restart();
     assert_eq!(world.tick(), Vec::<String>::new());
     world.healthy("web-a");
     assert_eq!(world.tick(), ["web-b"]);
@@ -403,4 +233,73 @@ fn without_waves_or_a_budget_nothing_is_staged() {
     assert!(Budget::parse("0/1h").is_err() && Budget::parse("3").is_err() && Budget::parse("3/0s").is_err());
 }
 
-mod sim;
+#[test]
+fn a_canary_that_sours_during_its_pause_holds_the_next_wave_and_halts_once_it_fails() {
+    let mut world = World::staged(&["canary", "web"], canary_then_rest(Some("2m"), None));
+    world.write("v2");
+    assert_eq!(world.tick(), ["canary"]);
+    world.healthy("canary");
+    world.tick();
+    assert_eq!(world.phase(), Some((1, RolloutPhase::Paused)));
+    world.advance(Duration::from_secs(60));
+    world.health.insert(deploy("canary"), Health::Progressing("1 of 2 updated replicas are available".into()));
+    assert_eq!(world.tick(), Vec::<String>::new(), "the canary is not healthy");
+    assert_eq!(
+        (world.ready().reason.as_str(), world.state("canary")),
+        (reason::ROLLOUT_IN_PROGRESS, Some(TargetState::Rolling))
+    );
+    world.advance(Duration::from_secs(61));
+    assert_eq!(world.tick(), Vec::<String>::new(), "the pause is over, and the canary is still not healthy");
+    world.fail("canary");
+    assert_eq!(world.tick(), Vec::<String>::new());
+    assert_eq!(
+        (world.ready().reason.as_str(), world.state("canary")),
+        (reason::ROLLOUT_HALTED, Some(TargetState::Halted))
+    );
+    world.healthy("canary");
+    assert_eq!(world.tick(), Vec::<String>::new(), "healthy again: its wave pauses afresh");
+    assert_eq!(world.phase(), Some((1, RolloutPhase::Paused)));
+    world.advance(Duration::from_secs(120));
+    assert_eq!(world.tick(), ["web"]);
+    world.healthy("web");
+    world.tick();
+    assert_eq!(world.ready().reason, reason::UP_TO_DATE);
+    // Once the rollout is complete, a target's later trouble is not the binding's.
+    world.fail("canary");
+    world.tick();
+    assert_eq!(
+        (world.ready().reason.as_str(), world.state("canary")),
+        (reason::UP_TO_DATE, Some(TargetState::Healthy))
+    );
+}
+
+#[test]
+fn a_failed_patch_costs_no_budget_and_the_target_rolls_once_it_can() {
+    let budget = RolloutBudget { max_rollouts: 1, per: "1h".into() };
+    let mut world = World::new(&["web"], Vec::new(), Some(budget));
+    world.refusing.insert(deploy("web"));
+    world.write("v2");
+    assert_eq!(world.tick(), Vec::<String>::new());
+    assert_eq!(world.ready().reason, reason::PATCH_FAILED);
+    assert!(world.status.targets[0].rolled_times.is_empty(), "{:?}", world.status.targets[0]);
+    world.refusing.clear();
+    world.advance(Duration::from_secs(15));
+    assert_eq!(world.tick(), ["web"], "the budget is whole");
+    assert_eq!(world.ready().reason, reason::UP_TO_DATE);
+    assert_eq!(world.status.targets[0].rolled_times.len(), 1);
+}
+
+#[test]
+fn a_rolling_target_whose_next_patch_fails_still_gates_the_next_wave() {
+    let mut world = World::staged(&["canary", "web"], canary_then_rest(None, None));
+    world.write("v2");
+    assert_eq!(world.tick(), ["canary"]);
+    world.refusing.insert(deploy("canary"));
+    world.write("v3");
+    assert_eq!(world.tick(), Vec::<String>::new());
+    assert_eq!(world.state("canary"), Some(TargetState::Rolling), "still rolling v2, not healthy");
+    world.write("v2");
+    assert_eq!(world.tick(), Vec::<String>::new(), "web waits for the canary's health");
+    world.healthy("canary");
+    assert_eq!(world.tick(), ["web"]);
+}

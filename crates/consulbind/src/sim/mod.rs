@@ -18,6 +18,12 @@
 //! `CONSULBIND_SIM_SEEDS=N` runs seeds 0..N (default 500); `CONSULBIND_SIM_SEED=S` replays one
 //! with its steps printed. `cargo xtask sim --seeds N` runs it on its own.
 
+mod api;
+mod keys;
+mod objects;
+mod shared;
+pub mod waves;
+
 use std::{collections::BTreeMap, fmt::Write as _, sync::Arc, time::Duration};
 
 use consul_kv::{KvEntry, KvQuery};
@@ -988,7 +994,7 @@ fn stamp(active: usize, value: String) -> Stamp {
 
 /// What a schedule's steps may do.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Kind {
+pub(crate) enum Kind {
     /// Consul's faults, restarts, the go-ahead and suspend.
     Consul,
     /// And the targets relabelled, their references changed, undone, deleted and made again.
@@ -1026,46 +1032,21 @@ fn run(seed: u64, kind: Kind) {
     });
 }
 
-fn run_seeds(kind: Kind) {
+pub(crate) fn run_seeds(kind: Kind) {
+    each_seed(|seed| run(seed, kind));
+}
+
+/// Runs `run` on seeds 0..`CONSULBIND_SIM_SEEDS` (default 500), or on `CONSULBIND_SIM_SEED`
+/// alone, naming the seed that fails.
+pub(crate) fn each_seed(run: impl Fn(u64) + std::panic::RefUnwindSafe) {
     if let Some(seed) = std::env::var("CONSULBIND_SIM_SEED").ok().and_then(|s| s.parse().ok()) {
-        return run(seed, kind);
+        return run(seed);
     }
     let seeds: u64 = std::env::var("CONSULBIND_SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(500);
     for seed in 0..seeds {
-        if let Err(panic) = std::panic::catch_unwind(|| run(seed, kind)) {
+        if let Err(panic) = std::panic::catch_unwind(|| run(seed)) {
             eprintln!("seed {seed} failed; replay it with CONSULBIND_SIM_SEED={seed}");
             std::panic::resume_unwind(panic);
         }
     }
-}
-
-/// Consul's faults, restarts, the go-ahead and suspend, with the targets fixed.
-#[test]
-fn schedules_of_consul_faults_keep_every_invariant() {
-    run_seeds(Kind::Consul);
-}
-
-/// With the selector target relabelled and its references changed as well. Each target
-/// carries the checksum of what it reads; with one checksum for the whole binding, a reference
-/// that one target added or dropped rolled the others for nothing (seed 376).
-#[test]
-fn schedules_with_target_changes_keep_every_invariant() {
-    run_seeds(Kind::Targets);
-}
-
-/// With the controller's API server away and back as well: while its caches list again, the
-/// binding reads what they held before, and the end of the re-list wakes it.
-#[test]
-fn schedules_with_the_api_server_away_keep_every_invariant() {
-    run_seeds(Kind::Api);
-}
-
-/// With the target changes, and a second binding on `web` reading the same keys: a change both
-/// read is one template change of `web`, not one per binding. Seed 94: a target found or gone
-/// restarted the others' quiet periods; and after a Consul index reset the bindings left their
-/// restore grace at different times, so a change rolled `web` once as each grace ended (now the
-/// first write carries the other binding's held stamp of the same checksum).
-#[test]
-fn schedules_with_two_bindings_on_a_workload_keep_every_invariant() {
-    run_seeds(Kind::Shared);
 }
