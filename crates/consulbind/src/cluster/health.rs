@@ -2,10 +2,7 @@
 //! rules `kubectl rollout status` follows, read from the object the watch delivers. Only the
 //! verdict and a short detail are cached, and only for workloads that are not healthy.
 
-use k8s_openapi::{
-    api::apps::v1::{DaemonSet, Deployment, DeploymentCondition, StatefulSet},
-    apimachinery::pkg::util::intstr::IntOrString,
-};
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, DeploymentCondition, StatefulSet};
 
 use super::argo::Rollout;
 
@@ -52,29 +49,17 @@ fn observed(generation: Option<i64>, observed: Option<i64>) -> Result<(), Health
     }
 }
 
-/// `value` of `total`: a count, or a percentage rounded up or down.
-fn scaled(value: Option<&IntOrString>, total: i32, default: i32, round_up: bool) -> i32 {
-    match value {
-        None => default,
-        Some(IntOrString::Int(n)) => *n,
-        Some(IntOrString::String(text)) => {
-            let percent: i64 = text.trim_end_matches('%').parse().unwrap_or(0);
-            let scaled = i64::from(total) * percent;
-            let n = if round_up { (scaled + 99) / 100 } else { scaled / 100 };
-            i32::try_from(n).unwrap_or(total)
-        }
-    }
-}
-
 fn verdict(f: impl FnOnce() -> Result<(), Health>) -> Health {
     f().err().unwrap_or(Health::Healthy)
 }
 
-/// Observed, `updatedReplicas == replicas`, `availableReplicas >= replicas - maxUnavailable`, and
-/// not `Progressing=False`.
+/// As `kubectl rollout status`: observed; then not past its progress deadline
+/// (`Progressing=False`), every replica updated, no old replica left, and every updated one
+/// available. A condition of a generation not yet observed says nothing of the current one.
 pub fn deployment(d: &Deployment) -> Health {
     verdict(|| {
         let status = d.status.as_ref().cloned().unwrap_or_default();
+        observed(d.metadata.generation, status.observed_generation)?;
         let stalled = |c: &&DeploymentCondition| {
             c.type_.as_deref() == Some("Progressing") && c.status.as_deref() == Some("False")
         };
@@ -82,20 +67,18 @@ pub fn deployment(d: &Deployment) -> Health {
             let reason = c.reason.as_deref().unwrap_or("Progressing=False");
             return Err(Health::Failed(format!("{reason}: {}", c.message.as_deref().unwrap_or_default())));
         }
-        observed(d.metadata.generation, status.observed_generation)?;
-        let spec = &d.spec;
-        let replicas = spec.replicas.unwrap_or(1);
-        let rolling = spec.strategy.as_ref().and_then(|s| s.rolling_update.as_ref());
-        let max_unavailable = match spec.strategy.as_ref().and_then(|s| s.type_.as_deref()) {
-            Some("Recreate") => 0,
-            _ => scaled(rolling.and_then(|r| r.max_unavailable.as_ref()), replicas, replicas / 4, false),
-        };
+        let replicas = d.spec.replicas.unwrap_or(1);
         let updated = status.updated_replicas.unwrap_or(0);
         let available = status.available_replicas.unwrap_or(0);
-        if updated < replicas || available < replicas - max_unavailable {
-            return Err(Health::Progressing(format!(
-                "{updated} of {replicas} replicas updated, {available} available"
-            )));
+        let old = status.replicas.unwrap_or(0).saturating_sub(updated);
+        if updated < replicas {
+            return Err(Health::Progressing(format!("{updated} of {replicas} replicas updated")));
+        }
+        if old > 0 {
+            return Err(Health::Progressing(format!("{old} old replicas are pending termination")));
+        }
+        if available < updated {
+            return Err(Health::Progressing(format!("{available} of {updated} updated replicas are available")));
         }
         Ok(())
     })
@@ -124,17 +107,19 @@ pub fn stateful_set(s: &StatefulSet) -> Health {
     })
 }
 
-/// Observed, updated on every node it should run on, and available on all but `maxUnavailable`.
+/// As `kubectl rollout status`: observed; with `OnDelete`, nothing more (its pods change only
+/// when deleted); otherwise updated and available on every node it should run on.
 pub fn daemon_set(d: &DaemonSet) -> Health {
     verdict(|| {
         let status = d.status.clone().unwrap_or_default();
         observed(d.metadata.generation, status.observed_generation)?;
+        if d.spec.update_strategy.as_ref().and_then(|u| u.type_.as_deref()) == Some("OnDelete") {
+            return Ok(());
+        }
         let desired = status.desired_number_scheduled;
-        let rolling = d.spec.update_strategy.as_ref().and_then(|u| u.rolling_update.as_ref());
-        let max_unavailable = scaled(rolling.and_then(|r| r.max_unavailable.as_ref()), desired, 1, true);
         let updated = status.updated_number_scheduled.unwrap_or(0);
         let available = status.number_available.unwrap_or(0);
-        if updated < desired || available < desired - max_unavailable {
+        if updated < desired || available < desired {
             return Err(Health::Progressing(format!("{updated} of {desired} nodes updated, {available} available")));
         }
         Ok(())
@@ -142,22 +127,23 @@ pub fn daemon_set(d: &DaemonSet) -> Health {
 }
 
 /// Observed and `phase: Healthy`; `Degraded` is a failure; anything else (`Progressing`,
-/// `Paused`) is on its way.
+/// `Paused`) is on its way. A phase of a generation not yet observed says nothing of the current
+/// one.
 pub fn rollout(r: &Rollout) -> Health {
     verdict(|| {
         let status = r.status.clone().unwrap_or_default();
-        let message = status.message.unwrap_or_default();
-        match status.phase.as_deref() {
-            Some("Degraded") => return Err(Health::Failed(format!("Degraded: {message}"))),
-            Some("Healthy") => {}
-            phase => return Err(Health::Progressing(format!("{}: {message}", phase.unwrap_or("no phase yet")))),
-        }
         let observed_generation = match &status.observed_generation {
             Some(serde_json::Value::Number(n)) => n.as_i64(),
             Some(serde_json::Value::String(s)) => s.parse().ok(),
             _ => None,
         };
-        observed(r.metadata.generation, observed_generation)
+        observed(r.metadata.generation, observed_generation)?;
+        let message = status.message.unwrap_or_default();
+        match status.phase.as_deref() {
+            Some("Degraded") => Err(Health::Failed(format!("Degraded: {message}"))),
+            Some("Healthy") => Ok(()),
+            phase => Err(Health::Progressing(format!("{}: {message}", phase.unwrap_or("no phase yet")))),
+        }
     })
 }
 
@@ -180,10 +166,21 @@ mod tests {
         let unobserved = base(0, json!({"observedGeneration": 2}));
         assert!(matches!(deployment(&unobserved), Health::Progressing(_)));
         assert_eq!(deployment(&base(0, json!({"observedGeneration": 3}))), Health::Healthy, "nothing to run");
-        let waiting = base(4, json!({"observedGeneration": 3, "updatedReplicas": 4, "availableReplicas": 2}));
-        assert_eq!(deployment(&waiting), Health::Progressing("4 of 4 replicas updated, 2 available".into()));
-        let enough = base(4, json!({"observedGeneration": 3, "updatedReplicas": 4, "availableReplicas": 3}));
-        assert_eq!(deployment(&enough), Health::Healthy, "25% may be unavailable by default");
+        let updating = base(4, json!({"observedGeneration": 3, "updatedReplicas": 3, "replicas": 4}));
+        assert_eq!(deployment(&updating), Health::Progressing("3 of 4 replicas updated".into()));
+        let old =
+            base(4, json!({"observedGeneration": 3, "updatedReplicas": 4, "replicas": 5, "availableReplicas": 4}));
+        assert_eq!(deployment(&old), Health::Progressing("1 old replicas are pending termination".into()));
+        let waiting =
+            base(4, json!({"observedGeneration": 3, "updatedReplicas": 4, "replicas": 4, "availableReplicas": 3}));
+        assert_eq!(
+            deployment(&waiting),
+            Health::Progressing("3 of 4 updated replicas are available".into()),
+            "as kubectl rollout status, whatever maxUnavailable allows"
+        );
+        let done =
+            base(4, json!({"observedGeneration": 3, "updatedReplicas": 4, "replicas": 4, "availableReplicas": 4}));
+        assert_eq!(deployment(&done), Health::Healthy);
         let failed = base(
             1,
             json!({"observedGeneration": 3, "conditions": [{"type": "Progressing", "status": "False",
@@ -193,6 +190,33 @@ mod tests {
             deployment(&failed),
             Health::Failed("ProgressDeadlineExceeded: ReplicaSet \"web-1\" has timed out progressing.".into())
         );
+        // A fix applied to a halted target: the condition is the old template's until observed.
+        let fixed = base(
+            1,
+            json!({"observedGeneration": 2, "conditions": [{"type": "Progressing", "status": "False",
+            "reason": "ProgressDeadlineExceeded"}]}),
+        );
+        assert!(matches!(deployment(&fixed), Health::Progressing(_)), "{:?}", deployment(&fixed));
+    }
+
+    #[test]
+    fn a_daemon_set_is_healthy_once_every_node_runs_it_updated_and_one_updated_on_delete_once_observed() {
+        let ds = |strategy: &str, status: serde_json::Value| -> DaemonSet {
+            serde_json::from_value(json!({"metadata": {"generation": 2}, "spec": {"selector": {}, "template": {},
+                "updateStrategy": {"type": strategy}}, "status": status}))
+            .unwrap()
+        };
+        let counts = |updated: i32, available: i32| {
+            json!({"observedGeneration": 2, "desiredNumberScheduled": 3, "currentNumberScheduled": 3,
+                "numberMisscheduled": 0, "numberReady": available, "updatedNumberScheduled": updated,
+                "numberAvailable": available})
+        };
+        assert!(matches!(daemon_set(&ds("RollingUpdate", counts(3, 2))), Health::Progressing(_)));
+        assert_eq!(daemon_set(&ds("RollingUpdate", counts(3, 3))), Health::Healthy);
+        assert_eq!(daemon_set(&ds("OnDelete", counts(0, 3))), Health::Healthy, "its pods change when deleted");
+        let unobserved = json!({"observedGeneration": 1, "desiredNumberScheduled": 3, "currentNumberScheduled": 3,
+            "numberMisscheduled": 0, "numberReady": 3});
+        assert!(matches!(daemon_set(&ds("OnDelete", unobserved)), Health::Progressing(_)));
     }
 
     #[test]
@@ -211,6 +235,10 @@ mod tests {
             "status": {"phase": "Degraded", "message": "ProgressDeadlineExceeded", "observedGeneration": "5"}}))
         .unwrap();
         assert!(matches!(rollout(&degraded), Health::Failed(_)));
+        let fixed: Rollout = serde_json::from_value(json!({"metadata": {"generation": 6},
+            "status": {"phase": "Degraded", "message": "ProgressDeadlineExceeded", "observedGeneration": "5"}}))
+        .unwrap();
+        assert!(matches!(rollout(&fixed), Health::Progressing(_)), "a Degraded of the last generation");
         let healthy: Rollout = serde_json::from_value(json!({"metadata": {"generation": 5},
             "status": {"phase": "Healthy", "observedGeneration": "5"}}))
         .unwrap();

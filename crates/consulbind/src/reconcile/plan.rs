@@ -251,7 +251,19 @@ pub fn plan(input: &Input<'_>, pending: &mut Option<Pending>, now: Instant) -> P
                 return plan
                     .would_roll(input.found.to_vec(), "rollout.onBind rolls the targets when first bound".into());
             }
-            plan.roll(input.found.to_vec(), input.live);
+            // Until every target has it, through the waves and the budget like any rollout: those
+            // with the binding's own stamp of their content have had theirs.
+            let stamped =
+                |w: &&Workload| input.live.get(*w).is_some_and(|l| l.owned && l.checksum() == plan.content[*w]);
+            let behind: Vec<Workload> = input.found.iter().filter(|w| !stamped(w)).cloned().collect();
+            match input.staging {
+                None => plan.roll(behind, input.live),
+                Some(staging) => {
+                    let step = waves::step(staging, input, &behind, true, &desired);
+                    plan.roll(step.roll.clone(), input.live);
+                    plan.stage(step, now);
+                }
+            }
         }
         return plan;
     };

@@ -86,6 +86,18 @@ pub fn canary() -> LabelSelector {
 impl World {
     pub fn new(names: &[&str], waves: Vec<Wave>, budget: Option<RolloutBudget>) -> Self {
         let rollout = RolloutPolicy { quiet_period: Some("0s".into()), waves, budget, ..Default::default() };
+        let mut world = Self::unbound(names, rollout);
+        world.tick();
+        assert_eq!(world.ready().reason, reason::BASELINED);
+        world
+    }
+
+    pub fn staged(names: &[&str], waves: Vec<Wave>) -> Self {
+        Self::new(names, waves, None)
+    }
+
+    /// The world before its binding's first reconcile.
+    pub fn unbound(names: &[&str], rollout: RolloutPolicy) -> Self {
         let spec = ConsulBindingSpec {
             keys: vec![KeySource { key: "app/config".into(), ..Default::default() }],
             targets: vec![TargetRef {
@@ -106,7 +118,7 @@ impl World {
             .collect();
         let versions =
             found.iter().map(|w| (w.clone(), Version { uid: format!("uid-{}", w.1), generation: 1 })).collect();
-        let mut world = Self {
+        Self {
             spec,
             status: ConsulBindingStatus::default(),
             value: "v1".into(),
@@ -123,14 +135,7 @@ impl World {
             refusing: BTreeSet::new(),
             content: BTreeMap::new(),
             desired: None,
-        };
-        world.tick();
-        assert_eq!(world.ready().reason, reason::BASELINED);
-        world
-    }
-
-    pub fn staged(names: &[&str], waves: Vec<Wave>) -> Self {
-        Self::new(names, waves, None)
+        }
     }
 
     pub fn write(&mut self, value: &str) {

@@ -303,3 +303,38 @@ fn a_rolling_target_whose_next_patch_fails_still_gates_the_next_wave() {
     world.healthy("canary");
     assert_eq!(world.tick(), ["web"]);
 }
+
+#[test]
+fn on_bind_rolls_through_the_waves_canary_first() {
+    let waves = canary_then_rest(Some("1m"), Some(1));
+    let rollout = RolloutPolicy { quiet_period: Some("0s".into()), on_bind: true, waves, ..Default::default() };
+    let mut world = World::unbound(&["canary", "web-a", "web-b"], rollout);
+    assert_eq!(world.tick(), ["canary"], "the canary first, not every target at once");
+    assert_eq!(world.ready().reason, reason::ROLLOUT_IN_PROGRESS);
+    assert_eq!(world.tick(), Vec::<String>::new());
+    world.healthy("canary");
+    world.tick();
+    assert_eq!(world.phase(), Some((1, RolloutPhase::Paused)));
+    world.advance(Duration::from_secs(60));
+    assert_eq!(world.tick(), ["web-a"], "maxParallel 1");
+    world.restart();
+    assert_eq!(world.tick(), Vec::<String>::new(), "a restart goes on from the status");
+    world.healthy("web-a");
+    assert_eq!(world.tick(), ["web-b"]);
+    world.healthy("web-b");
+    world.tick();
+    assert_eq!(world.ready().reason, reason::UP_TO_DATE);
+    assert_eq!(world.status.applied_checksum, world.desired);
+    assert_eq!([world.rolls("canary"), world.rolls("web-a"), world.rolls("web-b")], [1, 1, 1]);
+}
+
+#[test]
+fn on_bind_spends_the_budget() {
+    let budget = Some(RolloutBudget { max_rollouts: 1, per: "1h".into() });
+    let rollout = RolloutPolicy { quiet_period: Some("0s".into()), on_bind: true, budget, ..Default::default() };
+    let mut world = World::unbound(&["web"], rollout);
+    assert_eq!(world.tick(), ["web"]);
+    world.write("v2");
+    assert_eq!(world.tick(), Vec::<String>::new(), "the bind's rollout counts");
+    assert_eq!(world.ready().reason, reason::ROLLOUT_BUDGET_EXHAUSTED);
+}
