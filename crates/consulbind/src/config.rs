@@ -106,8 +106,8 @@ pub struct Config {
     /// A rollout budget for bindings without `spec.rollout.budget`, as `N/span`, such as `3/1h`:
     /// each target is rolled at most N times by one binding within any span. None by default,
     /// so that no change is held back by surprise.
-    #[arg(long, env = "CONSULBIND_DEFAULT_ROLLOUT_BUDGET", value_parser = crate::reconcile::waves::Budget::parse)]
-    pub default_rollout_budget: Option<crate::reconcile::waves::Budget>,
+    #[arg(long, env = "CONSULBIND_DEFAULT_ROLLOUT_BUDGET", value_parser = crate::reconcile::staging::Budget::parse)]
+    pub default_rollout_budget: Option<crate::reconcile::staging::Budget>,
 
     /// The most writes (workload stamps, statuses, events) the controller has in flight to the
     /// API server at once. A namespace alone may use them all; namespaces that compete take

@@ -15,8 +15,8 @@ use tracing::info;
 use super::{
     Context, RETRY,
     decide::{self, Decision, Event, Report},
+    input::{Outcome, Plan},
     observe::{Observed, Read},
-    plan::{Outcome, Plan},
     read, report, stamp,
     state::Record,
 };

@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use consulbind_api::{ConsulBindingStatus, TargetStatus, conditions};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use super::plan::{Input, Outcome, Plan};
+use super::input::{Input, Outcome, Plan};
 use crate::cluster::{Live, Version, Workload};
 
 /// The most rows of former targets kept, the newest.

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 
 use consulbind_api::{ConsulBindingStatus, KeyStatus, ObjectKind, ObjectStatus, conditions};
 
-use super::plan::{Input, KeyContent, ObjectContent, source};
+use super::input::{Input, KeyContent, ObjectContent, source};
 use crate::{
     checksum::{self, Source},
     cluster::{Workload, references::References},

@@ -45,7 +45,7 @@ pub struct Context {
     /// The writes to the API server, shared fairly between namespaces.
     pub writes: crate::writes::Writes,
     /// See `--default-rollout-budget`.
-    pub default_rollout_budget: Option<super::waves::Budget>,
+    pub default_rollout_budget: Option<super::staging::Budget>,
     /// See `--consul-restore-grace`.
     pub restore_grace: std::time::Duration,
     pub bindings: Store<ConsulBinding>,

@@ -9,10 +9,10 @@ use kube::runtime::controller::Action;
 use tokio::time::Instant;
 
 use super::{
+    input::{Consul, Input, Outcome, Plan},
     loss,
     observe::{Observed, Read},
-    plan::{self, Consul, Input, Outcome, Plan},
-    read, report,
+    plan, read, report,
     state::Record,
     status,
     upgrade::{self, Upgraded},
@@ -110,7 +110,7 @@ pub struct Report {
 /// An event on the binding.
 pub enum Event {
     /// Workloads were rolled; the fingerprints of the sources that the targets carried before,
-    /// to name what changed ([`report::fingerprints`]).
+    /// to name what changed ([`status::fingerprints`]).
     RolledOut { applied: Option<Vec<u64>> },
     /// A dry run would roll workloads.
     DryRun { reason: &'static str, message: String },

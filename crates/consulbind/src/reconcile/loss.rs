@@ -18,7 +18,7 @@ use consulbind_api::{
     conditions::{self, reason},
 };
 
-use super::plan::{Input, KeyContent, Plan, quoted};
+use super::input::{Input, KeyContent, Plan, quoted};
 
 /// Whether `status` holds the binding for content lost in a Consul index reset. The keys say
 /// which ([`KeyStatus::lost`]), and keep saying so while a Consul failure takes the Ready

@@ -15,9 +15,10 @@ use tracing::debug;
 use super::{
     Context, RETRY,
     debounce::Window,
-    plan::{Consul, Input, ObjectContent},
+    input::{Consul, Input, ObjectContent},
     read::{self, Bound, TokenSource},
-    upgrade, waves,
+    staging::Staging,
+    upgrade,
 };
 use crate::{
     BindingRef, Lock, binding_ref, checksum,
@@ -59,7 +60,7 @@ pub struct Read {
     pub window: Window,
     /// Keys every checksum of the binding.
     pub key: checksum::Key,
-    pub staging: Option<waves::Staging>,
+    pub staging: Option<Staging>,
     pub dry_run: bool,
     /// See `--consul-restore-grace`.
     pub restore_grace: Duration,
@@ -167,11 +168,11 @@ pub async fn observe<'a>(ctx: &Context, binding: &'a ConsulBinding, started: Ins
     }
     let namespace = binding.namespace().unwrap_or_default();
     let annotation = names::annotation_key(&oref.name);
-    let staging = waves::Staging::of(spec, ctx.default_rollout_budget).ok().flatten();
+    let staging = Staging::of(spec, ctx.default_rollout_budget).ok().flatten();
     let wants = crate::cluster::workloads::Wants {
         annotation: &annotation,
         references: spec.include_target_references,
-        labels: staging.as_ref().is_some_and(waves::Staging::selects_by_label),
+        labels: staging.as_ref().is_some_and(Staging::selects_by_label),
     };
     let mut resolved = ctx.workloads.resolve(&namespace, &spec.targets, &wants);
     read::trust_own_stamps(ctx, &oref, &mut resolved);

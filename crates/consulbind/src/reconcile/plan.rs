@@ -1,179 +1,22 @@
 //! The decision at the heart of a reconcile, free of I/O: given what Consul and the cluster
 //! look like now and what the status says was applied, which targets to roll and what to report.
+//! Its types are in [`input`](super::input).
 
-use std::collections::BTreeMap;
-
-use consul_kv::KvEntry;
-use consulbind_api::{
-    ConsulBindingSpec, ConsulBindingStatus, KeySource, KeyStatus, ObjectKind, ObjectSource, ObjectStatus, RolloutPhase,
-    conditions::reason,
-};
-use k8s_openapi::jiff::Timestamp;
+use consulbind_api::{KeyStatus, ObjectStatus, RolloutPhase, conditions::reason};
 use tokio::time::Instant;
 
+pub use super::input::{Consul, Input, KeyContent, ObjectContent, Outcome, Plan, forced};
 use super::{
     carried::Carried,
     content,
     debounce::{Decision, Pending, Window},
-    loss,
-    waves::{self, Staging},
+    input::{quoted, source},
+    loss, waves,
 };
 use crate::{
     checksum::{self, Source},
-    cluster::{Live, Version, Workload, health::Health, objects::Digested, references::References},
+    cluster::Workload,
 };
-
-/// The content of one bound key or prefix, each value as its keyed digest; no entries means
-/// missing.
-#[derive(Clone, Copy)]
-pub struct KeyContent<'a> {
-    pub source: &'a KeySource,
-    pub entries: &'a [KvEntry],
-    /// It became missing or empty as Consul's index went backwards: lost data, not an edit.
-    pub reset_hold: bool,
-    /// Consul's index for the key as read by a query of its own.
-    pub index: Option<u64>,
-}
-
-/// One bound ConfigMap or Secret: its data as digests, `None` when it does not exist.
-#[derive(Clone, Copy)]
-pub struct ObjectContent<'a> {
-    pub kind: ObjectKind,
-    pub source: &'a ObjectSource,
-    /// Bound through a target's pod template.
-    pub referenced: bool,
-    pub data: Option<&'a Digested>,
-}
-
-/// What the Consul side looks like for this binding.
-#[derive(Clone)]
-pub enum Consul<'a> {
-    Ready(Vec<KeyContent<'a>>),
-    /// The keys cannot be read; the reason is one of [`reason`].
-    Failed {
-        reason: &'static str,
-        message: String,
-    },
-}
-
-#[derive(Clone)]
-pub struct Input<'a> {
-    pub spec: &'a ConsulBindingSpec,
-    /// Keys every checksum.
-    pub key: &'a checksum::Key,
-    pub window: Window,
-    pub generation: Option<i64>,
-    pub previous: &'a ConsulBindingStatus,
-    pub consul: Consul<'a>,
-    /// The bound ConfigMaps and Secrets, or why they cannot be read: a reason and a message.
-    pub objects: Result<Vec<ObjectContent<'a>>, (&'static str, String)>,
-    /// Workloads found for the targets, sorted and unique.
-    pub found: &'a [Workload],
-    /// What the found workloads carry in the binding's pod-template annotation.
-    pub live: &'a BTreeMap<Workload, Live>,
-    /// The uid and generation of each found workload.
-    pub versions: &'a BTreeMap<Workload, Version>,
-    /// The ConfigMaps and Secrets each found workload's pod template references, for those with any.
-    pub uses: &'a BTreeMap<Workload, References>,
-    /// A sentence for each target that matched nothing.
-    pub missing: &'a [String],
-    /// A sentence for each target whose kind the cluster does not serve.
-    pub unserved: &'a [String],
-    /// Report what would be rolled instead of rolling it.
-    pub dry_run: bool,
-    /// The binding's watches take turns with others of its namespace, a round in at most this.
-    pub in_turns: Option<std::time::Duration>,
-    /// Consul's index went backwards since the targets last carried the content: a change waits
-    /// until the content has been stable this long.
-    pub restore: Option<std::time::Duration>,
-    /// This replica's first read found Consul restored since the status was written
-    /// ([`loss::restored_since`]).
-    pub restored: bool,
-    /// Waves, a health gate and a budget, when the binding stages its rollouts.
-    pub staging: Option<&'a Staging>,
-    /// The found workloads that are not healthy, with what each reports.
-    pub health: &'a BTreeMap<Workload, Health>,
-    /// The found workloads' labels, which waves select by.
-    pub labels: &'a BTreeMap<Workload, BTreeMap<String, String>>,
-    /// The wall clock, for what the status records across restarts.
-    pub clock: Timestamp,
-}
-
-/// The annotation value that rolls a workload whose template already carries `checksum` (put
-/// back by a rollout undo): the same checksum with a counter, so the template changes.
-pub fn forced(checksum: &str, live: &Live) -> String {
-    let n: u32 = live.value.split_once('~').and_then(|(_, n)| n.parse().ok()).unwrap_or(0);
-    format!("{checksum}~{}", n.checked_add(1).unwrap_or(0))
-}
-
-/// What to do, before any of it is done.
-#[derive(Debug, Default)]
-pub struct Plan {
-    /// Checksum of the current content, when every key could be read.
-    pub desired: Option<String>,
-    pub keys: Vec<KeyStatus>,
-    pub objects: Vec<ObjectStatus>,
-    /// What each found target should carry ([`content`]), when every key could be read.
-    pub content: BTreeMap<Workload, String>,
-    /// Workloads to stamp.
-    pub roll: Vec<Workload>,
-    /// The annotation value for each workload of `roll`.
-    pub values: BTreeMap<Workload, String>,
-    /// Targets behind their content that this plan does not roll (a quiet period, a restore
-    /// grace, a suspend): another binding's write of the same checksum may carry their stamp.
-    pub held: Vec<Workload>,
-    /// Why the content is not being rolled out now: a reason and a message.
-    pub hold: Option<(&'static str, String)>,
-    /// Reconcile again at this time to finish a debounce.
-    pub wake_at: Option<Instant>,
-    /// First sight of the content: recorded without a rollout.
-    pub baseline: bool,
-    /// Targets that run their content already, as their template's references changed: it is
-    /// recorded as what they run, and their stamps stand for it ([`content`]).
-    pub rebased: Vec<Workload>,
-    /// In a dry run, the workloads that would have been rolled, and why.
-    pub would_roll: Vec<Workload>,
-    pub why: Option<String>,
-    /// A staged rollout's step: target states, roll times, the wave. `None` keeps the last ones.
-    pub staged: Option<waves::Step>,
-}
-
-impl Plan {
-    /// Rolls `targets` to their content: a stamp that already holds it gets a counter.
-    fn roll(&mut self, targets: Vec<Workload>, live: &BTreeMap<Workload, Live>) {
-        for w in &targets {
-            let want = &self.content[w];
-            let value = match live.get(w) {
-                Some(live) if live.checksum() == want => forced(want, live),
-                _ => want.clone(),
-            };
-            self.values.insert(w.clone(), value);
-        }
-        self.roll = targets;
-    }
-
-    /// Takes a staged rollout's step; a hold already decided (a quiet period, a suspend) stands.
-    fn stage(&mut self, mut step: waves::Step, now: Instant) {
-        if self.hold.is_none() {
-            self.hold = step.hold.take();
-        }
-        if let Some(wake) = step.wake {
-            let at = now + wake.max(std::time::Duration::from_millis(50));
-            self.wake_at = Some(self.wake_at.map_or(at, |w| w.min(at)));
-        }
-        self.staged = Some(step);
-    }
-
-    /// A dry run's result: `targets` would roll for `why`; nothing is patched.
-    fn would_roll(mut self, targets: Vec<Workload>, why: String) -> Self {
-        let list: Vec<String> = targets.iter().map(|(k, n)| format!("{k}/{n}")).collect();
-        self.hold =
-            Some((reason::DRY_RUN, format!("dry run: would roll {} ({why}); nothing was patched", list.join(", "))));
-        self.would_roll = targets;
-        self.why = Some(why);
-        self
-    }
-}
 
 pub fn plan(input: &Input<'_>, pending: &mut Option<Pending>, now: Instant) -> Plan {
     let contents = match &input.consul {
@@ -387,14 +230,6 @@ pub fn plan(input: &Input<'_>, pending: &mut Option<Pending>, now: Instant) -> P
     plan
 }
 
-/// The outcome of stamping the planned workloads.
-#[derive(Debug, Default)]
-pub struct Outcome {
-    pub rolled: Vec<Workload>,
-    /// Workload and error message.
-    pub failed: Vec<(Workload, String)>,
-}
-
 /// A plan that keeps what was last read, because some source cannot be read now. A spec
 /// change meanwhile is the go-ahead for what was lost, as it would be were Consul read.
 fn unread(input: &Input<'_>, reason: &'static str, message: &str) -> Plan {
@@ -422,20 +257,6 @@ fn object_status(key: &checksum::Key, object: &ObjectContent<'_>, source: &Sourc
     }
 }
 
-pub(super) fn source<'a>(content: &KeyContent<'a>) -> Source<'a> {
-    if content.source.recurse {
-        Source::Prefix {
-            prefix: &content.source.key,
-            entries: content.entries.iter().map(|e| (&*e.key, &*e.value)).collect(),
-        }
-    } else {
-        Source::Key {
-            key: &content.source.key,
-            value: content.entries.iter().find(|e| *e.key == *content.source.key).map(|e| &*e.value),
-        }
-    }
-}
-
 fn key_status(key: &checksum::Key, content: &KeyContent<'_>) -> KeyStatus {
     let entries = match content.entries.iter().position(|e| *e.key == *content.source.key) {
         _ if content.source.recurse => content.entries,
@@ -453,19 +274,29 @@ fn key_status(key: &checksum::Key, content: &KeyContent<'_>) -> KeyStatus {
     }
 }
 
-pub(super) fn quoted(keys: &[&str]) -> String {
-    keys.iter().map(|k| format!("{k:?}")).collect::<Vec<_>>().join(", ")
-}
-
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
 
-    use consulbind_api::{RolloutPolicy, TargetRef, WorkloadKind, conditions};
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+    use std::collections::BTreeMap;
+
+    use consul_kv::KvEntry;
+    use consulbind_api::{
+        ConsulBindingSpec, ConsulBindingStatus, KeySource, ObjectKind, ObjectSource, RolloutPolicy, TargetRef,
+        WorkloadKind, conditions,
+    };
+    use k8s_openapi::{
+        apimachinery::pkg::apis::meta::v1::{Condition, Time},
+        jiff::Timestamp,
+    };
 
     use super::*;
-    use crate::cluster::references::Use;
+    use crate::cluster::{
+        Live, Version,
+        health::Health,
+        objects::Digested,
+        references::{References, Use},
+    };
     use crate::reconcile::{
         status::status,
         upgrade::{self, older_values},

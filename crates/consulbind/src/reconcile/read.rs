@@ -13,8 +13,8 @@ use kube::ResourceExt as _;
 use super::{
     context::Context,
     debounce::Window,
+    input::{Consul, KeyContent, ObjectContent},
     loss,
-    plan::{Consul, KeyContent, ObjectContent},
 };
 use crate::{
     BindingRef,
@@ -86,7 +86,7 @@ pub fn validate(spec: &ConsulBindingSpec) -> Result<Window, String> {
             false => Err(format!("spec.rollout.{field} is {text}; at most {} is allowed", human(limit))),
         }
     };
-    super::waves::Staging::of(spec, None)?;
+    super::staging::Staging::of(spec, None)?;
     let both = rollout.quiet_period.is_some() && rollout.max_delay.is_some();
     let quiet = duration("quietPeriod", rollout.quiet_period, DEFAULT_QUIET, MAX_QUIET_PERIOD)?;
     let max = duration("maxDelay", rollout.max_delay, DEFAULT_MAX.max(quiet), MAX_DELAY)?;

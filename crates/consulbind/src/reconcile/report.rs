@@ -16,7 +16,7 @@ use kube::{
 use serde_json::json;
 use tracing::{info, warn};
 
-use super::{context::Context, plan::Outcome, read::latest_change, status};
+use super::{context::Context, input::Outcome, read::latest_change, status};
 use crate::{
     Error, binding_ref, checksum,
     metrics::{RolloutLabels, WorkloadLabels},
@@ -79,7 +79,7 @@ pub async fn status(
 /// Whether a reconcile would write: stamp a workload, or a status that says something new.
 pub fn writes(
     previous: &ConsulBindingStatus,
-    plan: &super::plan::Plan,
+    plan: &super::input::Plan,
     status: impl FnOnce() -> ConsulBindingStatus,
 ) -> bool {
     !plan.roll.is_empty() || needs_write(previous, &status())
@@ -178,24 +178,10 @@ pub fn rolled_out(
     }
 }
 
-/// Each source's checksum in `status`, in order, as a short fingerprint: kept from the last
-/// time the targets carried the content, to tell which sources a rollout brings.
-pub fn fingerprints(status: &ConsulBindingStatus) -> Vec<u64> {
-    use std::hash::{DefaultHasher, Hash, Hasher};
-    let checksums = status.keys.iter().map(|k| &k.checksum).chain(status.objects.iter().map(|o| &o.checksum));
-    checksums
-        .map(|c| {
-            let mut hasher = DefaultHasher::new();
-            c.hash(&mut hasher);
-            hasher.finish()
-        })
-        .collect()
-}
-
 /// The sources that differ from `applied` (fingerprints of when the targets last carried the
 /// content), for people to read: `Consul key "app/db"`, `ConfigMap "app"`.
 fn changed_sources(applied: Option<&[u64]>, status: &ConsulBindingStatus) -> Vec<String> {
-    let now = fingerprints(status);
+    let now = status::fingerprints(status);
     let Some(applied) = applied.filter(|a| a.len() == now.len()) else { return Vec::new() };
     let keys = status.keys.iter().map(|k| format!("Consul {} {:?}", if k.recurse { "prefix" } else { "key" }, k.key));
     let names = keys.chain(status.objects.iter().map(|o| format!("{} {:?}", o.kind, o.name)));

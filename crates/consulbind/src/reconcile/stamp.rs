@@ -17,7 +17,7 @@ use tracing::debug;
 use super::{
     context::Context,
     desk::{Stamp, Turn, Written},
-    plan::{Outcome, Plan},
+    input::{Outcome, Plan},
 };
 use crate::{
     BindingRef, Lock,

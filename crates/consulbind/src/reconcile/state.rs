@@ -36,7 +36,7 @@ pub struct Record {
     /// When the targets last carried the content (or were rolled to it): a Consul index reset
     /// after this puts the binding in its restore grace.
     pub settled_at: Option<Instant>,
-    /// The applied checksum then, and [`super::report::fingerprints`] of its sources.
+    /// The applied checksum then, and [`super::status::fingerprints`] of its sources.
     pub settled_sources: Option<(String, Vec<u64>)>,
     /// When this replica first read a status held for content lost in an index reset (as after
     /// a restart during the hold), or one that Consul's index has gone below (a restore while no
@@ -91,7 +91,7 @@ impl Record {
         }
         if let Some(applied) = status.applied_checksum.as_ref().filter(|a| desired == Some(a.as_str())) {
             self.settled_at = Some(started);
-            self.settled_sources = Some((applied.clone(), super::report::fingerprints(status)));
+            self.settled_sources = Some((applied.clone(), super::status::fingerprints(status)));
         }
     }
 }

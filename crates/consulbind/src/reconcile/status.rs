@@ -8,8 +8,9 @@ use consulbind_api::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use super::{
-    carried, loss,
-    plan::{Consul, Input, Outcome, Plan},
+    carried,
+    input::{Consul, Input, Outcome, Plan},
+    loss,
 };
 use crate::checksum;
 
@@ -143,6 +144,20 @@ fn ends_by_itself(reason: &str) -> bool {
         reason::WRITE_LIMITED,
     ]
     .contains(&reason)
+}
+
+/// Each source's checksum in `status`, in order, as a short fingerprint: kept from the last
+/// time the targets carried the content, to tell which sources a rollout brings.
+pub fn fingerprints(status: &ConsulBindingStatus) -> Vec<u64> {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    let checksums = status.keys.iter().map(|k| &k.checksum).chain(status.objects.iter().map(|o| &o.checksum));
+    checksums
+        .map(|c| {
+            let mut hasher = DefaultHasher::new();
+            c.hash(&mut hasher);
+            hasher.finish()
+        })
+        .collect()
 }
 
 /// Adds kstatus's `Reconciling` and `Stalled`, read from the Ready condition in `conditions`:

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use consul_kv::KvEntry;
 use consulbind_api::ConsulBindingStatus;
 
-use super::plan::{Consul, Input, KeyContent, Plan, source};
+use super::input::{Consul, Input, KeyContent, Plan, source};
 use crate::{
     checksum::{self, Source},
     cluster::{Live, Workload},

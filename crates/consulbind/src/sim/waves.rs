@@ -40,11 +40,11 @@ use crate::{
     reconcile::{
         apply::{self, Port},
         decide::{self, Event},
+        input::{Outcome, Plan},
         observe::{Observed, Read},
-        plan::{Outcome, Plan},
         read,
+        staging::Staging,
         state::Record,
-        waves::Staging,
     },
     watches::path::Path,
 };

@@ -11,6 +11,7 @@ mod agent;
 pub mod entries;
 pub mod path;
 pub mod planner;
+mod retry;
 pub mod runner;
 mod source;
 

@@ -29,8 +29,8 @@ pub use super::{
     source::{KvSource, Limits},
 };
 use super::{
-    agent::{wait_to_retry, went_down},
     path::{Path, Update, View, Wake},
+    retry::{wait_to_retry, went_down},
 };
 use crate::{Lock, metrics::Metrics};
 

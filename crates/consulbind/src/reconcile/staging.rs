@@ -1,0 +1,119 @@
+//! A binding's rules for staging its rollouts, as its spec and the controller's flags give them:
+//! waves, a health timeout and a budget.
+
+use std::{collections::BTreeMap, time::Duration};
+
+use consulbind_api::{ConsulBindingSpec, WorkloadKind, parse_duration};
+use kube::core::{Selector, SelectorExt};
+
+use crate::cluster::{Workload, selector};
+
+/// The longest `healthTimeout`, `pause` or budget span a binding may ask for.
+pub const MAX_WAIT: Duration = Duration::from_secs(24 * 3600);
+/// `healthTimeout` when the spec sets none.
+pub const DEFAULT_HEALTH_TIMEOUT: Duration = Duration::from_secs(600);
+/// A binding's rules for staging its rollouts.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Staging {
+    pub waves: Vec<WaveRule>,
+    pub health_timeout: Duration,
+    pub budget: Option<Budget>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct WaveRule {
+    kind: Option<WorkloadKind>,
+    name: Option<String>,
+    selector: Option<Selector>,
+    pub(crate) max_parallel: Option<u32>,
+    pub(crate) pause: Duration,
+}
+
+/// At most `max` rollouts of each target within any span of `per`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Budget {
+    pub max: u32,
+    pub per: Duration,
+}
+
+impl Budget {
+    /// `N/span`, as the controller's `--default-rollout-budget` takes it, such as `3/1h`.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let (max, per) = text.split_once('/').ok_or_else(|| format!("{text:?}: expected N/span, such as 3/1h"))?;
+        let max: u32 = max.parse().map_err(|_| format!("{text:?}: {max:?} is not a count"))?;
+        budget(max, per, "the rollout budget")
+    }
+}
+
+fn budget(max: u32, per: &str, field: &str) -> Result<Budget, String> {
+    if !(1..=100).contains(&max) {
+        return Err(format!("{field} allows {max} rollouts; between 1 and 100 are allowed"));
+    }
+    let per = duration(per, field)?.filter(|d| !d.is_zero()).ok_or_else(|| format!("{field}: the span is zero"))?;
+    Ok(Budget { max, per })
+}
+
+fn duration(text: &str, field: &str) -> Result<Option<Duration>, String> {
+    let value = parse_duration(text).map_err(|e| format!("{field}: {e}"))?;
+    match value <= MAX_WAIT {
+        true => Ok(Some(value)),
+        false => Err(format!("{field} is {text}; at most 24h is allowed")),
+    }
+}
+
+impl Staging {
+    /// Whether a wave selects its targets by label.
+    pub fn selects_by_label(&self) -> bool {
+        self.waves.iter().any(|w| w.selector.is_some())
+    }
+
+    /// The binding's staging rules, with `default_budget` for a binding without a budget of its
+    /// own; `None` when it has neither waves nor a budget.
+    pub fn of(spec: &ConsulBindingSpec, default_budget: Option<Budget>) -> Result<Option<Self>, String> {
+        let rollout = spec.rollout.clone().unwrap_or_default();
+        let mut waves = Vec::new();
+        for (i, wave) in rollout.waves.iter().enumerate() {
+            let field = format!("spec.rollout.waves[{i}]");
+            if wave.name.is_some() && wave.selector.is_some() {
+                return Err(format!("{field} sets both name and selector; set at most one"));
+            }
+            if wave.max_parallel == Some(0) {
+                return Err(format!("{field}.maxParallel is 0; at least 1 target must be able to roll"));
+            }
+            let selector = match &wave.selector {
+                None => None,
+                Some(s) => match selector::label_selector_error(s) {
+                    Some(problem) => return Err(format!("{field}.selector: {problem}")),
+                    None => Selector::try_from(s.clone()).ok(),
+                },
+            };
+            let pause = match &wave.pause {
+                Some(text) => duration(text, &format!("{field}.pause"))?.unwrap_or_default(),
+                None => Duration::ZERO,
+            };
+            let (kind, name, max_parallel) = (wave.kind, wave.name.clone(), wave.max_parallel);
+            waves.push(WaveRule { kind, name, selector, max_parallel, pause });
+        }
+        let health_timeout = match &rollout.health_timeout {
+            Some(text) => duration(text, "spec.rollout.healthTimeout")?.unwrap_or(DEFAULT_HEALTH_TIMEOUT),
+            None => DEFAULT_HEALTH_TIMEOUT,
+        };
+        let budget = match &rollout.budget {
+            Some(b) => Some(budget(b.max_rollouts, &b.per, "spec.rollout.budget")?),
+            None => default_budget,
+        };
+        Ok((!waves.is_empty() || budget.is_some()).then_some(Self { waves, health_timeout, budget }))
+    }
+
+    /// The wave a target belongs to: the first whose filter takes it, else the last.
+    pub(crate) fn wave_of(&self, w: &Workload, labels: Option<&BTreeMap<String, String>>) -> usize {
+        let empty = BTreeMap::new();
+        let labels = labels.unwrap_or(&empty);
+        let takes = |rule: &WaveRule| {
+            rule.kind.is_none_or(|k| k == w.0)
+                && rule.name.as_ref().is_none_or(|n| *n == w.1)
+                && rule.selector.as_ref().is_none_or(|s| s.matches(labels))
+        };
+        self.waves.iter().position(takes).unwrap_or(self.waves.len())
+    }
+}
