@@ -61,14 +61,14 @@ pub async fn apply(port: &mut impl Port, observed: &Observed<'_>, decision: Deci
     port.hold(&act.plan);
     let outcome = port.stamp(act.read, &act.plan).await;
     port.due(act.plan.wake_at);
-    let settled = port.record(|record| record.settled_sources.clone());
+    let settled = port.record(|record| record.written.settled.clone());
     let Report { status, event, wake_at, healthy } = decide::conclude(observed, &act, &outcome, settled.as_ref());
     if let Some(event) = event {
         port.publish(event, act.read, &status, &outcome);
     }
     port.status(previous, &status).await?;
     let shown = decide::shown(&act);
-    port.record(|record| record.written(shown, act.plan.desired.as_deref(), &status, observed.started));
+    port.record(|record| record.wrote(shown, act.plan.desired.as_deref(), &status, observed.started));
     // A Consul failure retries on its own, but a binding that is not healthy is looked at soon:
     // an object unreadable for want of a rule changes nothing the watches see once it is granted.
     Ok(match wake_at {

@@ -12,7 +12,7 @@ use super::{
     input::{Consul, Input, Outcome, Plan},
     loss,
     observe::{Observed, Read},
-    plan, read, report,
+    plan, report, restore,
     state::Record,
     status,
     upgrade::{self, Upgraded},
@@ -65,8 +65,9 @@ pub fn decide<'a>(observed: &'a Observed<'_>, record: &mut Record, now: Instant)
     // Either hold is marked when the reconcile started, so that one which then finds the
     // content settled ends the grace.
     let held = loss::held_for_lost_content(previous);
-    let reset = read::latest_reset(read.contents());
-    let (restore, restored) = record.restore(held, read.found_restored, reset, observed.started, read.restore_grace);
+    let reset = restore::latest_reset(read.contents());
+    let (restore, restored) =
+        record.restore.grace(held, read.found_restored, reset, observed.started, read.restore_grace);
     let mut act = Act { read, plan: Plan::default(), upgraded: None, restore, restored: false };
     act.restored = restored && matches!(act.input(observed).consul, Consul::Ready(_));
     if let Some(values) = &read.values {
@@ -121,7 +122,7 @@ pub enum Event {
 }
 
 /// The status and the event that report `act` with what its stamps did. `settled`: the record's
-/// [`Record::settled_sources`].
+/// [`Written::settled`](super::state::Written::settled).
 pub fn conclude(
     observed: &Observed<'_>,
     act: &Act<'_>,

@@ -6,7 +6,7 @@
 //! targets carry content from before: the binding is held).
 //! - live → lost: the key is empty, the status recorded content for it, and a reset shows:
 //!   the watches saw it emptied in a reset, or this replica's first read found Consul below the
-//!   indexes the status recorded ([`restored_since`]).
+//!   indexes the status recorded ([`restored_since`](super::restore::restored_since)).
 //! - lost → live: its content is back, whatever it is; or the go-ahead ([`go_ahead`]), for
 //!   the keys the last status showed as lost: one found lost in the same reconcile is held.
 //!
@@ -179,47 +179,6 @@ fn ready_says_lost(status: &ConsulBindingStatus) -> bool {
 }
 
 /// What `status` says of the key `content` is read for.
-fn recorded<'s>(status: &'s ConsulBindingStatus, content: &KeyContent<'_>) -> Option<&'s KeyStatus> {
+pub(super) fn recorded<'s>(status: &'s ConsulBindingStatus, content: &KeyContent<'_>) -> Option<&'s KeyStatus> {
     status.keys.iter().find(|k| k.key == content.source.key && k.recurse == content.source.recurse)
-}
-
-/// Whether Consul's index went backwards since `status` was written, as in a snapshot restore or
-/// a rebuilt cluster while no replica watched: a key read below the modify index the status
-/// recorded for it. Only what no write, delete or tombstone reaping can give counts: an exact
-/// key's own ModifyIndex, or the index of a query of its own, which for a missing key or an
-/// empty prefix is the whole store's (or its newest tombstone's, written after anything the
-/// status recorded), so it is below none of the indexes the status recorded for the binding's
-/// keys, all of one store. A prefix with keys left says nothing (reaping the tombstone of its
-/// newest key lowers its index).
-pub fn restored_since(status: &ConsulBindingStatus, contents: &[KeyContent<'_>]) -> bool {
-    let highest = status.keys.iter().filter_map(|k| k.modify_index).max();
-    contents.iter().any(|c| {
-        let Some(recorded) = recorded(status, c).and_then(|k| k.modify_index) else { return false };
-        let floor = if is_empty(c) { highest.unwrap_or(recorded) } else { recorded };
-        own_index(c).is_some_and(|now| now < floor)
-    })
-}
-
-fn is_empty(content: &KeyContent<'_>) -> bool {
-    !content.entries.iter().any(|e| content.source.recurse || *e.key == *content.source.key)
-}
-
-/// The index [`restored_since`] compares for `content`: `None` where it says nothing.
-fn own_index(content: &KeyContent<'_>) -> Option<u64> {
-    match content.source.recurse {
-        false => {
-            content.entries.iter().find(|e| *e.key == *content.source.key).map(|e| e.modify_index).or(content.index)
-        }
-        true => content.index.filter(|_| content.entries.is_empty()),
-    }
-}
-
-/// Which of `contents` a first read must read alone for [`restored_since`] to judge it: empty
-/// (or missing) where the status recorded an index, and read in a shared query, whose index
-/// says nothing of the path.
-pub fn needs_own_index(status: &ConsulBindingStatus, contents: &[KeyContent<'_>]) -> Vec<bool> {
-    contents
-        .iter()
-        .map(|c| is_empty(c) && c.index.is_none() && recorded(status, c).is_some_and(|k| k.modify_index.is_some()))
-        .collect()
 }

@@ -18,6 +18,7 @@ pub mod observe;
 pub mod plan;
 pub mod read;
 pub mod report;
+pub mod restore;
 pub mod staging;
 pub mod stamp;
 pub mod state;

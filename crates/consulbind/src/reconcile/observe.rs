@@ -17,6 +17,7 @@ use super::{
     debounce::Window,
     input::{Consul, Input, ObjectContent},
     read::{self, Bound, TokenSource},
+    restore,
     staging::Staging,
     upgrade,
 };
@@ -69,7 +70,7 @@ pub struct Read {
     /// The binding's watches take turns with others of its namespace, a round in at most this.
     pub in_turns: Option<Duration>,
     /// This replica's first read of the binding, when this reconcile made it: whether Consul was
-    /// restored since the status was written ([`read::restored_at_first_read`]).
+    /// restored since the status was written ([`restore::restored_at_first_read`]).
     pub found_restored: Option<bool>,
     pub resolved: Resolved,
     pub bound: Vec<Bound>,
@@ -238,8 +239,9 @@ async fn consul(ctx: &Context, binding: &ConsulBinding, oref: &BindingRef) -> Re
     // Refused as too large: it holds nothing, and its status says why, until it is due to look
     // again.
     let generation = binding.metadata.generation;
-    let refused =
-        ctx.states.update(oref, |r| r.refused.filter(|(g, until)| *g == generation && Instant::now() < *until));
+    let refused = ctx
+        .states
+        .update(oref, |r| r.backoffs.refused.filter(|(g, until)| *g == generation && Instant::now() < *until));
     if let Some((_, until)) = refused {
         ctx.watches.release(oref);
         return Err(Action::requeue(until.saturating_duration_since(Instant::now())));
@@ -263,7 +265,7 @@ async fn consul(ctx: &Context, binding: &ConsulBinding, oref: &BindingRef) -> Re
         Some(Consul::Failed { reason: reason::BINDING_TOO_LARGE, message }) => {
             ctx.watches.release(oref);
             let until = Instant::now() + jitter(REFUSED_FOR, 0.2);
-            ctx.states.update(oref, |r| r.refused = Some((generation, until)));
+            ctx.states.update(oref, |r| r.backoffs.refused = Some((generation, until)));
             Err((reason::BINDING_TOO_LARGE, message))
         }
         Some(_) => Ok(()),
@@ -285,13 +287,13 @@ async fn objects(
 ) -> Result<Result<Vec<Option<Arc<Digested>>>, (&'static str, String)>, Action> {
     match read::objects(ctx, namespace, bound).await.inspect(|_| ctx.forget_unread()) {
         Ok(objects) => {
-            ctx.states.update(oref, |r| r.objects_failing_since = None);
+            ctx.states.update(oref, |r| r.backoffs.objects_failing_since = None);
             Ok(Ok(objects.into_iter().map(|(_, data)| data).collect()))
         }
         // The caches list within moments, and their first list wakes the binding.
         Err(Unknown::Waiting) => Err(Action::requeue(Duration::from_secs(1))),
         Err(Unknown::Failed(message)) => {
-            let since = ctx.states.update(oref, |r| *r.objects_failing_since.get_or_insert_with(Instant::now));
+            let since = ctx.states.update(oref, |r| *r.backoffs.objects_failing_since.get_or_insert_with(Instant::now));
             let left = ctx.object_failure_grace.saturating_sub(since.elapsed());
             if !left.is_zero() {
                 debug!(binding = %oref, %message, "a bound object could not be read; retrying");
@@ -314,11 +316,11 @@ async fn first_read(
 ) -> Result<(), Action> {
     let Ok(read) = &observed.read else { return Ok(()) };
     let Ok(states) = &read.consul else { return Ok(()) };
-    if ctx.states.update(oref, |record| record.compared) {
+    if ctx.states.update(oref, |record| record.restore.compared) {
         return Ok(());
     }
     let Some(Consul::Ready(contents)) = read::consul_view(observed.spec, states, u64::MAX) else { return Ok(()) };
-    let found = read::restored_at_first_read(&observed.previous, &contents, queries, async |alone| {
+    let found = restore::restored_at_first_read(&observed.previous, &contents, queries, async |alone| {
         ctx.watches.index_if_empty(alone).await
     })
     .await

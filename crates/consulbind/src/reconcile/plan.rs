@@ -298,6 +298,7 @@ mod tests {
         references::{References, Use},
     };
     use crate::reconcile::{
+        restore,
         status::status,
         upgrade::{self, older_values},
     };
@@ -660,7 +661,10 @@ mod tests {
             ..Default::default()
         };
         let restored = |source: &KeySource, recorded, entries: &[KvEntry], index| {
-            loss::restored_since(&status(source, recorded), &[KeyContent { source, entries, reset_hold: false, index }])
+            restore::restored_since(
+                &status(source, recorded),
+                &[KeyContent { source, entries, reset_hold: false, index }],
+            )
         };
         let at = |modify_index| vec![KvEntry::new("app/config", "v", modify_index)];
         assert!(restored(&exact, 50, &at(7), None), "a key's own ModifyIndex went down");
@@ -684,12 +688,12 @@ mod tests {
         both.keys.push(bulk);
         let missing = |index| [KeyContent { source: &exact, entries: &[], reset_hold: false, index: Some(index) }];
         assert!(
-            loss::restored_since(&both, &missing(70)),
+            restore::restored_since(&both, &missing(70)),
             "missing below another key's index was taken for a deletion"
         );
-        assert!(!loss::restored_since(&both, &missing(130)), "deleted after everything recorded");
+        assert!(!restore::restored_since(&both, &missing(130)), "deleted after everything recorded");
         let present = [KeyContent { source: &exact, entries: &at(70), reset_hold: false, index: Some(70) }];
-        assert!(!loss::restored_since(&both, &present), "a key that is there answers its own index");
+        assert!(!restore::restored_since(&both, &present), "a key that is there answers its own index");
     }
 
     #[tokio::test(start_paused = true)]
@@ -701,7 +705,7 @@ mod tests {
         let first_read = |index| {
             let missing =
                 [KeyContent { source: &optional.keys[0], entries: &[], reset_hold: false, index: Some(index) }];
-            let restored = loss::restored_since(&baseline, &missing);
+            let restored = restore::restored_since(&baseline, &missing);
             let input =
                 Input { consul: Consul::Ready(missing.to_vec()), restored, ..input(&optional, &baseline, &[], &found) };
             (restored, plan_and_status(&input))

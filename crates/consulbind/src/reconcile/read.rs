@@ -14,7 +14,6 @@ use super::{
     context::Context,
     debounce::Window,
     input::{Consul, KeyContent, ObjectContent},
-    loss,
 };
 use crate::{
     BindingRef,
@@ -194,28 +193,6 @@ pub fn queries(spec: &ConsulBindingSpec, token: Option<Token>) -> Vec<KvQuery> {
         .collect()
 }
 
-/// Whether this replica's first read of a binding finds Consul restored since `previous` was
-/// written ([`loss::restored_since`]). A path read in a shared query is read alone where its
-/// own index is needed, so the grouping of the reads changes nothing.
-pub async fn restored_at_first_read(
-    previous: &ConsulBindingStatus,
-    read: &[KeyContent<'_>],
-    queries: &[KvQuery],
-    index_if_empty: impl AsyncFnOnce(&[&KvQuery]) -> Result<Vec<Option<u64>>, consul_kv::Error>,
-) -> Result<bool, consul_kv::Error> {
-    let needs = loss::needs_own_index(previous, read);
-    let mut indexed = read.to_vec();
-    if needs.contains(&true) {
-        let alone: Vec<&KvQuery> = queries.iter().zip(&needs).filter(|(_, n)| **n).map(|(q, _)| q).collect();
-        let indexes = index_if_empty(&alone).await?;
-        let wanted = indexed.iter_mut().zip(&needs).filter(|(_, n)| **n).map(|(c, _)| c);
-        for (content, index) in wanted.zip(indexes) {
-            content.index = index;
-        }
-    }
-    Ok(loss::restored_since(previous, &indexed))
-}
-
 /// What Consul says for the binding; `None` while a key has had no answer yet. Content of more
 /// than `max_bytes` in all is refused.
 pub fn consul_view<'a>(spec: &'a ConsulBindingSpec, states: &'a [KeyState], max_bytes: u64) -> Option<Consul<'a>> {
@@ -317,18 +294,6 @@ pub fn object_contents<'a>(objects: &'a [ObjectRead<'_>]) -> Vec<ObjectContent<'
             data: data.as_deref(),
         })
         .collect()
-}
-
-/// When an answer for one of the binding's contents last came with Consul's index gone backwards.
-pub fn latest_reset(contents: &[KeyState]) -> Option<tokio::time::Instant> {
-    contents
-        .iter()
-        .filter_map(|s| match s {
-            KeyState::Ready(content) => content.reset_at,
-            KeyState::Failed { last, .. } => last.as_ref()?.reset_at,
-            KeyState::Pending => None,
-        })
-        .max()
 }
 
 /// When the newest of the binding's contents was first seen.

@@ -72,7 +72,7 @@ pub async fn status(
     };
     api.patch_status(&binding.name_any(), &params, &Patch::<()>::Json(patch)).await.map_err(Error::Status)?;
     drop(slot);
-    ctx.states.update(&oref, |r| r.written = Some(Box::new((uid, status.clone()))));
+    ctx.states.update(&oref, |r| r.written.status = Some(Box::new((uid, status.clone()))));
     Ok(())
 }
 

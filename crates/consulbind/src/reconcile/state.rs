@@ -1,18 +1,17 @@
 //! What this replica remembers of each binding between reconciles, in one record under one map,
-//! so that a deleted binding leaves nothing behind: its pending debounce, the status it last
-//! wrote, its Ready state for the metric, and the stamps the workload cache has not seen yet.
+//! so that a deleted binding leaves nothing behind: its pending debounce, its restore grace, the
+//! stamps the workload cache has not seen yet, what it last wrote, and its backoffs.
 
 use std::{
     collections::{BTreeMap, HashMap},
     sync::{Arc, Mutex},
-    time::Duration,
 };
 
 use consulbind_api::{ConsulBinding, ConsulBindingStatus, WorkloadKind};
 use kube::ResourceExt;
 use tokio::time::Instant;
 
-use super::debounce::Pending;
+use super::{debounce::Pending, restore::Restore, status::fingerprints};
 use crate::{
     BindingRef, Lock, binding_ref,
     cluster::{Version, Workload},
@@ -23,30 +22,31 @@ use crate::{
 pub struct Record {
     /// A change seen but not yet rolled out.
     pub pending: Option<Pending>,
-    /// The status this replica last wrote, with the binding's uid. Only the leader writes
-    /// status, so it is never older than the cache, which may not have seen the write yet
-    /// when a Consul change wakes the binding again. Boxed: most records have none, and there
-    /// is a record per binding.
-    pub written: Option<Box<(String, ConsulBindingStatus)>>,
-    /// The Ready condition's status, as counted in `consulbind_bindings`.
-    ready: Option<&'static str>,
+    pub restore: Restore,
     /// What this binding stamped on each workload, and the object and generation that came of
     /// it, for as long as the workload cache has not caught up.
     pub stamps: BTreeMap<Workload, (Version, String)>,
-    /// When the targets last carried the content (or were rolled to it): a Consul index reset
-    /// after this puts the binding in its restore grace.
-    pub settled_at: Option<Instant>,
-    /// The applied checksum then, and [`super::status::fingerprints`] of its sources.
-    pub settled_sources: Option<(String, Vec<u64>)>,
-    /// When this replica first read a status held for content lost in an index reset (as after
-    /// a restart during the hold), or one that Consul's index has gone below (a restore while no
-    /// replica watched): like a reset, it puts the binding in its restore grace.
-    pub held_since: Option<Instant>,
-    /// This replica has compared Consul's first answer with the status (see
-    /// [`super::loss::restored_since`]).
-    pub compared: bool,
-    /// That comparison found a restore, and no status written since says so yet.
-    pub restored: bool,
+    pub written: Written,
+    pub backoffs: Backoffs,
+}
+
+/// What this replica last wrote for the binding.
+#[derive(Debug, Default)]
+pub struct Written {
+    /// The status, with the binding's uid. Only the leader writes status, so it is never older
+    /// than the cache, which may not have seen the write yet when a Consul change wakes the
+    /// binding again. Boxed: most records have none, and there is a record per binding.
+    pub status: Option<Box<(String, ConsulBindingStatus)>>,
+    /// The Ready condition's status, as counted in `consulbind_bindings`.
+    ready: Option<&'static str>,
+    /// The applied checksum when the targets last carried the content, and
+    /// [`fingerprints`] of its sources.
+    pub settled: Option<(String, Vec<u64>)>,
+}
+
+/// Reads that failed or were refused, and until when.
+#[derive(Debug, Default)]
+pub struct Backoffs {
     /// Since when reading its ConfigMaps and Secrets has failed, until a read succeeds.
     pub objects_failing_since: Option<Instant>,
     /// Refused as too large at this generation: it watches nothing until this time, or a spec
@@ -55,43 +55,13 @@ pub struct Record {
 }
 
 impl Record {
-    /// The restore grace that applies to a reconcile that started at `started`, and whether a
-    /// restore found at this replica's first read is still to be shown. `held`: the last status
-    /// holds content lost in an index reset; `found`: what the first read found, when this
-    /// reconcile made it; `reset`: the latest index reset the watches saw on its paths.
-    pub fn restore(
-        &mut self,
-        held: bool,
-        found: Option<bool>,
-        reset: Option<Instant>,
-        started: Instant,
-        grace: Duration,
-    ) -> (Option<Duration>, bool) {
-        if let Some(found) = found {
-            self.compared = true;
-            if found {
-                self.restored = true;
-                self.held_since = Some(started);
-            }
-        }
-        if held && self.held_since.is_none() {
-            self.held_since = Some(started);
-        }
-        let reset = reset.max(self.held_since);
-        let restore = reset.filter(|reset| self.settled_at.is_none_or(|settled| settled < *reset)).map(|_| grace);
-        (restore, self.restored)
-    }
-
-    /// `status` was written after a plan for `desired`. `shown`: it showed what the first
-    /// read found (Consul and the objects were read). When the targets carry the content, the
-    /// restore grace of any reset before `started` is over.
-    pub fn written(&mut self, shown: bool, desired: Option<&str>, status: &ConsulBindingStatus, started: Instant) {
-        if shown {
-            self.restored = false;
-        }
-        if let Some(applied) = status.applied_checksum.as_ref().filter(|a| desired == Some(a.as_str())) {
-            self.settled_at = Some(started);
-            self.settled_sources = Some((applied.clone(), super::status::fingerprints(status)));
+    /// `status` was written after a plan for `desired`, by a reconcile that started at
+    /// `started`. `shown`: it showed what the first read found (Consul and the objects were read).
+    pub fn wrote(&mut self, shown: bool, desired: Option<&str>, status: &ConsulBindingStatus, started: Instant) {
+        let settled = status.applied_checksum.as_ref().filter(|a| desired == Some(a.as_str()));
+        self.restore.written(shown, settled.is_some(), started);
+        if let Some(applied) = settled {
+            self.written.settled = Some((applied.clone(), fingerprints(status)));
         }
     }
 }
@@ -118,11 +88,11 @@ impl States {
     pub fn apply(&self, binding: &ConsulBinding) {
         let mut records = self.records.locked();
         let Some(record) = records.get_mut(&binding_ref(binding)) else { return };
-        if let Some((uid, status)) = record.written.as_deref()
+        if let Some((uid, status)) = record.written.status.as_deref()
             && binding.uid().as_ref() == Some(uid)
             && same_as_stored(binding.status.as_ref(), status)
         {
-            record.written = None;
+            record.written.status = None;
         }
     }
 
@@ -138,10 +108,11 @@ impl States {
         // The watch event of a write can come before the copy is kept; it goes here then.
         self.apply(binding);
         let uid = binding.uid().unwrap_or_default();
-        let written = self.records.locked().get(&binding_ref(binding)).and_then(|r| match r.written.as_deref() {
-            Some((written_uid, status)) if *written_uid == uid => Some(status.clone()),
-            _ => None,
-        });
+        let written =
+            self.records.locked().get(&binding_ref(binding)).and_then(|r| match r.written.status.as_deref() {
+                Some((written_uid, status)) if *written_uid == uid => Some(status.clone()),
+                _ => None,
+            });
         written.unwrap_or_else(|| {
             let cached = cached().filter(|c| c.uid() == binding.uid());
             cached.as_deref().unwrap_or(binding).status.clone().unwrap_or_default()
@@ -167,7 +138,7 @@ impl States {
     }
 
     fn forget(&self, binding: &BindingRef, record: Option<Record>) {
-        if let Some(state) = record.and_then(|r| r.ready) {
+        if let Some(state) = record.and_then(|r| r.written.ready) {
             self.gauge(state).dec();
         }
         let namespace = binding.namespace.clone().unwrap_or_default();
@@ -180,7 +151,7 @@ impl States {
 
     /// Moves the binding between the ready-state gauges; costs the same however many bindings.
     pub fn set_ready(&self, binding: &BindingRef, state: &'static str) {
-        let old = self.update(binding, |record| record.ready.replace(state));
+        let old = self.update(binding, |record| record.written.ready.replace(state));
         if old != Some(state) {
             if let Some(old) = old {
                 self.gauge(old).dec();
@@ -236,7 +207,7 @@ mod tests {
         states.set_ready(&a, "True");
         states.set_ready(&b, "False");
         states.update(&a, |r| {
-            r.written = Some(Box::new(("uid".into(), ConsulBindingStatus::default())));
+            r.written.status = Some(Box::new(("uid".into(), ConsulBindingStatus::default())));
             r.stamps.insert(
                 (WorkloadKind::Deployment, "web".into()),
                 (Version { uid: "u".into(), generation: 2 }, "sum".into()),
@@ -270,8 +241,8 @@ mod tests {
         let states = states();
         let written = ConsulBindingStatus { applied_checksum: Some("sum".into()), ..Default::default() };
         let a = BindingRef::new("a").within("ns");
-        let keep = |states: &States| states.update(&a, |r| r.written.is_some());
-        states.update(&a, |r| r.written = Some(Box::new(("uid-1".into(), written.clone()))));
+        let keep = |states: &States| states.update(&a, |r| r.written.status.is_some());
+        states.update(&a, |r| r.written.status = Some(Box::new(("uid-1".into(), written.clone()))));
 
         states.apply(&binding("a", "uid-1", None));
         assert!(keep(&states), "the cache has not seen the write");
@@ -293,12 +264,12 @@ mod tests {
         };
         assert_eq!(last(&stale, None), "old");
 
-        states.update(&a, |r| r.written = Some(Box::new(("uid-1".into(), status("new")))));
+        states.update(&a, |r| r.written.status = Some(Box::new(("uid-1".into(), status("new")))));
         assert_eq!(last(&stale, Some(&fresh)), "new", "the copy of the write");
         // The cache took the write just after the caller read its copy of the binding, and the
         // copy went with it: the cache, read now, has the write.
         states.apply(&fresh);
-        assert!(!states.update(&a, |r| r.written.is_some()));
+        assert!(!states.update(&a, |r| r.written.status.is_some()));
         assert_eq!(last(&stale, Some(&fresh)), "new", "a status older than the last write");
         // Another object of the same name in the cache says nothing of this one.
         let other = Arc::new(binding("a", "uid-2", Some(status("other"))));

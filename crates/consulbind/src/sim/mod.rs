@@ -50,7 +50,7 @@ use crate::{
         desk::{Desk, Stamp},
         input::{Consul, Outcome, Plan},
         observe::{Observed, Read},
-        read,
+        read, restore,
         state::Record,
     },
     watches::{KeyState, path::Path},
@@ -490,7 +490,7 @@ impl Sim {
         let objects = bound.iter().map(|_| Some(digested.clone())).collect();
 
         let found_restored = match &consul {
-            Consul::Ready(read) if !controller.record.compared => {
+            Consul::Ready(read) if !controller.record.restore.compared => {
                 self.forget_undetectable(&previous);
                 let store = &self.store;
                 let alone = async |queries: &[&KvQuery]| {
@@ -501,7 +501,7 @@ impl Sim {
                     Ok(queries.iter().map(index).collect())
                 };
                 let queries = read::queries(spec, None);
-                Some(read::restored_at_first_read(&previous, read, &queries, alone).await.unwrap())
+                Some(restore::restored_at_first_read(&previous, read, &queries, alone).await.unwrap())
             }
             _ => None,
         };
