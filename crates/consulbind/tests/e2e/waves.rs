@@ -8,6 +8,7 @@ use consulbind_api::{
     RolloutPhase, TargetState,
     conditions::{self, reason},
 };
+use k8s_openapi::api::rbac::v1::PolicyRule;
 use serde_json::{Value, json};
 
 use crate::support::{self, Scene, wait};
@@ -365,6 +366,116 @@ async fn a_stateful_set_wave_then_a_daemon_set_wave_each_healthy_by_its_own_rule
     let targets = done.status.unwrap().targets;
     assert!(targets.iter().all(|t| t.state == Some(TargetState::Healthy)), "{targets:?}");
     assert!(carries("DaemonSet", "agent").await);
+    s.finish().await;
+}
+
+/// `onBind` rolls through the waves like any change: the canary first, and the rest only once
+/// it is healthy (before the fix, every target rolled at once when bound).
+#[tokio::test]
+async fn on_bind_with_a_canary_wave_rolls_the_canary_first() {
+    let Some(s) = Scene::new("waves-onbind").await else { return };
+    let key = s.key("config");
+    s.put(&key, "v1").await;
+    s.deployments(&[("canary", 1, "canary"), ("web-a", 0, "stable"), ("web-b", 0, "stable")]).await;
+    let mut rollout = canary_first("0s");
+    rollout["onBind"] = json!(true);
+    s.binding("app", staged(&key, rollout)).await;
+    s.wait_condition("app", conditions::READY, "False", reason::ROLLOUT_HALTED).await;
+    tokio::time::sleep(support::SETTLE).await;
+    assert_eq!(s.generations(&["canary", "web-a", "web-b"]).await, [2, 1, 1], "the canary alone");
+
+    s.scale("canary", 0).await;
+    s.wait_condition("app", conditions::READY, "True", reason::UP_TO_DATE).await;
+    tokio::time::sleep(support::SETTLE).await;
+    assert_eq!(s.generations(&["canary", "web-a", "web-b"]).await, [3, 2, 2], "the scale, and one rollout each");
+    s.finish().await;
+}
+
+/// A patch the API server refuses (the controller's account without `patch` on Deployments)
+/// spends no budget: once the rule is back, the change rolls at once, and the budget counts
+/// that one rollout.
+#[tokio::test]
+async fn a_refused_patch_spends_no_budget_and_the_change_rolls_once_the_rule_is_back() {
+    let Some(mut s) = Scene::without_controller("waves-refused").await else { return };
+    let twin = crate::rbac::Twin::new(&s, "consulbind-refused-probe").await;
+    let without: Vec<PolicyRule> = twin
+        .cluster_rules
+        .iter()
+        .cloned()
+        .map(|mut rule| {
+            if rule.resources.iter().flatten().any(|r| r == "deployments") {
+                rule.verbs.retain(|v| v != "patch");
+            }
+            rule
+        })
+        .collect();
+    assert_ne!(without, twin.cluster_rules, "no rule grants patch on Deployments");
+    let kubeconfig = support::kubeconfig_for(twin.name);
+    let args = twin.args();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    s.start_controller_with_env(&args, &[("KUBECONFIG", kubeconfig.to_str().unwrap())]).await;
+    let key = s.key("config");
+    s.put(&key, "v1").await;
+    s.deployments(&[("web", 0, "stable")]).await;
+    s.binding("app", staged(&key, json!({"budget": {"maxRollouts": 1, "per": "1h"}}))).await;
+    s.wait_condition("app", conditions::READY, "True", reason::BASELINED).await;
+
+    twin.set_rules(&without, &twin.own_rules).await;
+    s.put(&key, "v2").await;
+    let failed = s.wait_condition("app", conditions::READY, "False", reason::PATCH_FAILED).await;
+    let row = failed.status.unwrap().targets.into_iter().find(|t| t.name == "web").expect("web's row");
+    assert!(row.rolled_times.is_empty(), "no roll time for a refused patch: {row:?}");
+    assert_eq!(s.generation("web").await, 1);
+
+    twin.set_rules(&twin.cluster_rules, &twin.own_rules).await;
+    let done = s.wait_condition("app", conditions::READY, "True", reason::UP_TO_DATE).await;
+    let row = done.status.unwrap().targets.into_iter().find(|t| t.name == "web").expect("web's row");
+    assert_eq!(row.rolled_times.len(), 1, "{row:?}");
+    tokio::time::sleep(support::SETTLE).await;
+    assert_eq!(s.generation("web").await, 2, "one rollout");
+    s.finish().await;
+}
+
+/// An `OnDelete` StatefulSet and an `OnDelete` DaemonSet in the first wave are healthy once their
+/// controllers observe the change, as `kubectl rollout status` has it: their pods change only when
+/// deleted. The DaemonSet has a node to run on (a Node object no other workload tolerates) and a
+/// pod that never starts; before the fix, it held the second wave for ever.
+#[tokio::test]
+async fn on_delete_stateful_sets_and_daemon_sets_in_the_first_wave_let_the_second_through() {
+    let Some(s) = Scene::new("waves-ondelete").await else { return };
+    let node = format!("{}-node", s.ns);
+    let taint = json!([{"key": "consulbind-e2e", "value": node, "effect": "NoSchedule"}]);
+    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(s.client.clone());
+    let manifest = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}, "spec": {"taints": taint}});
+    nodes.create(&Default::default(), &serde_json::from_value(manifest).unwrap()).await.unwrap();
+    let key = s.key("config");
+    s.put(&key, "v1").await;
+    let mut sts = support::workload("StatefulSet", "db", json!({}));
+    sts["spec"]["updateStrategy"] = json!({"type": "OnDelete"});
+    s.apply(sts).await.unwrap();
+    let mut ds = support::workload("DaemonSet", "agent", json!({}));
+    ds["spec"]["updateStrategy"] = json!({"type": "OnDelete"});
+    ds["spec"]["template"]["spec"]["tolerations"] = json!([{"operator": "Exists"}]);
+    s.apply(ds).await.unwrap();
+    s.deployments(&[("web", 0, "stable")]).await;
+    let spec = json!({"keys": [{"key": key}],
+        "targets": [{"kind": "StatefulSet", "name": "db"}, {"kind": "DaemonSet", "name": "agent"},
+            {"kind": "Deployment", "name": "web"}],
+        "rollout": {"quietPeriod": "0s", "healthTimeout": "1m",
+            "waves": [{"kind": "StatefulSet"}, {"kind": "DaemonSet"}, {}]}});
+    s.binding("app", spec).await;
+    s.wait_condition("app", conditions::READY, "True", reason::BASELINED).await;
+    let scheduled = || async {
+        let shown = s.kubectl(&["get", "daemonset", "agent", "-o", "jsonpath={.status.desiredNumberScheduled}"]);
+        Ok(shown.trim() == "1")
+    };
+    wait("the DaemonSet to have its node", scheduled).await.unwrap();
+
+    s.put(&key, "v2").await;
+    s.wait_condition("app", conditions::READY, "True", reason::UP_TO_DATE).await;
+    tokio::time::sleep(support::SETTLE).await;
+    assert_eq!(s.generation("web").await, 2, "the last wave rolled");
+    nodes.delete(&node, &Default::default()).await.unwrap();
     s.finish().await;
 }
 
