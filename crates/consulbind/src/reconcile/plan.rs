@@ -27,6 +27,21 @@ pub fn plan(input: &Input<'_>, pending: &mut Option<Pending>, now: Instant) -> P
         Ok(objects) => objects,
         Err((reason, message)) => return unread(input, reason, message),
     };
+    let mut plan = read(input, contents, objects);
+    // Content lost as Consul's index went backwards (seen by the watches, marked in the status
+    // across a restart, or found by this replica's first read) comes before a missing key or
+    // object, required keys included: the status must go on saying what is lost until it is back.
+    if loss::hold(input, &mut plan, contents) || missing(&mut plan, contents, objects) {
+        *pending = None;
+        return plan;
+    }
+    let Some(applied) = input.previous.applied_checksum.as_deref() else { return first_bind(input, plan, now) };
+    let behind = behind(input, &mut plan, applied, objects);
+    roll_when_settled(input, plan, behind, applied, pending, now)
+}
+
+/// What the sources hold: their statuses, the checksum of the whole and each target's content.
+fn read(input: &Input<'_>, contents: &[KeyContent<'_>], objects: &[ObjectContent<'_>]) -> Plan {
     let keys: Vec<KeyStatus> = contents.iter().map(|c| key_status(input.key, c)).collect();
     let object_sources: Vec<Source<'_>> = objects.iter().map(content::bound_source).collect();
     let object_statuses = objects.iter().zip(&object_sources).map(|(o, s)| object_status(input.key, o, s)).collect();
@@ -34,88 +49,89 @@ pub fn plan(input: &Input<'_>, pending: &mut Option<Pending>, now: Instant) -> P
     let sources: Vec<Source<'_>> = contents.iter().map(source).chain(object_sources).collect();
     let desired = checksum::from_digests(input.key, &sources);
     let content = content::of_targets(input, contents, objects);
-    let mut plan = Plan { desired: Some(desired.clone()), content, keys, objects: object_statuses, ..Plan::default() };
+    Plan { desired: Some(desired), content, keys, objects: object_statuses, ..Plan::default() }
+}
 
-    // Content lost as Consul's index went backwards (seen by the watches, marked in the status
-    // across a restart, or found by this replica's first read) comes before a missing key or
-    // object, required keys included: the status must go on saying what is lost until it is back.
-    if loss::hold(input, &mut plan, contents) {
-        *pending = None;
-        return plan;
-    }
-    let missing: Vec<&str> =
+/// Holds the rollout while a required key or object is missing; whether it does.
+fn missing(plan: &mut Plan, contents: &[KeyContent<'_>], objects: &[ObjectContent<'_>]) -> bool {
+    let keys: Vec<&str> =
         contents.iter().filter(|c| !c.source.optional && c.entries.is_empty()).map(|c| c.source.key.as_str()).collect();
-    if !missing.is_empty() {
-        *pending = None;
+    if !keys.is_empty() {
+        let one = keys.len() == 1;
         plan.hold = Some((
             reason::KEY_MISSING,
             format!(
                 "required Consul {} {} {} missing; rollouts are held until {} again (or mark {} optional)",
-                if missing.len() == 1 { "key" } else { "keys" },
-                quoted(&missing),
-                if missing.len() == 1 { "is" } else { "are" },
-                if missing.len() == 1 { "it exists" } else { "they exist" },
-                if missing.len() == 1 { "it" } else { "them" },
-            ),
-        ));
-        return plan;
-    }
-    let missing: Vec<String> = objects
-        .iter()
-        .filter(|o| !o.source.optional && o.data.is_none())
-        .map(|o| format!("{} {:?}", o.kind, o.source.name))
-        .collect();
-    if !missing.is_empty() {
-        *pending = None;
-        let one = missing.len() == 1;
-        plan.hold = Some((
-            reason::OBJECT_MISSING,
-            format!(
-                "required {} {} missing; rollouts are held until {} (or mark {} optional)",
-                missing.join(", "),
+                if one { "key" } else { "keys" },
+                quoted(&keys),
                 if one { "is" } else { "are" },
                 if one { "it exists" } else { "they exist" },
                 if one { "it" } else { "them" },
             ),
         ));
+        return true;
+    }
+    let objects: Vec<String> = objects
+        .iter()
+        .filter(|o| !o.source.optional && o.data.is_none())
+        .map(|o| format!("{} {:?}", o.kind, o.source.name))
+        .collect();
+    if !objects.is_empty() {
+        let one = objects.len() == 1;
+        plan.hold = Some((
+            reason::OBJECT_MISSING,
+            format!(
+                "required {} {} missing; rollouts are held until {} (or mark {} optional)",
+                objects.join(", "),
+                if one { "is" } else { "are" },
+                if one { "it exists" } else { "they exist" },
+                if one { "it" } else { "them" },
+            ),
+        ));
+        return true;
+    }
+    false
+}
+
+/// The first sight of the content: a baseline, or with `onBind` a rollout of every target.
+fn first_bind(input: &Input<'_>, mut plan: Plan, now: Instant) -> Plan {
+    let on_bind = input.spec.rollout.as_ref().is_some_and(|r| r.on_bind);
+    if on_bind && input.spec.suspend {
+        // Suspend wins: the first rollout waits for the resume, and records nothing before.
+        plan.hold = Some((reason::SUSPENDED, "rollouts are suspended; the targets roll once on resume".into()));
         return plan;
     }
-
-    let on_bind = input.spec.rollout.as_ref().is_some_and(|r| r.on_bind);
-    let Some(applied) = input.previous.applied_checksum.as_deref() else {
-        if on_bind && input.spec.suspend {
-            // Suspend wins: the first rollout waits for the resume, and records nothing before.
-            plan.hold = Some((reason::SUSPENDED, "rollouts are suspended; the targets roll once on resume".into()));
-            return plan;
-        }
-        plan.baseline = !on_bind;
-        if !plan.baseline {
-            if input.dry_run {
-                return plan
-                    .would_roll(input.found.to_vec(), "rollout.onBind rolls the targets when first bound".into());
-            }
-            // Until every target has it, through the waves and the budget like any rollout: those
-            // with the binding's own stamp of their content have had theirs.
-            let stamped =
-                |w: &&Workload| input.live.get(*w).is_some_and(|l| l.owned && l.checksum() == plan.content[*w]);
-            let behind: Vec<Workload> = input.found.iter().filter(|w| !stamped(w)).cloned().collect();
-            match input.staging {
-                None => plan.roll(behind, input.live),
-                Some(staging) => {
-                    let step = waves::step(staging, input, &behind, true, &desired);
-                    plan.roll(step.roll.clone(), input.live);
-                    plan.stage(step, now);
-                }
-            }
-        }
+    plan.baseline = !on_bind;
+    if plan.baseline {
         return plan;
-    };
+    }
+    if input.dry_run {
+        return plan.would_roll(input.found.to_vec(), "rollout.onBind rolls the targets when first bound".into());
+    }
+    // Until every target has it, through the waves and the budget like any rollout: those with
+    // the binding's own stamp of their content have had theirs.
+    let stamped = |w: &&Workload| input.live.get(*w).is_some_and(|l| l.owned && l.checksum() == plan.content[*w]);
+    let behind: Vec<Workload> = input.found.iter().filter(|w| !stamped(w)).cloned().collect();
+    match (input.staging, plan.desired.clone()) {
+        (Some(staging), Some(desired)) => {
+            let step = waves::step(staging, input, &behind, true, &desired);
+            plan.roll(step.roll.clone(), input.live);
+            plan.stage(step, now);
+        }
+        _ => plan.roll(behind, input.live),
+    }
+    plan
+}
 
-    // Decide from what each workload carries. The binding's own stamp says what its pods run;
-    // a value someone else set (a rollout undo, a hand edit) or none at all says nothing, so such
-    // a workload is rolled at the next change of what it reads, never for the drift alone.
+/// The targets behind their content, decided from what each carries. The binding's own stamp
+/// says what its pods run; a value someone else set (a rollout undo, a hand edit) or none at all
+/// says nothing, so such a workload is rolled at the next change of what it reads, never for the
+/// drift alone. Those whose template's references changed alone run their content already: they
+/// go to `plan.rebased`.
+fn behind(input: &Input<'_>, plan: &mut Plan, applied: &str, objects: &[ObjectContent<'_>]) -> Vec<Workload> {
+    let on_bind = input.spec.rollout.as_ref().is_some_and(|r| r.on_bind);
     let carried = Carried::new(input.previous, input.versions);
-    let content_changed = applied != desired;
+    let content_changed = plan.desired.as_deref() != Some(applied);
     let rebase = content::Rebase::new(input.key, input.previous, &plan.keys, objects, &plan.objects);
     let mut behind = Vec::new();
     for w in input.found {
@@ -138,6 +154,21 @@ pub fn plan(input: &Input<'_>, pending: &mut Option<Pending>, now: Instant) -> P
             _ => behind.push(w.clone()),
         }
     }
+    behind
+}
+
+/// Rolls `behind` once the change has settled: after its quiet period (or the restore grace),
+/// through the waves and the budget; or reports what a dry run would roll.
+fn roll_when_settled(
+    input: &Input<'_>,
+    mut plan: Plan,
+    behind: Vec<Workload>,
+    applied: &str,
+    pending: &mut Option<Pending>,
+    now: Instant,
+) -> Plan {
+    let desired = plan.desired.clone().unwrap_or_default();
+    let content_changed = applied != desired;
     let staging = input.staging.filter(|_| !input.dry_run);
     // A staged rollout under way goes on without a second quiet period.
     let in_progress = staging.is_some()

@@ -79,52 +79,106 @@ pub fn step(staging: &Staging, input: &Input<'_>, behind: &[Workload], go: bool,
     let carried = Carried::new(previous, input.versions);
     let behind: BTreeSet<&Workload> = behind.iter().collect();
     let mut step = Step::default();
-
-    // Health of the targets a staged rollout rolled, behind their content or not: a target
-    // whose content changes and changes back is still the one rolled, and may not be healthy
-    // (dropped while it was behind, the next wave rolled: simulator seed 1). Until the rollout
-    // is complete, a target healthy once is judged again: one that sours during its wave's pause
-    // holds the next wave (waves simulator seed 9).
-    let in_flight =
-        previous.rollout.as_ref().is_some_and(|r| r.checksum == desired && r.phase != RolloutPhase::Complete);
     if !staging.waves.is_empty() {
-        for w in input.found {
-            let Some(row) = carried.row(w) else { continue };
-            let judged = match row.state {
-                Some(TargetState::Rolling | TargetState::Halted | TargetState::Waiting) => true,
-                Some(TargetState::Healthy) => in_flight,
-                None => false,
-            };
-            let state = match row.state {
-                Some(_) if judged => match input.health.get(w) {
-                    None | Some(Health::Healthy) => (TargetState::Healthy, None),
-                    Some(Health::Failed(what)) => (TargetState::Halted, Some(what.clone())),
-                    Some(Health::Progressing(what)) => {
-                        let rolled = row.last_rolled_time.as_ref().map_or(Duration::MAX, |t| since(t, now));
-                        match rolled >= staging.health_timeout {
-                            true => {
-                                let timeout = human(staging.health_timeout);
-                                let what = format!("not healthy within {timeout} (rollout.healthTimeout): {what}");
-                                (TargetState::Halted, Some(what))
-                            }
-                            false if behind.contains(w) => (TargetState::Rolling, Some(what.clone())),
-                            false => {
-                                let left = staging.health_timeout.saturating_sub(rolled);
-                                step.wake = Some(step.wake.map_or(left, |w| w.min(left)));
-                                (TargetState::Rolling, Some(what.clone()))
-                            }
-                        }
-                    }
-                },
-                Some(state) => (state, None),
-                None => continue,
-            };
-            step.states.insert(w.clone(), state);
-        }
+        judge_health(staging, input, &carried, &behind, desired, &mut step);
+    }
+    let blocked = spend_budget(staging, input, &carried, &behind, &mut step);
+    if !go {
+        // The change waits for its quiet period: the last rollout's record stands.
+        step.rollout = previous.rollout.clone();
+        return step;
     }
 
-    // Budget: the rolls of each target still within the span; a target behind at the cap waits.
-    let mut blocked: BTreeMap<&Workload, Timestamp> = BTreeMap::new();
+    let ours = previous.rollout.as_ref().filter(|r| r.checksum == desired);
+    let count =
+        staging.waves.len() + usize::from(input.found.iter().any(|w| wave(staging, input, w) == staging.waves.len()));
+    let record = Record {
+        ours,
+        started: ours.map_or_else(|| Time(now), |r| r.started_time.clone()),
+        count: count.max(1),
+        desired,
+        now,
+    };
+    if staging.waves.is_empty() {
+        // A budget alone: everything it allows rolls now.
+        step.roll = behind.iter().filter(|w| !blocked.contains_key(*w)).map(|w| (*w).clone()).collect();
+        if let Some((w, next)) = blocked.iter().min_by_key(|(_, next)| **next) {
+            let waiting = names(blocked.keys().copied());
+            let (_, message) = &step.states[*w];
+            step.hold = Some((
+                reason::ROLLOUT_BUDGET_EXHAUSTED,
+                format!("{waiting} wait for the rollout budget: {}: {}", name(w), message.as_deref().unwrap_or("")),
+            ));
+            step.wake = Some(until(*next, now));
+            record.at(0, RolloutPhase::Waiting, &mut step);
+        }
+        return step;
+    }
+    through_waves(staging, input, &carried, &behind, &blocked, &record, step)
+}
+
+/// The health of the targets a staged rollout rolled, behind their content or not: a target
+/// whose content changes and changes back is still the one rolled, and may not be healthy
+/// (dropped while it was behind, the next wave rolled: simulator seed 1). Until the rollout is
+/// complete, a target healthy once is judged again: one that sours during its wave's pause holds
+/// the next wave (waves simulator seed 9).
+fn judge_health(
+    staging: &Staging,
+    input: &Input<'_>,
+    carried: &Carried<'_>,
+    behind: &BTreeSet<&Workload>,
+    desired: &str,
+    step: &mut Step,
+) {
+    let now = input.clock;
+    let in_flight =
+        input.previous.rollout.as_ref().is_some_and(|r| r.checksum == desired && r.phase != RolloutPhase::Complete);
+    for w in input.found {
+        let Some(row) = carried.row(w) else { continue };
+        let judged = match row.state {
+            Some(TargetState::Rolling | TargetState::Halted | TargetState::Waiting) => true,
+            Some(TargetState::Healthy) => in_flight,
+            None => false,
+        };
+        let state = match row.state {
+            Some(_) if judged => match input.health.get(w) {
+                None | Some(Health::Healthy) => (TargetState::Healthy, None),
+                Some(Health::Failed(what)) => (TargetState::Halted, Some(what.clone())),
+                Some(Health::Progressing(what)) => {
+                    let rolled = row.last_rolled_time.as_ref().map_or(Duration::MAX, |t| since(t, now));
+                    match rolled >= staging.health_timeout {
+                        true => {
+                            let timeout = human(staging.health_timeout);
+                            let what = format!("not healthy within {timeout} (rollout.healthTimeout): {what}");
+                            (TargetState::Halted, Some(what))
+                        }
+                        false if behind.contains(w) => (TargetState::Rolling, Some(what.clone())),
+                        false => {
+                            let left = staging.health_timeout.saturating_sub(rolled);
+                            step.wake = Some(step.wake.map_or(left, |w| w.min(left)));
+                            (TargetState::Rolling, Some(what.clone()))
+                        }
+                    }
+                }
+            },
+            Some(state) => (state, None),
+            None => continue,
+        };
+        step.states.insert(w.clone(), state);
+    }
+}
+
+/// The rolls of each target still within the budget's span, into `step.times`; a target behind
+/// at the cap waits. Returns those, with when each may roll next.
+fn spend_budget<'a>(
+    staging: &Staging,
+    input: &'a Input<'_>,
+    carried: &Carried<'_>,
+    behind: &BTreeSet<&Workload>,
+    step: &mut Step,
+) -> BTreeMap<&'a Workload, Timestamp> {
+    let now = input.clock;
+    let mut blocked = BTreeMap::new();
     if let Some(budget) = staging.budget {
         for w in input.found {
             let times: Vec<Time> = carried
@@ -148,48 +202,51 @@ pub fn step(staging: &Staging, input: &Input<'_>, behind: &[Workload], go: bool,
         }
     }
 
-    if !go {
-        // The change waits for its quiet period: the last rollout's record stands.
-        step.rollout = previous.rollout.clone();
-        return step;
-    }
+    blocked
+}
 
-    let ours = previous.rollout.as_ref().filter(|r| r.checksum == desired);
-    let started = ours.map_or_else(|| Time(now), |r| r.started_time.clone());
-    let count =
-        staging.waves.len() + usize::from(input.found.iter().any(|w| wave(staging, input, w) == staging.waves.len()));
-    let count = count.max(1);
-    let at = |wave: usize, phase: RolloutPhase, step: &mut Step| {
-        let wave = u32::try_from(wave + 1).unwrap_or(u32::MAX).min(u32::try_from(count).unwrap_or(u32::MAX));
-        let same = ours.filter(|r| r.wave == wave && r.phase == phase);
+/// Where the rollout of `desired` stands, to record in the status.
+struct Record<'a> {
+    /// The status's record of this rollout, if it is under way.
+    ours: Option<&'a RolloutStatus>,
+    started: Time,
+    count: usize,
+    desired: &'a str,
+    now: Timestamp,
+}
+
+impl Record<'_> {
+    /// Records the rollout at `wave` (from 0), in `phase`: since when it has been there.
+    fn at(&self, wave: usize, phase: RolloutPhase, step: &mut Step) {
+        let count = u32::try_from(self.count).unwrap_or(u32::MAX);
+        let wave = u32::try_from(wave + 1).unwrap_or(u32::MAX).min(count);
+        let same = self.ours.filter(|r| r.wave == wave && r.phase == phase);
         step.rollout = Some(RolloutStatus {
-            checksum: desired.to_owned(),
+            checksum: self.desired.to_owned(),
             wave,
-            waves: u32::try_from(count).unwrap_or(u32::MAX),
+            waves: count,
             phase,
-            since: same.map_or_else(|| Time(now), |r| r.since.clone()),
-            started_time: started.clone(),
+            since: same.map_or_else(|| Time(self.now), |r| r.since.clone()),
+            started_time: self.started.clone(),
             progress: format!("{wave}/{count} {}", phase.as_str()),
         });
-    };
-    let state = |step: &Step, w: &Workload| step.states.get(w).map(|(s, _)| *s);
-
-    if staging.waves.is_empty() {
-        // A budget alone: everything it allows rolls now.
-        step.roll = behind.iter().filter(|w| !blocked.contains_key(*w)).map(|w| (*w).clone()).collect();
-        if let Some((w, next)) = blocked.iter().min_by_key(|(_, next)| **next) {
-            let waiting = names(blocked.keys().copied());
-            let (_, message) = &step.states[*w];
-            step.hold = Some((
-                reason::ROLLOUT_BUDGET_EXHAUSTED,
-                format!("{waiting} wait for the rollout budget: {}: {}", name(w), message.as_deref().unwrap_or("")),
-            ));
-            step.wake = Some(until(*next, now));
-            at(0, RolloutPhase::Waiting, &mut step);
-        }
-        return step;
     }
+}
 
+/// The first wave with work is current: a halt there holds everything; otherwise its pending
+/// targets roll, within `maxParallel`; a wave done pauses before the next.
+fn through_waves(
+    staging: &Staging,
+    input: &Input<'_>,
+    carried: &Carried<'_>,
+    behind: &BTreeSet<&Workload>,
+    blocked: &BTreeMap<&Workload, Timestamp>,
+    record: &Record<'_>,
+    mut step: Step,
+) -> Step {
+    let now = input.clock;
+    let (ours, started, count) = (record.ours, &record.started, record.count);
+    let state = |step: &Step, w: &Workload| step.states.get(w).map(|(s, _)| *s);
     for i in 0..=staging.waves.len() {
         let members: Vec<&Workload> = input.found.iter().filter(|w| wave(staging, input, w) == i).collect();
         if members.is_empty() {
@@ -210,7 +267,7 @@ pub fn step(staging: &Staging, input: &Input<'_>, behind: &[Workload], go: bool,
                     name(w)
                 ),
             ));
-            at(i, RolloutPhase::Halted, &mut step);
+            record.at(i, RolloutPhase::Halted, &mut step);
             step.wake = Some(HEALTH_POLL);
             return step;
         }
@@ -243,7 +300,7 @@ pub fn step(staging: &Staging, input: &Input<'_>, behind: &[Workload], go: bool,
                         ),
                     ));
                     step.wake = Some(until(pause_end, now));
-                    at(i, RolloutPhase::Paused, &mut step);
+                    record.at(i, RolloutPhase::Paused, &mut step);
                     return step;
                 }
             }
@@ -272,7 +329,7 @@ pub fn step(staging: &Staging, input: &Input<'_>, behind: &[Workload], go: bool,
                 ),
             ));
             step.wake = Some(until(next, now));
-            at(i, RolloutPhase::Waiting, &mut step);
+            record.at(i, RolloutPhase::Waiting, &mut step);
             return step;
         }
         let mut message = format!(
@@ -288,11 +345,11 @@ pub fn step(staging: &Staging, input: &Input<'_>, behind: &[Workload], go: bool,
             step.wake = Some(step.wake.map_or(staging.health_timeout, |w| w.min(staging.health_timeout)));
         }
         step.wake = Some(step.wake.map_or(HEALTH_POLL, |w| w.min(HEALTH_POLL)));
-        at(i, RolloutPhase::Rolling, &mut step);
+        record.at(i, RolloutPhase::Rolling, &mut step);
         return step;
     }
     let last = count - 1;
-    at(last, RolloutPhase::Complete, &mut step);
+    record.at(last, RolloutPhase::Complete, &mut step);
     step
 }
 
