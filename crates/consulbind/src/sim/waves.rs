@@ -26,8 +26,8 @@ use std::{
 
 use consul_kv::KvEntry;
 use consulbind_api::{
-    ConsulBindingSpec, ConsulBindingStatus, KeySource, RolloutBudget, RolloutPhase, RolloutPolicy, TargetRef,
-    TargetState, Wave, WorkloadKind, conditions, conditions::reason,
+    ConsulBindingSpec, ConsulBindingStatus, KeySource, ObjectKind, RolloutBudget, RolloutPhase, RolloutPolicy,
+    TargetRef, TargetState, Wave, WorkloadKind, conditions, conditions::reason,
 };
 use k8s_openapi::{apimachinery::pkg::apis::meta::v1::LabelSelector, jiff::Timestamp};
 use kube::runtime::controller::Action;
@@ -35,8 +35,14 @@ use tokio::time::Instant;
 
 use super::KEY;
 use crate::{
-    checksum,
-    cluster::{Live, Version, Workload, health::Health, workloads::Resolved},
+    checksum::{self, Field},
+    cluster::{
+        Live, Version, Workload,
+        health::Health,
+        objects::Digested,
+        references::{References, Use},
+        workloads::Resolved,
+    },
     reconcile::{
         apply::{self, Port},
         decide::{self, Event},
@@ -73,6 +79,9 @@ pub struct World {
     /// What the last plan said each target should carry, and the content's checksum.
     pub content: BTreeMap<Workload, String>,
     pub desired: Option<String>,
+    /// The workloads whose pod template references ConfigMap `cm`, which holds `cm`'s value.
+    pub refs: BTreeSet<Workload>,
+    pub cm: String,
 }
 
 pub fn deploy(name: &str) -> Workload {
@@ -106,6 +115,7 @@ impl World {
                 name: None,
             }],
             rollout: Some(rollout),
+            include_target_references: true,
             ..Default::default()
         };
         let found: Vec<Workload> = names.iter().map(|n| deploy(n)).collect();
@@ -135,6 +145,8 @@ impl World {
             refusing: BTreeSet::new(),
             content: BTreeMap::new(),
             desired: None,
+            refs: BTreeSet::new(),
+            cm: "c1".into(),
         }
     }
 
@@ -159,14 +171,24 @@ impl World {
         ];
         self.path.set_answer(&entries, false, None);
         let spec = self.spec.clone();
+        let cm = References::from([((ObjectKind::ConfigMap, "cm".into()), Use { keys: None, optional: false })]);
         let resolved = Resolved {
             found: self.found.clone(),
             live: self.live.clone(),
             versions: self.versions.clone(),
             health: self.health.clone(),
             labels: self.labels.clone(),
+            uses: self.refs.iter().map(|w| (w.clone(), cm.clone())).collect(),
+            references: if self.refs.is_empty() { References::default() } else { cm },
             ..Resolved::default()
         };
+        let bound = read::bound_objects(&spec, &resolved.references).expect("one reference at most");
+        let data = std::sync::Arc::new(Digested {
+            version: self.cm.clone(),
+            fingerprint: 0,
+            entries: vec![("k".into(), Field::Data, checksum::digest(&KEY, self.cm.as_bytes()))].into(),
+        });
+        let objects = bound.iter().map(|_| Some(data.clone())).collect();
         let read = Read {
             window: read::validate(&spec).expect("a valid spec"),
             key: KEY,
@@ -177,8 +199,8 @@ impl World {
             in_turns: None,
             found_restored: None,
             resolved,
-            bound: Vec::new(),
-            objects: Ok(Vec::new()),
+            bound,
+            objects: Ok(objects),
             values: None,
             write_limited: None,
         };
@@ -194,6 +216,17 @@ impl World {
         let mut port = Writes { world: self, rolled: Vec::new() };
         futures::executor::block_on(apply::apply(&mut port, &observed, decision)).expect("the model takes every write");
         port.rolled
+    }
+
+    /// A person changes `name`'s pod template to reference ConfigMap `cm`, or no longer: its
+    /// controller starts its pods again, which read everything as it is now.
+    pub fn reference(&mut self, name: &str, referenced: bool) {
+        let w = deploy(name);
+        match referenced {
+            true => self.refs.insert(w.clone()),
+            false => self.refs.remove(&w),
+        };
+        self.versions.get_mut(&w).expect("a found workload").generation += 1;
     }
 
     pub fn healthy(&mut self, name: &str) {

@@ -338,3 +338,20 @@ fn on_bind_spends_the_budget() {
     assert_eq!(world.tick(), Vec::<String>::new(), "the bind's rollout counts");
     assert_eq!(world.ready().reason, reason::ROLLOUT_BUDGET_EXHAUSTED);
 }
+
+#[test]
+fn a_reference_added_to_a_target_not_yet_rolled_rolls_it_once_in_its_wave() {
+    let mut world = World::staged(&["canary", "web"], canary_then_rest(Some("1m"), None));
+    world.write("v2");
+    assert_eq!(world.tick(), ["canary"]);
+    world.reference("web", true);
+    assert_eq!(world.tick(), Vec::<String>::new(), "web waits for its wave");
+    world.healthy("canary");
+    world.tick();
+    world.advance(Duration::from_secs(60));
+    assert_eq!(world.tick(), ["web"]);
+    world.healthy("web");
+    world.tick();
+    assert_eq!(world.ready().reason, reason::UP_TO_DATE);
+    assert_eq!([world.rolls("canary"), world.rolls("web")], [1, 1]);
+}
