@@ -738,6 +738,156 @@ impl Sim {
         }
     }
 
+    /// A step in Consul, the controller or the spec, or `None` for time to pass.
+    fn consul_event(&mut self, roll: u32, key: &'static str, value: &'static str) -> Option<String> {
+        match roll {
+            0..25 => Some({
+                self.store.put(key, value);
+                self.edited();
+                format!("put {key}={value}")
+            }),
+            25..32 => Some({
+                self.store.delete(key);
+                format!("delete {key}")
+            }),
+            32..36 => Some({
+                let index = self.rng.u64(1..5);
+                self.replaced(Store { data: BTreeMap::new(), index });
+                "Consul rebuilt empty".into()
+            }),
+            36..40 => Some({
+                self.snapshots.push(self.store.clone());
+                "snapshot taken".into()
+            }),
+            40..44 if !self.snapshots.is_empty() => Some({
+                let i = self.rng.usize(..self.snapshots.len());
+                let snapshot = self.snapshots[i].clone();
+                self.replaced(snapshot);
+                format!("snapshot {i} restored")
+            }),
+            44..47 => Some("tombstones reaped".into()),
+            47..51 => Some({
+                self.consul_up = !self.consul_up;
+                format!("Consul {}", if self.consul_up { "back" } else { "down" })
+            }),
+            51..57 => Some({
+                self.controller = None;
+                "controller stopped".into()
+            }),
+            57..62 => Some({
+                let max = if self.rng.bool() { "30s" } else { "31s" };
+                let changed = self.spec.rollout.as_ref().and_then(|r| r.max_delay.as_deref()) != Some(max);
+                if let Some(rollout) = self.spec.rollout.as_mut() {
+                    rollout.max_delay = Some(max.into());
+                }
+                if changed {
+                    self.generation += 1;
+                    self.mirror();
+                }
+                format!("spec edited (maxDelay {max})")
+            }),
+            62..66 => Some({
+                self.spec.suspend = !self.spec.suspend;
+                self.generation += 1;
+                self.mirror();
+                format!("suspend: {}", self.spec.suspend)
+            }),
+            _ => None,
+        }
+    }
+
+    /// A step in the workloads, the ConfigMap, the token's policy or the API server, or `None`
+    /// for time to pass.
+    fn cluster_event(&mut self, roll: u32, value: &'static str, name: &'static str) -> Option<String> {
+        match roll {
+            // Seen at once, with Consul read: a workload found without a stamp counts as today's.
+            66..72 if self.targets && self.readable() && self.controller.is_some() && self.sees_cluster() => Some({
+                let api = self.works.get_mut("api").expect("api");
+                api.found = !api.found;
+                let found = api.found;
+                // Found without a stamp of the binding's, or a row of its uid in the status: taken
+                // as started with today's content (as documented), since nothing says otherwise.
+                let uid = format!("api-{}", self.works["api"].uid);
+                let rows = self.status.targets.iter().chain(&self.status.former_targets);
+                let known = rows.filter(|t| t.name == "api").any(|t| t.uid.as_ref().is_none_or(|u| *u == uid));
+                let api = self.works.get_mut("api").expect("api");
+                if found && api.live[0].is_none() && !known {
+                    let content = self.content("api");
+                    self.works.get_mut("api").expect("api").runs = content;
+                }
+                format!("api relabelled {}", if found { "into the targets" } else { "out of the targets" })
+            }),
+            // A reference change is recorded without a rollout where the binding has rolled out
+            // what it read, and can see it: found, and Consul read.
+            72..77
+                if self.targets
+                    && self.works["api"].found
+                    && self.readable()
+                    && self.settled()
+                    && self.sees_cluster() =>
+            {
+                Some({
+                    let api = self.works.get_mut("api").expect("api");
+                    api.refs = !api.refs;
+                    let refs = api.refs;
+                    self.template_changed("api");
+                    format!("api's template {} the ConfigMap", if refs { "references" } else { "no longer references" })
+                })
+            }
+            77..82 => Some({
+                self.cm.insert("k", value);
+                format!("ConfigMap k={value}")
+            }),
+            // `kubectl rollout undo`: an older template, with an older stamp set by another
+            // manager; its pods start again and read what is there now.
+            82..86 if self.targets && self.works[name].stamps.len() > 1 => Some({
+                let content = self.content(name);
+                let work = self.works.get_mut(name).expect("a simulated workload");
+                let values = work.stamps[self.rng.usize(..work.stamps.len() - 1)].clone();
+                work.live = values.map(|v| Some(Live { value: v?, owned: false }));
+                work.generation += 1;
+                work.runs = content;
+                work.undone = true;
+                format!("{name} rolled back")
+            }),
+            // An ACL policy change: the token may no longer read one bound path, or may again.
+            89..92 => Some({
+                let path = self.rng.usize(..self.spec.keys.len());
+                self.denied = match self.denied {
+                    Some(_) => None,
+                    None => Some(path),
+                };
+                match self.denied {
+                    Some(i) => format!("the token may no longer read {}", self.spec.keys[i].key),
+                    None => "the token's policy is granted again".into(),
+                }
+            }),
+            // Deleted and applied again from its manifest, without the binding's stamp; seen at
+            // once with Consul read, as a workload found without a stamp counts as today's.
+            86..89 if self.targets && self.readable() && self.controller.is_some() && self.sees_cluster() => Some({
+                let content = self.content(name);
+                let work = self.works.get_mut(name).expect("a simulated workload");
+                let (found, refs, uid) = (work.found, work.refs, work.uid + 1);
+                *work = Work { refs, uid, ..Work::new(content, found) };
+                format!("{name} deleted and made again")
+            }),
+            // The API server goes away: the caches keep what they listed, and nothing can be read
+            // or written. When it is back, they list again, in pages: until the last page, the
+            // binding reads what they held.
+            92..96 if self.api_faults => Some({
+                self.api_away = !self.api_away;
+                if let Some(controller) = self.controller.as_mut() {
+                    match self.api_away {
+                        true => drop(controller.cached_cm.get_or_insert_with(|| self.cm.clone())),
+                        false => controller.listing = true,
+                    }
+                }
+                format!("the API server is {}", if self.api_away { "away" } else { "back; the caches list again" })
+            }),
+            _ => None,
+        }
+    }
+
     async fn step(&mut self) {
         // A re-list under way ends (its last page), and wakes the binding.
         if self.controller.as_ref().is_some_and(|c| c.listing) && !self.api_away && self.rng.bool() {
@@ -753,145 +903,14 @@ impl Sim {
         let value = VALUES[self.rng.usize(..VALUES.len())];
         let name = ["web", "api"][self.rng.usize(..2)];
         let event = match roll {
-            0..25 => {
-                self.store.put(key, value);
-                self.edited();
-                format!("put {key}={value}")
-            }
-            25..32 => {
-                self.store.delete(key);
-                format!("delete {key}")
-            }
-            32..36 => {
-                let index = self.rng.u64(1..5);
-                self.replaced(Store { data: BTreeMap::new(), index });
-                "Consul rebuilt empty".into()
-            }
-            36..40 => {
-                self.snapshots.push(self.store.clone());
-                "snapshot taken".into()
-            }
-            40..44 if !self.snapshots.is_empty() => {
-                let i = self.rng.usize(..self.snapshots.len());
-                let snapshot = self.snapshots[i].clone();
-                self.replaced(snapshot);
-                format!("snapshot {i} restored")
-            }
-            44..47 => "tombstones reaped".into(),
-            47..51 => {
-                self.consul_up = !self.consul_up;
-                format!("Consul {}", if self.consul_up { "back" } else { "down" })
-            }
-            51..57 => {
-                self.controller = None;
-                "controller stopped".into()
-            }
-            57..62 => {
-                let max = if self.rng.bool() { "30s" } else { "31s" };
-                let changed = self.spec.rollout.as_ref().and_then(|r| r.max_delay.as_deref()) != Some(max);
-                if let Some(rollout) = self.spec.rollout.as_mut() {
-                    rollout.max_delay = Some(max.into());
-                }
-                if changed {
-                    self.generation += 1;
-                    self.mirror();
-                }
-                format!("spec edited (maxDelay {max})")
-            }
-            62..66 => {
-                self.spec.suspend = !self.spec.suspend;
-                self.generation += 1;
-                self.mirror();
-                format!("suspend: {}", self.spec.suspend)
-            }
-            // Seen at once, with Consul read: a workload found without a stamp counts as today's.
-            66..72 if self.targets && self.readable() && self.controller.is_some() && self.sees_cluster() => {
-                let api = self.works.get_mut("api").expect("api");
-                api.found = !api.found;
-                let found = api.found;
-                // Found without a stamp of the binding's, or a row of its uid in the status: taken
-                // as started with today's content (as documented), since nothing says otherwise.
-                let uid = format!("api-{}", self.works["api"].uid);
-                let rows = self.status.targets.iter().chain(&self.status.former_targets);
-                let known = rows.filter(|t| t.name == "api").any(|t| t.uid.as_ref().is_none_or(|u| *u == uid));
-                let api = self.works.get_mut("api").expect("api");
-                if found && api.live[0].is_none() && !known {
-                    let content = self.content("api");
-                    self.works.get_mut("api").expect("api").runs = content;
-                }
-                format!("api relabelled {}", if found { "into the targets" } else { "out of the targets" })
-            }
-            // A reference change is recorded without a rollout where the binding has rolled out
-            // what it read, and can see it: found, and Consul read.
-            72..77
-                if self.targets
-                    && self.works["api"].found
-                    && self.readable()
-                    && self.settled()
-                    && self.sees_cluster() =>
-            {
-                let api = self.works.get_mut("api").expect("api");
-                api.refs = !api.refs;
-                let refs = api.refs;
-                self.template_changed("api");
-                format!("api's template {} the ConfigMap", if refs { "references" } else { "no longer references" })
-            }
-            77..82 => {
-                self.cm.insert("k", value);
-                format!("ConfigMap k={value}")
-            }
-            // `kubectl rollout undo`: an older template, with an older stamp set by another
-            // manager; its pods start again and read what is there now.
-            82..86 if self.targets && self.works[name].stamps.len() > 1 => {
-                let content = self.content(name);
-                let work = self.works.get_mut(name).expect("a simulated workload");
-                let values = work.stamps[self.rng.usize(..work.stamps.len() - 1)].clone();
-                work.live = values.map(|v| Some(Live { value: v?, owned: false }));
-                work.generation += 1;
-                work.runs = content;
-                work.undone = true;
-                format!("{name} rolled back")
-            }
-            // An ACL policy change: the token may no longer read one bound path, or may again.
-            89..92 => {
-                let path = self.rng.usize(..self.spec.keys.len());
-                self.denied = match self.denied {
-                    Some(_) => None,
-                    None => Some(path),
-                };
-                match self.denied {
-                    Some(i) => format!("the token may no longer read {}", self.spec.keys[i].key),
-                    None => "the token's policy is granted again".into(),
-                }
-            }
-            // Deleted and applied again from its manifest, without the binding's stamp; seen at
-            // once with Consul read, as a workload found without a stamp counts as today's.
-            86..89 if self.targets && self.readable() && self.controller.is_some() && self.sees_cluster() => {
-                let content = self.content(name);
-                let work = self.works.get_mut(name).expect("a simulated workload");
-                let (found, refs, uid) = (work.found, work.refs, work.uid + 1);
-                *work = Work { refs, uid, ..Work::new(content, found) };
-                format!("{name} deleted and made again")
-            }
-            // The API server goes away: the caches keep what they listed, and nothing can be read
-            // or written. When it is back, they list again, in pages: until the last page, the
-            // binding reads what they held.
-            92..96 if self.api_faults => {
-                self.api_away = !self.api_away;
-                if let Some(controller) = self.controller.as_mut() {
-                    match self.api_away {
-                        true => drop(controller.cached_cm.get_or_insert_with(|| self.cm.clone())),
-                        false => controller.listing = true,
-                    }
-                }
-                format!("the API server is {}", if self.api_away { "away" } else { "back; the caches list again" })
-            }
-            _ => {
-                let time = Duration::from_secs(self.rng.u64(1..60));
-                self.note(format_args!("{}s pass", time.as_secs()));
-                self.pass(time).await;
-                return;
-            }
+            0..66 => self.consul_event(roll, key, value),
+            _ => self.cluster_event(roll, value, name),
+        };
+        let Some(event) = event else {
+            let time = Duration::from_secs(self.rng.u64(1..60));
+            self.note(format_args!("{}s pass", time.as_secs()));
+            self.pass(time).await;
+            return;
         };
         self.note(&event);
         self.quiet_since = Instant::now();
