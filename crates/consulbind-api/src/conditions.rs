@@ -12,6 +12,9 @@ pub const RECONCILING: &str = "Reconciling";
 /// kstatus: the binding cannot go on until someone acts (an invalid spec, a denied token, a
 /// missing key); the reason is Ready's.
 pub const STALLED: &str = "Stalled";
+/// The spec does something an earlier release took and a newer API server refuses: it is served
+/// as it was, and the message says what to change. Present only then.
+pub const SPEC_WARNING: &str = "SpecWarning";
 
 pub mod reason {
     pub const UP_TO_DATE: &str = "UpToDate";
@@ -69,4 +72,6 @@ pub mod reason {
     pub const PATCH_FAILED: &str = "PatchFailed";
     /// The controller failed on this binding (a bug); it is retried, and other bindings go on.
     pub const CONTROLLER_ERROR: &str = "ControllerError";
+    /// `SpecWarning`: `maxDelay` shorter than `quietPeriod`, served as before the rule.
+    pub const MAX_DELAY_BELOW_QUIET_PERIOD: &str = "MaxDelayBelowQuietPeriod";
 }

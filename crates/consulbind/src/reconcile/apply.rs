@@ -10,7 +10,7 @@ use kube::{
     runtime::{controller::Action, events::EventType},
 };
 use tokio::time::Instant;
-use tracing::info;
+use tracing::{info, warn};
 
 use super::{
     Context, RETRY,
@@ -62,8 +62,8 @@ pub async fn apply(port: &mut impl Port, observed: &Observed<'_>, decision: Deci
     let outcome = port.stamp(act.read, &act.plan).await;
     port.due(act.plan.wake_at);
     let settled = port.record(|record| record.written.settled.clone());
-    let Report { status, event, wake_at, healthy } = decide::conclude(observed, &act, &outcome, settled.as_ref());
-    if let Some(event) = event {
+    let Report { status, events, wake_at, healthy } = decide::conclude(observed, &act, &outcome, settled.as_ref());
+    for event in events {
         port.publish(event, act.read, &status, &outcome);
     }
     port.status(previous, &status).await?;
@@ -133,6 +133,11 @@ impl Port for Cluster<'_> {
                 (consulbind_api::conditions::reason::BASELINED, message)
             }
             Event::Baselined(message) => (consulbind_api::conditions::reason::BASELINED, message),
+            Event::Warning { reason, message } => {
+                warn!(binding = %self.oref, %reason, %message, "the binding's spec needs a change");
+                let reference = binding.object_ref(&());
+                return report::publish(ctx, reference, EventType::Warning, reason, message);
+            }
         };
         report::publish(ctx, binding.object_ref(&()), EventType::Normal, reason, message);
     }

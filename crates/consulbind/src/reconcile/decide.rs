@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use consulbind_api::ConsulBindingStatus;
+use consulbind_api::{ConsulBindingStatus, conditions};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::runtime::controller::Action;
 use tokio::time::Instant;
@@ -101,7 +101,7 @@ pub fn decide<'a>(observed: &'a Observed<'_>, record: &mut Record, now: Instant)
 /// What a reconcile tells once its stamps are written.
 pub struct Report {
     pub status: ConsulBindingStatus,
-    pub event: Option<Event>,
+    pub events: Vec<Event>,
     /// Look again then, to end a debounce or a wave's pause.
     pub wake_at: Option<Instant>,
     /// Consul, the objects and every stamp went well: nothing needs a look soon.
@@ -119,6 +119,8 @@ pub enum Event {
     Rebased(String),
     /// The content's first sight, recorded without a rollout.
     Baselined(String),
+    /// Something a person should change.
+    Warning { reason: &'static str, message: String },
 }
 
 /// The status and the event that report `act` with what its stamps did. `settled`: the record's
@@ -132,7 +134,8 @@ pub fn conclude(
     let previous = &observed.previous;
     let plan = &act.plan;
     let input = act.input(observed);
-    let status = status::status(&input, plan, outcome, &Time(observed.clock));
+    let mut status = status::status(&input, plan, outcome, &Time(observed.clock));
+    let mut events: Vec<Event> = caution(observed, act.read, &mut status).into_iter().collect();
     let event = if !outcome.rolled.is_empty() {
         let applied = settled.filter(|(checksum, _)| previous.applied_checksum.as_ref() == Some(checksum));
         Some(Event::RolledOut { applied: applied.map(|(_, fingerprints)| fingerprints.clone()) })
@@ -146,8 +149,30 @@ pub fn conclude(
     } else {
         None
     };
+    events.extend(event);
     let healthy = outcome.failed.is_empty() && matches!(input.consul, Consul::Ready(_)) && input.objects.is_ok();
-    Report { status, event, wake_at: plan.wake_at, healthy }
+    Report { status, events, wake_at: plan.wake_at, healthy }
+}
+
+/// Shows what the spec does that newer API servers refuse, as the `SpecWarning` condition; a
+/// Warning event when it is new.
+fn caution(observed: &Observed<'_>, read: &Read, status: &mut ConsulBindingStatus) -> Option<Event> {
+    let message = read.caution.clone()?;
+    let reason = conditions::reason::MAX_DELAY_BELOW_QUIET_PERIOD;
+    let previous = &observed.previous.conditions;
+    let new = !previous.iter().any(|c| c.type_ == conditions::SPEC_WARNING && c.message == message);
+    let time = Time(observed.clock);
+    let warning = status::condition(
+        previous,
+        conditions::SPEC_WARNING,
+        Some(true),
+        reason,
+        message.clone(),
+        observed.generation,
+        &time,
+    );
+    status.conditions.push(warning);
+    new.then_some(Event::Warning { reason, message })
 }
 
 fn rebased(plan: &Plan) -> String {

@@ -81,6 +81,8 @@ pub struct Read {
     pub values: Option<Vec<Vec<KvEntry>>>,
     /// The namespace is over its write limit until then.
     pub write_limited: Option<Instant>,
+    /// What the spec does that newer API servers refuse ([`read::caution`]).
+    pub caution: Option<String>,
 }
 
 impl Observed<'_> {
@@ -206,6 +208,7 @@ pub async fn observe<'a>(ctx: &Context, binding: &'a ConsulBinding, started: Ins
         objects,
         values: None,
         write_limited: ctx.writes.held(&namespace),
+        caution: read::caution(spec),
     };
     let mut observed = observed(Ok(read));
     first_read(ctx, &oref, &mut observed, &queries).await?;

@@ -86,16 +86,27 @@ pub fn validate(spec: &ConsulBindingSpec) -> Result<Window, String> {
         }
     };
     super::staging::Staging::of(spec, None)?;
-    let both = rollout.quiet_period.is_some() && rollout.max_delay.is_some();
     let quiet = duration("quietPeriod", rollout.quiet_period, DEFAULT_QUIET, MAX_QUIET_PERIOD)?;
     let max = duration("maxDelay", rollout.max_delay, DEFAULT_MAX.max(quiet), MAX_DELAY)?;
-    if both && max < quiet {
-        return Err(
-            "spec.rollout.maxDelay: shorter than spec.rollout.quietPeriod, so the quiet period could never be waited for"
-                .into(),
-        );
-    }
     Ok(Window { quiet, max })
+}
+
+/// What a spec that earlier releases took, and newer API servers refuse, does now: it is served
+/// as before, and this says how, and what to change. (A `maxDelay` shorter than `quietPeriod`
+/// rolls a change `maxDelay` after it is first seen, as releases before the rule did.)
+pub fn caution(spec: &ConsulBindingSpec) -> Option<String> {
+    let rollout = spec.rollout.as_ref()?;
+    let quiet = parse_duration(rollout.quiet_period.as_deref()?).ok()?;
+    let max = parse_duration(rollout.max_delay.as_deref()?).ok()?;
+    (max < quiet).then(|| {
+        format!(
+            "spec.rollout.maxDelay ({}) is shorter than spec.rollout.quietPeriod ({}), so the quiet period is never \
+             waited for: a change rolls out maxDelay after it is first seen. API servers from Kubernetes 1.25 refuse \
+             this spec at its next apply; set maxDelay to at least quietPeriod",
+            rollout.max_delay.as_deref().unwrap_or_default(),
+            rollout.quiet_period.as_deref().unwrap_or_default(),
+        )
+    })
 }
 
 /// The first entry that names the same source as an earlier one, with other settings.
@@ -459,9 +470,13 @@ mod tests {
         assert!(error.contains("spec.rollout.maxDelay") && error.contains("at most 24h"), "{error}");
         let error = validate(&spec(named(), Some(rollout("1s", "99999999999999999999h")))).unwrap_err();
         assert!(error.contains("spec.rollout.maxDelay"), "{error}");
-        // The same words as the CRD's rule, which refuses it at admission on a current server.
-        let error = validate(&spec(named(), Some(rollout("1m", "30s")))).unwrap_err();
-        assert!(error.contains("maxDelay: shorter than spec.rollout.quietPeriod"), "{error}");
+        // Refused at admission on a current server, and served as releases before the rule did:
+        // the change rolls maxDelay after it is first seen; the binding says so.
+        let taken = spec(named(), Some(rollout("1m", "30s")));
+        assert_eq!(validate(&taken), Ok(Window { quiet: Duration::from_secs(60), max: Duration::from_secs(30) }));
+        let said = caution(&taken).expect("a caution");
+        assert!(said.contains("maxDelay (30s) is shorter than spec.rollout.quietPeriod (1m)"), "{said}");
+        assert_eq!(caution(&spec(named(), Some(rollout("30s", "1m")))), None);
         assert!(validate(&spec(named(), Some(rollout("1m", "1m")))).is_ok());
     }
 

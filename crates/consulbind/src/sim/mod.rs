@@ -519,6 +519,7 @@ impl Sim {
             objects: Ok(objects),
             values: None,
             write_limited: None,
+            caution: None,
         };
         Some(Observed {
             spec,

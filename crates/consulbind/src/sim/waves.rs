@@ -203,6 +203,7 @@ impl World {
             objects: Ok(objects),
             values: None,
             write_limited: None,
+            caution: None,
         };
         let observed = Observed {
             spec: &spec,

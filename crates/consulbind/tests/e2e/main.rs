@@ -1174,3 +1174,40 @@ mod acl {
         }
     }
 }
+
+/// A binding an earlier release took and a current API server refuses at its next apply
+/// (`maxDelay` shorter than `quietPeriod`), stored before the upgrade: the controller still
+/// serves it, as that release did (a change rolls `maxDelay` after it is first seen), and says
+/// what to change with a `SpecWarning` condition and a Warning event.
+#[tokio::test]
+async fn a_spec_an_earlier_release_served_is_still_served_after_the_upgrade_with_a_warning() {
+    let Some(s) = Scene::new("upgrade-served").await else { return };
+    let key = s.key("config");
+    s.put(&key, "v1").await;
+    s.workload("Deployment", "web", json!({})).await;
+    s.binding(
+        "old",
+        json!({"keys": [{"key": key}], "targets": support::deploy("web"),
+            "rollout": {"quietPeriod": "1m", "maxDelay": "2s"}}),
+    )
+    .await;
+    let shown = s.wait_condition("old", conditions::READY, "True", reason::BASELINED).await;
+    let warning = shown.status.unwrap().conditions.into_iter().find(|c| c.type_ == conditions::SPEC_WARNING);
+    let warning = warning.expect("a SpecWarning condition");
+    assert_eq!((warning.status.as_str(), warning.reason.as_str()), ("True", reason::MAX_DELAY_BELOW_QUIET_PERIOD));
+    assert!(warning.message.contains("set maxDelay to at least quietPeriod"), "{}", warning.message);
+    let warned =
+        || async { Ok(s.events_for("old").await.iter().any(|(r, _)| r == reason::MAX_DELAY_BELOW_QUIET_PERIOD)) };
+    support::wait("a Warning event", warned).await.unwrap();
+
+    let started = std::time::Instant::now();
+    s.put(&key, "v2").await;
+    s.wait_condition("old", conditions::READY, "True", reason::UP_TO_DATE).await;
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(30),
+        "rolled after {:?}, not at maxDelay",
+        started.elapsed()
+    );
+    assert_eq!(s.generation("web").await, 2);
+    s.finish().await;
+}
