@@ -234,29 +234,33 @@ async fn a_restart_in_the_middle_of_a_wave_pause_goes_on_where_it_was() {
 }
 
 /// A canary healthy when its pause begins and unable to run during it (scaled up where no pod
-/// can start) holds the rest when the pause ends, and halts once its deadline passes; healthy
-/// again, its wave pauses afresh and the rest roll once each. (Before the fix, the rest rolled
-/// when the pause ended, and the canary's row still said Healthy.)
+/// can start; a scale is no new template, so Kubernetes reports no deadline) holds the rest when
+/// the pause ends, and halts once its `healthTimeout` is over; healthy again, its wave pauses
+/// afresh and the rest roll once each. (Before the fix, the rest rolled when the pause ended, and
+/// the canary's row still said Healthy.)
 #[tokio::test]
 async fn a_canary_that_sours_during_its_pause_holds_the_rest_until_it_is_healthy_again() {
     let Some(s) = Scene::new("waves-sour").await else { return };
     let key = s.key("config");
     s.put(&key, "v1").await;
     s.deployments(&[("canary", 0, "canary"), ("web-a", 0, "stable"), ("web-b", 0, "stable")]).await;
-    s.binding("app", staged(&key, canary_first("8s"))).await;
+    let mut rollout = canary_first("8s");
+    rollout["healthTimeout"] = json!("25s");
+    s.binding("app", staged(&key, rollout)).await;
     s.wait_condition("app", conditions::READY, "True", reason::BASELINED).await;
 
     s.put(&key, "v2").await;
     s.wait_condition("app", conditions::READY, "False", reason::WAVE_PAUSED).await;
     s.scale("canary", 1).await;
-    let halted = s.wait_message("app", conditions::READY, "False", reason::ROLLOUT_HALTED).await;
-    assert!(halted.contains("Deployment canary ProgressDeadlineExceeded"), "{halted}");
-    let status = s.get_binding("app").await.status.unwrap();
-    let canary = status.targets.iter().find(|t| t.name == "canary").expect("the canary's row");
-    assert_eq!(canary.state, Some(TargetState::Halted), "the row says what the canary says now");
+    let held = s.wait_condition("app", conditions::READY, "False", reason::ROLLOUT_IN_PROGRESS).await;
+    let canary = held.status.unwrap().targets.into_iter().find(|t| t.name == "canary").expect("the canary's row");
+    assert_eq!(canary.state, Some(TargetState::Rolling), "the row says what the canary says now: {canary:?}");
     // Past the end of the pause as it was first set.
-    tokio::time::sleep(std::time::Duration::from_secs(8)).await;
+    tokio::time::sleep(std::time::Duration::from_secs(9)).await;
     assert_eq!(s.generations(&["canary", "web-a", "web-b"]).await, [3, 1, 1], "the rest hold");
+    let halted = s.wait_message("app", conditions::READY, "False", reason::ROLLOUT_HALTED).await;
+    assert!(halted.contains("not healthy within 25s"), "{halted}");
+    assert_eq!(s.generations(&["web-a", "web-b"]).await, [1, 1]);
 
     s.scale("canary", 0).await;
     s.wait_condition("app", conditions::READY, "False", reason::WAVE_PAUSED).await;
