@@ -8,14 +8,20 @@
 //! objects as they are, and what it read before is still what it runs. Its row moves to its new
 //! checksum without a rollout (a rebase), if nothing it read before changed meanwhile.
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, time::Duration};
 
-use consulbind_api::{ConsulBindingStatus, KeyStatus, ObjectKind, ObjectStatus, conditions};
+use consulbind_api::{
+    ConsulBindingStatus, KeyStatus, ObjectKind, ObjectStatus, RolloutPhase, RolloutStatus,
+    conditions::{self, reason},
+};
 
 use super::input::{Input, KeyContent, ObjectContent, source};
 use crate::{
     checksum::{self, Source},
-    cluster::{Workload, references::References},
+    cluster::{
+        Workload,
+        references::{References, Use},
+    },
 };
 
 /// The checksum each found target should carry, computed once per distinct set of references.
@@ -85,63 +91,127 @@ fn named(objects: &[ObjectStatus]) -> impl Iterator<Item = (ObjectKind, &String,
     objects.iter().filter(|o| !o.referenced).map(|o| (o.kind, &o.name, &o.checksum))
 }
 
-/// Tells which targets may be rebased. One may when the last status had rolled out what it
-/// recorded (no change was held), the target was found then, every Consul key and named object
-/// is as it was, and every object it references now holds the data it held then under the keys
-/// read then, or was not read then (no target referenced it: its template changed).
+/// Tells which targets may be rebased. One may when it ran what the last status recorded, it
+/// was found then, every Consul key and named object is as it was, and every object it
+/// references now holds the data it held then under the keys read then, or was not read then
+/// (no target referenced it: its template changed).
+///
+/// A target ran what the status recorded when that status had rolled out all it recorded (no
+/// change was held). During a staged rollout of what the status records, one did when it was
+/// rolled in that rollout, or when what it carries is the content
+/// read now under its references but one, added or dropped since (so it was rolled in this
+/// rollout, or needed none).
 pub struct Rebase<'a> {
     key: &'a checksum::Key,
     previous: &'a ConsulBindingStatus,
+    contents: &'a [KeyContent<'a>],
     objects: &'a [ObjectContent<'a>],
     /// The settled status and unchanged keys and named objects, common to every target.
     open: bool,
+    /// A staged rollout under way, of the keys and named objects read now.
+    in_flight: Option<&'a RolloutStatus>,
+    /// The quiet period: no roll of an earlier rollout comes within it before this one starts.
+    quiet: Duration,
 }
 
 impl<'a> Rebase<'a> {
     pub fn new(
         key: &'a checksum::Key,
         previous: &'a ConsulBindingStatus,
+        contents: &'a [KeyContent<'a>],
         keys: &[KeyStatus],
         objects: &'a [ObjectContent<'a>],
         statuses: &[ObjectStatus],
+        quiet: Duration,
     ) -> Self {
         // A status written while a change was held records sources that the targets' rows do
         // not stand for; so does one from a failed patch.
-        let settled = [
-            conditions::reason::UP_TO_DATE,
-            conditions::reason::BASELINED,
-            conditions::reason::TARGET_MISSING,
-            conditions::reason::KIND_NOT_SERVED,
+        let settled = [reason::UP_TO_DATE, reason::BASELINED, reason::TARGET_MISSING, reason::KIND_NOT_SERVED];
+        let staged = [
+            reason::ROLLOUT_IN_PROGRESS,
+            reason::WAVE_PAUSED,
+            reason::ROLLOUT_HALTED,
+            reason::ROLLOUT_BUDGET_EXHAUSTED,
         ];
         let ready = previous.conditions.iter().find(|c| c.type_ == conditions::READY);
+        let says = |reasons: &[&str]| ready.is_some_and(|c| reasons.contains(&c.reason.as_str()));
         let same_keys = previous.keys.len() == keys.len()
             && previous
                 .keys
                 .iter()
                 .zip(keys)
                 .all(|(a, b)| (&a.key, a.recurse, &a.checksum) == (&b.key, b.recurse, &b.checksum));
-        let open = ready.is_some_and(|c| settled.contains(&c.reason.as_str()))
-            && same_keys
-            && named(&previous.objects).eq(named(statuses));
-        Self { key, previous, objects, open }
+        let same = same_keys && named(&previous.objects).eq(named(statuses));
+        let in_flight =
+            previous.rollout.as_ref().filter(|r| same && says(&staged) && r.phase != RolloutPhase::Complete);
+        Self { key, previous, contents, objects, open: same && says(&settled), in_flight, quiet }
     }
 
-    /// Whether `target`, which references `uses`, runs its content though it does not carry
-    /// its checksum.
-    pub fn allows(&self, target: &Workload, uses: Option<&References>) -> bool {
-        let was_found = self.previous.targets.iter().any(|t| (t.kind, &t.name) == (target.0, &target.1));
-        let unchanged = |(kind, name): &(_, String)| {
-            let before = self.previous.objects.iter().find(|p| p.referenced && p.kind == *kind && p.name == *name);
-            let now = self.objects.iter().find(|o| o.referenced && o.kind == *kind && o.source.name == *name);
-            match (before, now) {
-                (Some(before), Some(now)) => {
-                    let bound = |k: &str| before.keys.as_ref().is_none_or(|keys| keys.iter().any(|b| b == k));
-                    let source = object_source(now, bound);
-                    checksum::from_digests(self.key, std::slice::from_ref(&source)) == before.checksum
-                }
-                _ => true,
-            }
+    /// Whether `target`, which references `uses` and carries `row` by the status, runs its
+    /// content though it does not carry its checksum.
+    pub fn allows(&self, target: &Workload, uses: Option<&References>, row: &str) -> bool {
+        let Some(recorded) = self.previous.targets.iter().find(|t| (t.kind, &t.name) == (target.0, &target.1)) else {
+            return false;
         };
-        self.open && was_found && uses.into_iter().flat_map(|u| u.keys()).all(unchanged)
+        let unchanged = uses.into_iter().flat_map(|u| u.keys()).all(|(kind, name)| self.unchanged(*kind, name));
+        // Times are to the second: a roll in the second this rollout started is one of its own
+        // when a quiet period of a second or more came before it, in which nothing rolled.
+        let rolled_since_start = |r: &&RolloutStatus| {
+            let (start, quiet) = (r.started_time.0.as_second(), self.quiet >= Duration::from_secs(1));
+            recorded
+                .last_rolled_time
+                .as_ref()
+                .is_some_and(|at| at.0.as_second() > start || (quiet && at.0.as_second() == start))
+        };
+        let ran = self.open
+            || self.in_flight.as_ref().is_some_and(rolled_since_start)
+            || (self.in_flight.is_some() && self.carried_with_one_reference_more_or_less(uses, row));
+        ran && unchanged
+    }
+
+    /// Whether a staged rollout under way goes on as it was: since its status, only the targets'
+    /// references changed, none of the data any of them read before, so neither its wave nor its
+    /// pause starts over.
+    pub fn continues(&self) -> bool {
+        self.in_flight.is_some()
+            && self.previous.objects.iter().filter(|o| o.referenced).all(|o| self.unchanged(o.kind, &o.name))
+    }
+
+    /// Whether `row` is the content read now under `uses` with one reference taken away, or one
+    /// that the binding still reads added back.
+    fn carried_with_one_reference_more_or_less(&self, uses: Option<&References>, row: &str) -> bool {
+        let uses = uses.cloned().unwrap_or_default();
+        let carried = |other: &References| of_target(self.key, self.contents, self.objects, Some(other)) == row;
+        let fewer = uses.keys().any(|id| {
+            let mut fewer = uses.clone();
+            fewer.remove(id);
+            carried(&fewer)
+        });
+        let dropped =
+            self.previous.objects.iter().filter(|o| o.referenced && !uses.contains_key(&(o.kind, o.name.clone())));
+        let more = dropped.into_iter().any(|o| {
+            let mut more = uses.clone();
+            more.insert(
+                (o.kind, o.name.clone()),
+                Use { keys: o.keys.as_ref().map(|k| k.iter().cloned().collect()), optional: false },
+            );
+            carried(&more)
+        });
+        fewer || more
+    }
+
+    /// Whether a referenced object holds the data it held at the last status, under the keys
+    /// read then; one not read then is new to the binding.
+    fn unchanged(&self, kind: ObjectKind, name: &str) -> bool {
+        let before = self.previous.objects.iter().find(|p| p.referenced && p.kind == kind && p.name == name);
+        let now = self.objects.iter().find(|o| o.referenced && o.kind == kind && o.source.name == name);
+        match (before, now) {
+            (Some(before), Some(now)) => {
+                let bound = |k: &str| before.keys.as_ref().is_none_or(|keys| keys.iter().any(|b| b == k));
+                let source = object_source(now, bound);
+                checksum::from_digests(self.key, std::slice::from_ref(&source)) == before.checksum
+            }
+            _ => true,
+        }
     }
 }

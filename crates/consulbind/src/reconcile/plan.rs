@@ -36,8 +36,8 @@ pub fn plan(input: &Input<'_>, pending: &mut Option<Pending>, now: Instant) -> P
         return plan;
     }
     let Some(applied) = input.previous.applied_checksum.as_deref() else { return first_bind(input, plan, now) };
-    let behind = behind(input, &mut plan, applied, objects);
-    roll_when_settled(input, plan, behind, applied, pending, now)
+    let (behind, continues) = behind(input, &mut plan, applied, contents, objects);
+    roll_when_settled(input, plan, behind, continues, applied, pending, now)
 }
 
 /// What the sources hold: their statuses, the checksum of the whole and each target's content.
@@ -114,7 +114,7 @@ fn first_bind(input: &Input<'_>, mut plan: Plan, now: Instant) -> Plan {
     let behind: Vec<Workload> = input.found.iter().filter(|w| !stamped(w)).cloned().collect();
     match (input.staging, plan.desired.clone()) {
         (Some(staging), Some(desired)) => {
-            let step = waves::step(staging, input, &behind, true, &desired);
+            let step = waves::step(staging, input, &behind, true, &desired, false);
             plan.roll(step.roll.clone(), input.live);
             plan.stage(step, now);
         }
@@ -127,12 +127,27 @@ fn first_bind(input: &Input<'_>, mut plan: Plan, now: Instant) -> Plan {
 /// says what its pods run; a value someone else set (a rollout undo, a hand edit) or none at all
 /// says nothing, so such a workload is rolled at the next change of what it reads, never for the
 /// drift alone. Those whose template's references changed alone run their content already: they
-/// go to `plan.rebased`.
-fn behind(input: &Input<'_>, plan: &mut Plan, applied: &str, objects: &[ObjectContent<'_>]) -> Vec<Workload> {
+/// go to `plan.rebased`. Also whether a staged rollout under way goes on as it was
+/// ([`content::Rebase::continues`]).
+fn behind(
+    input: &Input<'_>,
+    plan: &mut Plan,
+    applied: &str,
+    contents: &[KeyContent<'_>],
+    objects: &[ObjectContent<'_>],
+) -> (Vec<Workload>, bool) {
     let on_bind = input.spec.rollout.as_ref().is_some_and(|r| r.on_bind);
     let carried = Carried::new(input.previous, input.versions);
     let content_changed = plan.desired.as_deref() != Some(applied);
-    let rebase = content::Rebase::new(input.key, input.previous, &plan.keys, objects, &plan.objects);
+    let rebase = content::Rebase::new(
+        input.key,
+        input.previous,
+        contents,
+        &plan.keys,
+        objects,
+        &plan.objects,
+        input.window.quiet,
+    );
     let mut behind = Vec::new();
     for w in input.found {
         let want = plan.content[w].as_str();
@@ -150,11 +165,13 @@ fn behind(input: &Input<'_>, plan: &mut Plan, applied: &str, objects: &[ObjectCo
         };
         match runs {
             Some(runs) if runs == want => {}
-            Some(runs) if Some(runs) == row && rebase.allows(w, input.uses.get(w)) => plan.rebased.push(w.clone()),
+            Some(runs) if Some(runs) == row && rebase.allows(w, input.uses.get(w), runs) => {
+                plan.rebased.push(w.clone())
+            }
             _ => behind.push(w.clone()),
         }
     }
-    behind
+    (behind, rebase.continues())
 }
 
 /// Rolls `behind` once the change has settled: after its quiet period (or the restore grace),
@@ -163,6 +180,7 @@ fn roll_when_settled(
     input: &Input<'_>,
     mut plan: Plan,
     behind: Vec<Workload>,
+    continues: bool,
     applied: &str,
     pending: &mut Option<Pending>,
     now: Instant,
@@ -172,11 +190,15 @@ fn roll_when_settled(
     let staging = input.staging.filter(|_| !input.dry_run);
     // A staged rollout under way goes on without a second quiet period.
     let in_progress = staging.is_some()
-        && input.previous.rollout.as_ref().is_some_and(|r| r.checksum == desired && r.phase != RolloutPhase::Complete);
+        && input
+            .previous
+            .rollout
+            .as_ref()
+            .is_some_and(|r| (r.checksum == desired || continues) && r.phase != RolloutPhase::Complete);
     if behind.is_empty() {
         *pending = None;
         if let Some(staging) = staging {
-            plan.stage(waves::step(staging, input, &[], true, &desired), now);
+            plan.stage(waves::step(staging, input, &[], true, &desired, continues), now);
         }
         return plan;
     }
@@ -186,7 +208,7 @@ fn roll_when_settled(
     if input.spec.suspend {
         plan.hold = Some((reason::SUSPENDED, "rollouts are suspended; the change is rolled out on resume".into()));
         if let Some(staging) = staging {
-            plan.stage(waves::step(staging, input, &behind, false, &desired), now);
+            plan.stage(waves::step(staging, input, &behind, false, &desired, continues), now);
         }
         return plan;
     }
@@ -233,7 +255,7 @@ fn roll_when_settled(
                     plan.roll(behind, input.live);
                 }
                 Some(staging) => {
-                    let step = waves::step(staging, input, &behind, true, &desired);
+                    let step = waves::step(staging, input, &behind, true, &desired, continues);
                     plan.held.retain(|w| !step.roll.contains(w));
                     plan.roll(step.roll.clone(), input.live);
                     plan.stage(step, now);
@@ -254,7 +276,7 @@ fn roll_when_settled(
             plan.hold = Some((reason::PENDING, message));
             plan.wake_at = Some(at);
             if let Some(staging) = staging {
-                plan.stage(waves::step(staging, input, &behind, false, &desired), now);
+                plan.stage(waves::step(staging, input, &behind, false, &desired, continues), now);
             }
         }
     }

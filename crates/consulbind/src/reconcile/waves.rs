@@ -70,17 +70,30 @@ fn human(d: Duration) -> String {
 
 /// One step: `behind` are the targets whose content differs from what they carry, `go` says
 /// whether the change may roll now (its quiet period is over), `desired` is the content's
-/// checksum. Pure: the same recorded state and reports give the same step. A roll's time joins
+/// checksum; `continues`: since the status, only the targets' references changed
+/// ([`Rebase::continues`](super::content::Rebase::continues)). Pure: the same recorded state
+/// and reports give the same step. A roll's time joins
 /// `times` once its patch has landed ([`carried::rows`](super::carried::rows)): a failed patch
 /// costs no budget.
-pub fn step(staging: &Staging, input: &Input<'_>, behind: &[Workload], go: bool, desired: &str) -> Step {
+pub fn step(
+    staging: &Staging,
+    input: &Input<'_>,
+    behind: &[Workload],
+    go: bool,
+    desired: &str,
+    continues: bool,
+) -> Step {
     let now = input.clock;
     let previous = input.previous;
     let carried = Carried::new(previous, input.versions);
     let behind: BTreeSet<&Workload> = behind.iter().collect();
     let mut step = Step::default();
+    // This rollout's record in the status: of this content, or of the same but for the targets'
+    // references (`continues`), which starts neither its wave nor its pause over.
+    let ours = previous.rollout.as_ref().filter(|r| r.checksum == desired || continues);
     if !staging.waves.is_empty() {
-        judge_health(staging, input, &carried, &behind, desired, &mut step);
+        let in_flight = ours.is_some_and(|r| r.phase != RolloutPhase::Complete);
+        judge_health(staging, input, &carried, &behind, in_flight, &mut step);
     }
     let blocked = spend_budget(staging, input, &carried, &behind, &mut step);
     if !go {
@@ -89,7 +102,6 @@ pub fn step(staging: &Staging, input: &Input<'_>, behind: &[Workload], go: bool,
         return step;
     }
 
-    let ours = previous.rollout.as_ref().filter(|r| r.checksum == desired);
     let count =
         staging.waves.len() + usize::from(input.found.iter().any(|w| wave(staging, input, w) == staging.waves.len()));
     let record = Record {
@@ -127,12 +139,10 @@ fn judge_health(
     input: &Input<'_>,
     carried: &Carried<'_>,
     behind: &BTreeSet<&Workload>,
-    desired: &str,
+    in_flight: bool,
     step: &mut Step,
 ) {
     let now = input.clock;
-    let in_flight =
-        input.previous.rollout.as_ref().is_some_and(|r| r.checksum == desired && r.phase != RolloutPhase::Complete);
     for w in input.found {
         let Some(row) = carried.row(w) else { continue };
         let judged = match row.state {

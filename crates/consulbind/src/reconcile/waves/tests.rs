@@ -355,3 +355,61 @@ fn a_reference_added_to_a_target_not_yet_rolled_rolls_it_once_in_its_wave() {
     assert_eq!(world.ready().reason, reason::UP_TO_DATE);
     assert_eq!([world.rolls("canary"), world.rolls("web")], [1, 1]);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_reference_added_to_a_rolled_target_during_its_pause_rolls_nothing_and_the_pause_goes_on() {
+    let mut world = World::staged(&["canary", "web"], canary_then_rest(Some("2m"), None));
+    world.write("v2");
+    assert_eq!(world.tick(), ["canary"]);
+    world.healthy("canary");
+    world.tick();
+    let paused = world.status.rollout.clone().expect("a rollout");
+    assert_eq!((paused.wave, paused.phase), (1, RolloutPhase::Paused));
+    world.advance(Duration::from_secs(60));
+    // Its pods start again by themselves, and read the ConfigMap as it is.
+    world.reference("canary", true);
+    assert_eq!(world.tick(), Vec::<String>::new(), "the canary runs its content already");
+    let rollout = world.status.rollout.clone().expect("a rollout");
+    assert_eq!((rollout.wave, rollout.phase, &rollout.since), (1, RolloutPhase::Paused, &paused.since));
+    assert_eq!(rollout.started_time, paused.started_time, "the rollout goes on, not over");
+    world.advance(Duration::from_secs(60));
+    assert_eq!(world.tick(), ["web"], "at the end of the pause it began");
+    world.healthy("web");
+    world.tick();
+    assert_eq!(world.ready().reason, reason::UP_TO_DATE);
+    assert_eq!([world.rolls("canary"), world.rolls("web")], [1, 1]);
+    // Dropped during the next rollout, once rolled (in the second it began, after a quiet
+    // period): nothing more either.
+    world.spec.rollout.as_mut().unwrap().quiet_period = Some("1s".into());
+    world.write("v3");
+    assert_eq!(world.tick(), Vec::<String>::new());
+    world.advance(Duration::from_secs(1));
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert_eq!(world.tick(), ["canary"]);
+    world.healthy("canary");
+    world.reference("canary", false);
+    assert_eq!(world.tick(), Vec::<String>::new());
+    assert_eq!(world.phase(), Some((1, RolloutPhase::Paused)));
+    world.advance(Duration::from_secs(120));
+    assert_eq!(world.tick(), ["web"]);
+    assert_eq!([world.rolls("canary"), world.rolls("web")], [2, 2]);
+}
+
+#[test]
+fn a_target_rolled_by_the_last_rollout_in_the_second_the_next_began_is_rolled_by_the_next() {
+    let mut world = World::staged(&["canary", "web-a", "web-b"], canary_then_rest(None, None));
+    world.write("v2");
+    assert_eq!(world.tick(), ["canary"]);
+    world.healthy("canary");
+    assert_eq!(world.tick(), ["web-a", "web-b"]);
+    // Within the same second: a new change, and web-a's template gains a reference.
+    world.write("v3");
+    assert_eq!(world.tick(), ["canary"]);
+    world.reference("web-a", true);
+    world.healthy("canary");
+    world.healthy("web-a");
+    world.healthy("web-b");
+    let mut rolled = world.tick();
+    rolled.sort();
+    assert_eq!(rolled, ["web-a", "web-b"], "web-a runs v2 still: rolled, not rebased");
+}
