@@ -483,6 +483,46 @@ async fn on_delete_stateful_sets_and_daemon_sets_in_the_first_wave_let_the_secon
     s.finish().await;
 }
 
+/// A reference added to the canary's template during its pause is recorded without a rollout
+/// of its own, as when nothing is in flight: the template change restarted its pods, which read
+/// the ConfigMap as it is. The pause goes on as it began, and the rest roll once after it.
+#[tokio::test]
+async fn a_reference_added_to_the_canary_during_its_pause_rolls_nothing_more_and_the_pause_goes_on() {
+    let Some(s) = Scene::new("waves-reference").await else { return };
+    let key = s.key("config");
+    s.put(&key, "v1").await;
+    let extra = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "extra"}, "data": {"x": "1"}});
+    s.apply(extra).await.unwrap();
+    s.deployments(&[("canary", 0, "canary"), ("web", 0, "stable")]).await;
+    let mut spec = staged(&key, canary_first("20s"));
+    spec["includeTargetReferences"] = json!(true);
+    s.binding("app", spec).await;
+    s.wait_condition("app", conditions::READY, "True", reason::BASELINED).await;
+
+    s.put(&key, "v2").await;
+    let paused = s.wait_condition("app", conditions::READY, "False", reason::WAVE_PAUSED).await;
+    let before = paused.status.unwrap().rollout.expect("status.rollout");
+    let mut canary = deployment("canary", 0, "canary");
+    canary["spec"]["template"]["spec"]["containers"][0]["envFrom"] = json!([{"configMapRef": {"name": "extra"}}]);
+    s.apply(canary).await.unwrap();
+    let read = || async {
+        let status = s.get_binding("app").await.status.unwrap_or_default();
+        Ok(status.objects.iter().any(|o| o.name == "extra" && o.referenced))
+    };
+    wait("the binding to read the canary's new reference", read).await.unwrap();
+    let status = s.get_binding("app").await.status.unwrap();
+    let ready = status.conditions.iter().find(|c| c.type_ == conditions::READY).unwrap();
+    assert_eq!(ready.reason, reason::WAVE_PAUSED, "{}", ready.message);
+    let now = status.rollout.expect("status.rollout");
+    assert_eq!((now.wave, &now.since, &now.started_time), (1, &before.since, &before.started_time), "{now:?}");
+    assert_eq!(s.generations(&["canary", "web"]).await, [3, 1], "the stamp, then the template change");
+
+    s.wait_condition("app", conditions::READY, "True", reason::UP_TO_DATE).await;
+    tokio::time::sleep(support::SETTLE).await;
+    assert_eq!(s.generations(&["canary", "web"]).await, [3, 2], "no second rollout of the canary");
+    s.finish().await;
+}
+
 /// Wave and budget fields at their bounds and past them: the API server refuses what its schema
 /// can tell, the controller names the field it refuses, and another binding rolls meanwhile.
 #[tokio::test]
