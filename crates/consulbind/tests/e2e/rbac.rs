@@ -142,6 +142,13 @@ impl Twin {
         twin
     }
 
+    /// The controller's cluster rules, each edited by `edit`.
+    pub fn cluster_rules_with(&self, edit: impl FnMut(&mut PolicyRule)) -> Vec<PolicyRule> {
+        let mut rules = self.cluster_rules.clone();
+        rules.iter_mut().for_each(edit);
+        rules
+    }
+
     /// Binds the twin to these rules instead.
     pub async fn set_rules(&self, cluster: &[PolicyRule], own: &[PolicyRule]) {
         let pp = PatchParams::apply("e2e-rbac").force();

@@ -3,7 +3,6 @@
 use std::time::Duration;
 
 use consulbind_api::conditions::{self, reason};
-use k8s_openapi::api::rbac::v1::PolicyRule;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
@@ -606,15 +605,8 @@ async fn the_digests_of_a_config_map_no_binding_reads_any_more_are_dropped() {
 async fn a_config_map_unreadable_for_less_than_the_grace_shows_nowhere_and_for_longer_shows() {
     let Some(mut s) = Scene::without_controller("objgrace").await else { return };
     let twin = crate::rbac::Twin::new(&s, "consulbind-grace-probe").await;
-    let without: Vec<PolicyRule> = twin
-        .cluster_rules
-        .iter()
-        .cloned()
-        .map(|mut rule| {
-            rule.resources.iter_mut().for_each(|r| r.retain(|r| r != "configmaps"));
-            rule
-        })
-        .collect();
+    let without =
+        twin.cluster_rules_with(|rule| rule.resources.iter_mut().for_each(|r| r.retain(|r| r != "configmaps")));
     assert_ne!(without, twin.cluster_rules, "no rule grants ConfigMaps");
     let kubeconfig = kubeconfig_for(twin.name);
     let mut args = twin.args();

@@ -8,7 +8,6 @@ use consulbind_api::{
     RolloutPhase, TargetState,
     conditions::{self, reason},
 };
-use k8s_openapi::api::rbac::v1::PolicyRule;
 use serde_json::{Value, json};
 
 use crate::support::{self, Scene, wait};
@@ -64,6 +63,16 @@ impl Scene {
     async fn scale(&self, name: &str, replicas: i32) {
         self.kubectl(&["scale", "deployment", name, &format!("--replicas={replicas}")]);
     }
+
+    /// Someone fixes the halted canary's capacity: the rollout goes on by itself, and each of
+    /// the rest rolls once.
+    async fn fix_the_canary(&self) {
+        self.scale("canary", 0).await;
+        self.wait_condition("app", conditions::READY, "True", reason::UP_TO_DATE).await;
+        tokio::time::sleep(support::SETTLE).await;
+        let generations = self.generations(&["canary", "web-a", "web-b"]).await;
+        assert_eq!(generations, [3, 2, 2], "the scale, and one rollout each");
+    }
 }
 
 #[tokio::test]
@@ -109,11 +118,7 @@ async fn a_failing_canary_halts_the_rest_and_once_healthy_they_roll_once_each() 
     tokio::time::sleep(support::SETTLE).await;
     assert_eq!(s.generations(&["canary", "web-a", "web-b"]).await, [2, 1, 1], "the rest keep what they carry");
 
-    // Someone fixes capacity: the rollout goes on by itself.
-    s.scale("canary", 0).await;
-    s.wait_condition("app", conditions::READY, "True", reason::UP_TO_DATE).await;
-    tokio::time::sleep(support::SETTLE).await;
-    assert_eq!(s.generations(&["canary", "web-a", "web-b"]).await, [3, 2, 2], "the scale, and one rollout each");
+    s.fix_the_canary().await;
     s.finish().await;
 }
 
@@ -387,11 +392,7 @@ async fn on_bind_with_a_canary_wave_rolls_the_canary_first() {
     s.wait_condition("app", conditions::READY, "False", reason::ROLLOUT_HALTED).await;
     tokio::time::sleep(support::SETTLE).await;
     assert_eq!(s.generations(&["canary", "web-a", "web-b"]).await, [2, 1, 1], "the canary alone");
-
-    s.scale("canary", 0).await;
-    s.wait_condition("app", conditions::READY, "True", reason::UP_TO_DATE).await;
-    tokio::time::sleep(support::SETTLE).await;
-    assert_eq!(s.generations(&["canary", "web-a", "web-b"]).await, [3, 2, 2], "the scale, and one rollout each");
+    s.fix_the_canary().await;
     s.finish().await;
 }
 
@@ -402,17 +403,11 @@ async fn on_bind_with_a_canary_wave_rolls_the_canary_first() {
 async fn a_refused_patch_spends_no_budget_and_the_change_rolls_once_the_rule_is_back() {
     let Some(mut s) = Scene::without_controller("waves-refused").await else { return };
     let twin = crate::rbac::Twin::new(&s, "consulbind-refused-probe").await;
-    let without: Vec<PolicyRule> = twin
-        .cluster_rules
-        .iter()
-        .cloned()
-        .map(|mut rule| {
-            if rule.resources.iter().flatten().any(|r| r == "deployments") {
-                rule.verbs.retain(|v| v != "patch");
-            }
-            rule
-        })
-        .collect();
+    let without = twin.cluster_rules_with(|rule| {
+        if rule.resources.iter().flatten().any(|r| r == "deployments") {
+            rule.verbs.retain(|v| v != "patch");
+        }
+    });
     assert_ne!(without, twin.cluster_rules, "no rule grants patch on Deployments");
     let kubeconfig = support::kubeconfig_for(twin.name);
     let args = twin.args();
