@@ -1,9 +1,14 @@
 //! The runner of one group's blocking query: it follows the query with blocking requests,
 //! hands each watched path its part of every answer, wakes the bindings whose content changed,
-//! and reports failures once they outlast the grace period.
+//! and reports failures once they outlast the grace period. How an answer reaches the paths is
+//! in `delivery`, what a group serves in `roster`, and what the answers showed of each KV table
+//! in `tables`.
+
+mod delivery;
+mod roster;
+mod tables;
 
 use std::{
-    collections::{HashMap, HashSet},
     sync::{
         Arc,
         atomic::{AtomicUsize, Ordering},
@@ -12,8 +17,7 @@ use std::{
 };
 
 use consul_kv::{
-    Backoff, Error, ErrorKind, KvEntry, KvQuery,
-    group::{self, Members, WatchPath},
+    Backoff, Error, ErrorKind, KvEntry, KvQuery, KvResponse,
     index::{Cursor, Progress},
     jitter,
 };
@@ -24,61 +28,25 @@ use tokio::{
 };
 use tracing::{info, warn};
 
+pub(super) use self::roster::MIN_WAIT;
+pub use self::roster::{Lane, ROTATION_WAIT, Roster};
+use self::tables::{Scope, Tables, scope};
 pub use super::{
     agent::{AGENT_TIMEOUT, watch_agent},
     source::{KvSource, Limits},
 };
 use super::{
-    path::{Path, Update, View, Wake},
+    path::Wake,
     retry::{wait_to_retry, went_down},
 };
 use crate::{Lock, metrics::Metrics};
 
-/// The longest wait of a blocking query of a group in a lane, so that the lane's groups take turns.
-pub const ROTATION_WAIT: Duration = Duration::from_secs(10);
-/// How long a lane's turns may take to come round, as long as its waits are at least
-/// [`MIN_WAIT`]: a lane of many groups on few slots waits less each time.
-const LANE_CYCLE: Duration = Duration::from_secs(30);
-/// The shortest wait of a blocking query.
-pub(super) const MIN_WAIT: Duration = Duration::from_secs(1);
 /// How soon a prefix found too large is read again: it rarely shrinks by itself.
 const TOO_LARGE_RETRY: Duration = Duration::from_secs(60);
 /// How often a key that Consul refused, missing from its shared read, is read alone again at
 /// the group's next answer: its policy may have been granted, and the key need not exist for
 /// that to show.
 const DENIED_RECHECK: Duration = Duration::from_secs(30);
-
-/// A path of a group that Consul would not read alone: its position, the reason and the message.
-type Refused = (usize, &'static str, String);
-
-/// A shared answer, cut down to what its paths cover, with the keys read alone merged in.
-#[derive(Default)]
-struct Confirmed {
-    entries: Vec<KvEntry>,
-    /// Keys Consul refused alone: their failure.
-    refused: Vec<Refused>,
-    /// Keys it had refused before and read alone now.
-    granted: Vec<usize>,
-}
-
-/// Slots that the groups of one namespace take turns on, when it has more groups than its share.
-pub struct Lane {
-    pub slots: Semaphore,
-    pub permits: usize,
-    /// The wait of each of its blocking queries.
-    pub wait: Duration,
-    /// How long a full round of turns takes, at most: how late a change may show.
-    pub cycle: Duration,
-}
-
-impl Lane {
-    pub fn new(groups: usize, permits: usize) -> Self {
-        let permits = permits.max(1);
-        let rounds = groups.div_ceil(permits).max(1) as u32;
-        let wait = (LANE_CYCLE / rounds).clamp(MIN_WAIT, ROTATION_WAIT);
-        Self { slots: Semaphore::new(permits), permits, wait, cycle: wait * rounds }
-    }
-}
 
 /// What every group's runner shares.
 pub struct Runner {
@@ -105,7 +73,7 @@ pub struct Runner {
     /// When a group's request last had an answer of any kind from the agent.
     pub answered_at: std::sync::Mutex<Option<Instant>>,
     /// What the answers have shown of each KV table.
-    tables: std::sync::Mutex<HashMap<Scope, Table>>,
+    tables: Tables,
     /// One copy of each entry across every answer.
     entries: super::entries::Entries,
     /// Held to apply an answer to its paths, and to read paths: a reading sees an answer on
@@ -113,50 +81,33 @@ pub struct Runner {
     pub answers: std::sync::RwLock<()>,
 }
 
-/// One KV table: a datacenter's, in a namespace and partition (Consul Enterprise).
-type Scope = (Option<String>, Option<String>, Option<String>);
-
-fn scope(query: &KvQuery) -> Scope {
-    (query.datacenter.clone(), query.namespace.clone(), query.partition.clone())
+/// What the runner of one group carries from one request to the next.
+struct GroupState {
+    query: KvQuery,
+    /// The KV table the query reads.
+    table: Scope,
+    born: Instant,
+    cursor: Cursor,
+    backoff: Backoff,
+    /// The roster and the entries its paths need, as of the last answer every path was told of.
+    last: Option<(Arc<Roster>, Arc<[KvEntry]>)>,
+    failing_since: Option<Instant>,
+    /// A reset seen but not yet told: the read after it may fail, and the one after that
+    /// looks fresh.
+    untold_reset: bool,
+    denied_checked: Instant,
+    agent: watch::Receiver<Option<Error>>,
+    /// A group with a slot of its own keeps it, and the source's lease, across its queries.
+    own_slot: Option<(OwnedSemaphorePermit, Option<consul_kv::Lease>)>,
 }
 
-/// What the answers have shown of one KV table. A missing key answers the table's index,
-/// which only a restore or a rebuilt cluster takes below an index it answered before, so a key
-/// watched alone that goes missing below it was lost, even where its own index did not go back
-/// (a rebuilt cluster written past it before the watch read again).
-#[derive(Default)]
-struct Table {
-    /// The highest index an answer showed since the table last went back.
-    high: u64,
-    /// How often it went back: answers to requests sent before then raise `high` no more.
-    epoch: u64,
-}
-
-/// The paths one group's query serves, and how it may block.
-pub struct Roster {
-    pub paths: Vec<WatchPath>,
-    pub cells: Vec<Arc<Path>>,
-    members: Members,
-    /// The slots the group takes turns on with the other groups of its namespace.
-    lane: Option<Arc<Lane>>,
-    /// Consul refuses the token of every path: the planner gave it no slot.
-    parked: bool,
-}
-
-impl Roster {
-    pub fn new(paths: Vec<WatchPath>, cells: Vec<Arc<Path>>, lane: Option<Arc<Lane>>, parked: bool) -> Self {
-        Self { members: Members::new(&paths), paths, cells, lane, parked }
-    }
-
-    pub fn same(&self, other: &Roster) -> bool {
-        self.paths == other.paths
-            && self.cells.iter().zip(&other.cells).all(|(a, b)| Arc::ptr_eq(a, b))
-            && self.parked == other.parked
-            && match (&self.lane, &other.lane) {
-                (Some(a), Some(b)) => Arc::ptr_eq(a, b),
-                (a, b) => a.is_none() && b.is_none(),
-            }
-    }
+/// How one request of a group's query ended.
+enum Asked {
+    Answered(Result<KvResponse, Error>),
+    /// A new path could not be read alone: read the whole group afresh instead.
+    Again,
+    /// The group was retired while it waited.
+    Retired,
 }
 
 impl Runner {
@@ -196,117 +147,35 @@ impl Runner {
         self.slots().acquire_owned().await.expect("never closed")
     }
 
-    /// The highest index the table of `scope` answered, and its epoch.
-    fn table(&self, scope: &Scope) -> (u64, u64) {
-        self.tables.locked().get(scope).map_or((0, 0), |t| (t.high, t.epoch))
-    }
-
-    /// An answer to a request sent in `epoch` showed `index` of the table of `scope`.
-    fn table_saw(&self, scope: &Scope, epoch: u64, index: u64) {
-        let mut tables = self.tables.locked();
-        let table = tables.entry(scope.clone()).or_default();
-        if table.epoch == epoch {
-            table.high = table.high.max(index);
-        }
-    }
-
-    /// The table of `scope` went back to `index`.
-    fn table_went_back(&self, scope: &Scope, index: u64) {
-        let mut tables = self.tables.locked();
-        let table = tables.entry(scope.clone()).or_default();
-        *table = Table { high: index, epoch: table.epoch + 1 };
-    }
-
     /// Follows one group's query with blocking requests until aborted or retired (the roster's
     /// sender dropped), and hands each path its part of every answer. The group's key never
     /// changes, so any answer covers whatever paths the roster holds when it arrives.
     pub async fn run_group(self: Arc<Self>, query: KvQuery, mut roster: watch::Receiver<Arc<Roster>>) {
-        let born = Instant::now();
-        let mut cursor = Cursor::default();
-        // Capped low, so that once Consul answers again the status shows it within seconds.
-        let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(10));
-        // The roster and the entries its paths need, as of the last answer every path was told of.
-        let mut last: Option<(Arc<Roster>, Arc<[KvEntry]>)> = None;
-        let mut failing_since: Option<Instant> = None;
-        // A reset seen but not yet told: the read after it may fail, and the one after that
-        // looks fresh.
-        let mut untold_reset = false;
-        let mut denied_checked = Instant::now();
-        let mut agent = self.agent.subscribe();
-        let table = scope(&query);
-        // A group with a slot of its own keeps it, and the source's lease, across its queries.
-        let mut own_slot: Option<(OwnedSemaphorePermit, Option<consul_kv::Lease>)> = None;
+        let mut group = GroupState {
+            table: scope(&query),
+            query,
+            born: Instant::now(),
+            cursor: Cursor::default(),
+            // Capped low, so that once Consul answers again the status shows it within seconds.
+            backoff: Backoff::new(Duration::from_secs(1), Duration::from_secs(10)),
+            last: None,
+            failing_since: None,
+            untold_reset: false,
+            denied_checked: Instant::now(),
+            agent: self.agent.subscribe(),
+            own_slot: None,
+        };
         loop {
             if roster.has_changed().is_err() {
                 return;
             }
-            let index = if last.is_some() { cursor.index() } else { 0 };
+            let index = if group.last.is_some() { group.cursor.index() } else { 0 };
             let started = Instant::now();
-            let (_, epoch) = self.table(&table);
-            let (limit, lane, parked) = {
-                let current = roster.borrow();
-                (answer_limit(&self.limits, &current), current.lane.clone(), current.parked)
-            };
-            let wait = self.group_wait(born, lane.as_ref().map(|l| l.wait));
-            // Planned anew for other slots (the protocol changed): take them afresh.
-            let replanned = own_slot.as_ref().is_some_and(|(slot, _)| !Arc::ptr_eq(slot.semaphore(), &self.slots()));
-            if lane.is_some() || parked || replanned {
-                own_slot = None;
-            }
-            // Scoped, so that a request given up is dropped before any backoff.
-            let result = {
-                let request = async {
-                    // A blocking query in a lane waits for its turn; a plain read needs none.
-                    let _turn = match (&lane, index) {
-                        (Some(lane), 1..) => {
-                            let turn = lane.slots.acquire().await.expect("never closed");
-                            Some((turn, self.slot().await))
-                        }
-                        _ => None,
-                    };
-                    if lane.is_none() && !parked && index >= 1 && own_slot.is_none() {
-                        own_slot = Some((self.slot().await, self.consul.lease().await));
-                    }
-                    let lease = own_slot.as_ref().and_then(|(_, lease)| lease.as_ref()).filter(|_| index >= 1);
-                    // A parked group whose token was just accepted blocks until the planner gives
-                    // it a slot; that wait holds up no one.
-                    let _parked = match (parked, index) {
-                        (true, 0) => Some(self.parked_reads.acquire().await.expect("never closed")),
-                        _ => None,
-                    };
-                    match lease {
-                        Some(lease) => self.consul.get_leased(lease, &query, index, wait, limit).await,
-                        None => self.consul.get_wait(&query, index, wait, limit).await,
-                    }
-                };
-                tokio::pin!(request);
-                loop {
-                    tokio::select! {
-                        result = &mut request => break Some(result),
-                        // A hung agent answers nothing until the request times out, minutes away.
-                        down = went_down(&mut agent) => break Some(Err(down)),
-                        // New paths need their content now. Short reads of just those paths give it
-                        // to them; the blocking query goes on, since one given up keeps a connection
-                        // busy on the Consul agent until its wait runs out.
-                        changed = roster.changed(), if index != 0 => {
-                            if changed.is_err() {
-                                // Retired: finish the request, tell no one.
-                                let _ = (&mut request).await;
-                                return;
-                            }
-                            let members = roster.borrow_and_update().clone();
-                            let Some((before, entries)) = last.take() else { break None };
-                            match self.read_new_paths(&query, &before, &members, entries).await {
-                                Some(entries) => last = Some((members, entries)),
-                                None => break None,
-                            }
-                        }
-                    }
-                }
-            };
-            let Some(result) = result else {
-                // A new path could not be read alone: read the whole group afresh instead.
-                continue;
+            let (_, epoch) = self.tables.get(&group.table);
+            let result = match self.ask(&mut group, &mut roster, index).await {
+                Asked::Answered(result) => result,
+                Asked::Again => continue,
+                Asked::Retired => return,
             };
             if roster.has_changed().is_err() {
                 // Retired while reading: another group serves these paths now.
@@ -318,305 +187,171 @@ impl Runner {
             }
             let members = roster.borrow_and_update().clone();
             match result {
-                Ok(response) => {
-                    backoff.reset();
-                    failing_since = None;
-                    let slots_moved = self.consul.blocking_slots() != self.planned_slots.load(Ordering::Relaxed);
-                    if members.parked || slots_moved {
-                        // The token is accepted again, or the slots changed: plan again.
-                        self.replan.notify_one();
-                    }
-                    let missing = !query.recurse && !response.entries.iter().any(|e| *e.key == *query.key);
-                    let floor = if missing { self.table(&table).0 } else { 0 };
-                    let progress = cursor.answered_above(response.index, floor);
-                    if progress == Progress::Suspect {
-                        // Nothing is told until a second read agrees.
-                        info!(key = %query.key, index = response.index, "Consul's index went backwards; reading again before believing it");
-                        tokio::time::sleep(MIN_WAIT).await;
-                        continue;
-                    }
-                    let reset = progress == Progress::Reset || untold_reset;
-                    match progress {
-                        Progress::Reset => {
-                            warn!(key = %query.key, index = response.index, "Consul's index went backwards (a restore or a rebuilt cluster?); reading afresh");
-                            // A prefix's index also goes back when its tombstones are reaped;
-                            // a missing key's is its table's.
-                            if missing {
-                                self.table_went_back(&table, response.index);
-                            }
-                        }
-                        _ => {
-                            let seen = response.entries.iter().map(|e| e.modify_index).max().unwrap_or(0);
-                            self.table_saw(&table, epoch, seen.max(response.index));
-                        }
-                    }
-                    let seen =
-                        last.take().filter(|(seen, _)| Arc::ptr_eq(seen, &members) && !reset).map(|(_, old)| old);
-                    let recheck = denied_checked.elapsed() >= DENIED_RECHECK;
-                    if recheck {
-                        denied_checked = Instant::now();
-                    }
-                    let confirm = self.confirm_vanished(&query, &members, response.entries, seen.as_deref(), recheck);
-                    match confirm.await {
-                        Ok(confirmed) => {
-                            last =
-                                Some(self.deliver(&query, &members, confirmed, seen.as_deref(), reset, response.index));
-                            untold_reset = false;
-                        }
-                        // Read the whole group afresh; nothing was told.
-                        Err(error) => {
-                            untold_reset = reset;
-                            cursor.failed();
-                            warn!(key = %query.key, %error, "could not confirm a key missing from a shared read");
-                            tokio::time::sleep(backoff.next_delay()).await;
-                        }
-                    }
-                }
+                Ok(response) => self.answered(&mut group, &members, response, epoch).await,
                 Err(error) if error.kind() == ErrorKind::TooLarge => {
-                    cursor.failed();
-                    last = None;
-                    self.too_large(&query, &members, &error);
+                    group.cursor.failed();
+                    group.last = None;
+                    self.too_large(&group.query, &members, &error);
                     // Until the planner regroups these paths, or a while has passed.
                     tokio::select! {
                         changed = roster.changed() => if changed.is_err() { return },
                         _ = tokio::time::sleep(TOO_LARGE_RETRY) => {}
                     }
                 }
-                Err(error) => {
-                    cursor.failed();
-                    last = None;
-                    let reason = match error.kind() {
-                        ErrorKind::AccessDenied => reason::ACCESS_DENIED,
-                        ErrorKind::Unreachable => reason::CONSUL_UNREACHABLE,
-                        _ => reason::CONSUL_ERROR,
-                    };
-                    let delay = backoff.next_delay();
-                    warn!(key = %query.key, recurse = query.recurse, %error, retry_in = ?delay, "Consul read failed");
-                    let message = error.to_string();
-                    let report = || {
-                        for cell in &members.cells {
-                            if cell.set_failed(reason, &message) {
-                                cell.wake(&self.wake);
-                            }
-                        }
-                        if reason == reason::ACCESS_DENIED && !members.parked {
-                            // A refused token blocks nothing: park it, and free its slot.
-                            self.replan.notify_one();
-                        }
-                    };
-                    let due = *failing_since.get_or_insert_with(Instant::now) + self.grace;
-                    wait_to_retry(&mut agent, due, Instant::now() + delay, report).await;
+                Err(error) => self.failed(&mut group, &members, error).await,
+            }
+        }
+    }
+
+    /// Sends the group's next request at `index`, and while a blocking one waits, reads the
+    /// paths that join the group. The request is dropped when this returns, so a request given
+    /// up is never held through a backoff.
+    async fn ask(&self, group: &mut GroupState, roster: &mut watch::Receiver<Arc<Roster>>, index: u64) -> Asked {
+        let GroupState { query, born, last, agent, own_slot, .. } = group;
+        let query = &*query;
+        let (limit, lane, parked) = {
+            let current = roster.borrow();
+            (answer_limit(&self.limits, &current), current.lane.clone(), current.parked)
+        };
+        let wait = self.group_wait(*born, lane.as_ref().map(|l| l.wait));
+        // Planned anew for other slots (the protocol changed): take them afresh.
+        let replanned = own_slot.as_ref().is_some_and(|(slot, _)| !Arc::ptr_eq(slot.semaphore(), &self.slots()));
+        if lane.is_some() || parked || replanned {
+            *own_slot = None;
+        }
+        let request = async {
+            // A blocking query in a lane waits for its turn; a plain read needs none.
+            let _turn = match (&lane, index) {
+                (Some(lane), 1..) => {
+                    let turn = lane.slots.acquire().await.expect("never closed");
+                    Some((turn, self.slot().await))
+                }
+                _ => None,
+            };
+            if lane.is_none() && !parked && index >= 1 && own_slot.is_none() {
+                *own_slot = Some((self.slot().await, self.consul.lease().await));
+            }
+            let lease = own_slot.as_ref().and_then(|(_, lease)| lease.as_ref()).filter(|_| index >= 1);
+            // A parked group whose token was just accepted blocks until the planner gives
+            // it a slot; that wait holds up no one.
+            let _parked = match (parked, index) {
+                (true, 0) => Some(self.parked_reads.acquire().await.expect("never closed")),
+                _ => None,
+            };
+            match lease {
+                Some(lease) => self.consul.get_leased(lease, query, index, wait, limit).await,
+                None => self.consul.get_wait(query, index, wait, limit).await,
+            }
+        };
+        tokio::pin!(request);
+        loop {
+            tokio::select! {
+                result = &mut request => break Asked::Answered(result),
+                // A hung agent answers nothing until the request times out, minutes away.
+                down = went_down(agent) => break Asked::Answered(Err(down)),
+                // New paths need their content now. Short reads of just those paths give it
+                // to them; the blocking query goes on, since one given up keeps a connection
+                // busy on the Consul agent until its wait runs out.
+                changed = roster.changed(), if index != 0 => {
+                    if changed.is_err() {
+                        // Retired: finish the request, tell no one.
+                        let _ = (&mut request).await;
+                        return Asked::Retired;
+                    }
+                    let members = roster.borrow_and_update().clone();
+                    let Some((before, entries)) = last.take() else { break Asked::Again };
+                    match self.read_new_paths(query, &before, &members, entries).await {
+                        Some(entries) => *last = Some((members, entries)),
+                        None => break Asked::Again,
+                    }
                 }
             }
         }
     }
 
-    /// A shared read too large is split into reads of their own; a path too large alone fails.
-    fn too_large(&self, query: &KvQuery, members: &Roster, error: &Error) {
-        if members.cells.len() > 1 {
-            info!(key = %query.key, paths = members.cells.len(), "a shared Consul read was too large; its paths are read on their own");
-            members.cells.iter().for_each(|c| c.set_solo());
+    /// Takes an answer: tells the paths what changed, once the index is believed and the keys
+    /// missing from a shared read are confirmed.
+    async fn answered(&self, group: &mut GroupState, members: &Arc<Roster>, response: KvResponse, epoch: u64) {
+        let query = &group.query;
+        group.backoff.reset();
+        group.failing_since = None;
+        let slots_moved = self.consul.blocking_slots() != self.planned_slots.load(Ordering::Relaxed);
+        if members.parked || slots_moved {
+            // The token is accepted again, or the slots changed: plan again.
             self.replan.notify_one();
+        }
+        let missing = !query.recurse && !response.entries.iter().any(|e| *e.key == *query.key);
+        let floor = if missing { self.tables.get(&group.table).0 } else { 0 };
+        let progress = group.cursor.answered_above(response.index, floor);
+        if progress == Progress::Suspect {
+            // Nothing is told until a second read agrees.
+            info!(key = %query.key, index = response.index, "Consul's index went backwards; reading again before believing it");
+            tokio::time::sleep(MIN_WAIT).await;
             return;
         }
-        warn!(key = %query.key, %error, "a bound Consul prefix is over the limit");
-        let message = format!(
-            "{error}: the prefix holds more than --max-prefix-bytes ({} bytes of keys and values) allows; bind a \
-             narrower prefix, or ask for a higher limit",
-            self.limits.bytes
-        );
-        for cell in &members.cells {
-            if cell.set_failed(reason::PREFIX_TOO_LARGE, &message) {
-                cell.wake(&self.wake);
+        let reset = progress == Progress::Reset || group.untold_reset;
+        match progress {
+            Progress::Reset => {
+                warn!(key = %query.key, index = response.index, "Consul's index went backwards (a restore or a rebuilt cluster?); reading afresh");
+                // A prefix's index also goes back when its tombstones are reaped;
+                // a missing key's is its table's.
+                if missing {
+                    self.tables.went_back(&group.table, response.index);
+                }
+            }
+            _ => {
+                let seen = response.entries.iter().map(|e| e.modify_index).max().unwrap_or(0);
+                self.tables.saw(&group.table, epoch, seen.max(response.index));
+            }
+        }
+        let seen = group.last.take().filter(|(seen, _)| Arc::ptr_eq(seen, members) && !reset).map(|(_, old)| old);
+        let recheck = group.denied_checked.elapsed() >= DENIED_RECHECK;
+        if recheck {
+            group.denied_checked = Instant::now();
+        }
+        let confirm = self.confirm_vanished(query, members, response.entries, seen.as_deref(), recheck);
+        match confirm.await {
+            Ok(confirmed) => {
+                group.last = Some(self.deliver(query, members, confirmed, seen.as_deref(), reset, response.index));
+                group.untold_reset = false;
+            }
+            // Read the whole group afresh; nothing was told.
+            Err(error) => {
+                group.untold_reset = reset;
+                group.cursor.failed();
+                warn!(key = %query.key, %error, "could not confirm a key missing from a shared read");
+                tokio::time::sleep(group.backoff.next_delay()).await;
             }
         }
     }
 
-    /// Reads the paths of `members` that `before` did not have, each alone, and merges them
-    /// into `entries`. `None` when a read failed.
-    async fn read_new_paths(
-        &self,
-        query: &KvQuery,
-        before: &Roster,
-        members: &Roster,
-        entries: Arc<[KvEntry]>,
-    ) -> Option<Arc<[KvEntry]>> {
-        let new: Vec<usize> = {
-            // Addresses as numbers: raw pointers cannot be held across an await.
-            let known: HashSet<usize> = before.cells.iter().map(|c| Arc::as_ptr(c) as usize).collect();
-            (0..members.cells.len()).filter(|&i| !known.contains(&(Arc::as_ptr(&members.cells[i]) as usize))).collect()
+    /// Takes a failed request: each path reports it once it outlasts the grace period, and the
+    /// group retries after a backoff.
+    async fn failed(&self, group: &mut GroupState, members: &Roster, error: Error) {
+        group.cursor.failed();
+        group.last = None;
+        let reason = match error.kind() {
+            ErrorKind::AccessDenied => reason::ACCESS_DENIED,
+            ErrorKind::Unreachable => reason::CONSUL_UNREACHABLE,
+            _ => reason::CONSUL_ERROR,
         };
-        let reads = new.iter().map(|&i| {
-            let path = &members.paths[i];
-            let query = KvQuery { key: path.key.clone(), recurse: path.recurse, ..query.clone() };
-            let limit = self.limits.answer_bytes(path.recurse);
-            async move { self.consul.get_wait(&query, 0, MIN_WAIT, limit).await }
-        });
-        let reads = futures::future::join_all(reads).await;
-        let mut merged = entries.to_vec();
-        let mut indexes = Vec::new();
-        for (&i, read) in new.iter().zip(reads) {
-            let response = read.ok()?;
-            group::merge(&mut merged, &members.paths[i], response.entries);
-            indexes.push((i, response.index));
-        }
-        let held = self.entries.share(&mut merged);
-        self.metrics.consul_entries.set(held as i64);
-        let entries: Arc<[KvEntry]> = merged.into();
-        let applying = self.answers.write().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let mut news = Vec::new();
-        for (i, path) in members.paths.iter().enumerate() {
-            let view = View::new(entries.clone(), group::span(&entries, path));
-            match indexes.iter().find(|(new, _)| *new == i) {
-                Some(&(_, index)) => {
-                    if self.hand_over(path, &members.cells[i], view, false, Some(index)) != Update::Same {
-                        news.push(&members.cells[i]);
-                    }
+        let delay = group.backoff.next_delay();
+        let query = &group.query;
+        warn!(key = %query.key, recurse = query.recurse, %error, retry_in = ?delay, "Consul read failed");
+        let message = error.to_string();
+        let report = || {
+            for cell in &members.cells {
+                if cell.set_failed(reason, &message) {
+                    cell.wake(&self.wake);
                 }
-                None => members.cells[i].rebase(view),
             }
-        }
-        drop(applying);
-        news.into_iter().for_each(|cell| cell.wake(&self.wake));
-        Some(entries)
-    }
-
-    /// Consul filters a recursive read by the token's ACL without a word, so a key the token may
-    /// no longer read looks deleted. Each exact key that goes missing from a shared recursive
-    /// read (or is missing from a fresh one) is read alone under the same token: a 404 confirms
-    /// it is gone, and its content is merged in if it is there after all. A 403, or a 400 for a
-    /// key Consul refuses, is that key's failure alone, returned with its reason and message;
-    /// any other failure fails the whole answer.
-    async fn confirm_vanished(
-        &self,
-        query: &KvQuery,
-        members: &Roster,
-        entries: Vec<KvEntry>,
-        old: Option<&[KvEntry]>,
-        recheck_denied: bool,
-    ) -> Result<Confirmed, Error> {
-        let mut entries = members.members.retain(entries);
-        if !query.recurse {
-            return Ok(Confirmed { entries, ..Confirmed::default() });
-        }
-        let vanished: Vec<usize> = (0..members.paths.len())
-            .filter(|&i| {
-                let path = &members.paths[i];
-                !path.recurse
-                    && group::select(&entries, path).is_empty()
-                    && (old.is_none_or(|old| !group::select(old, path).is_empty())
-                        || (recheck_denied && members.cells[i].denied()))
-            })
-            .collect();
-        let reads = vanished.iter().map(|&i| {
-            let query = KvQuery { key: members.paths[i].key.clone(), recurse: false, ..query.clone() };
-            async move { self.consul.get_wait(&query, 0, MIN_WAIT, self.limits.answer_bytes(false)).await }
-        });
-        let (mut refused, mut granted) = (Vec::new(), Vec::new());
-        for (&i, read) in vanished.iter().zip(futures::future::join_all(reads).await) {
-            match read {
-                Ok(response) => {
-                    if members.cells[i].denied() {
-                        granted.push(i);
-                    }
-                    group::merge(&mut entries, &members.paths[i], response.entries)
-                }
-                Err(error) if error.kind() == ErrorKind::AccessDenied => {
-                    refused.push((i, reason::ACCESS_DENIED, error.to_string()))
-                }
-                Err(error) if error.is_bad_request() => refused.push((i, reason::CONSUL_ERROR, error.to_string())),
-                Err(error) => return Err(error),
+            if reason == reason::ACCESS_DENIED && !members.parked {
+                // A refused token blocks nothing: park it, and free its slot.
+                self.replan.notify_one();
             }
-        }
-        Ok(Confirmed { entries, refused, granted })
-    }
-
-    /// Hands each path of `members` its part of `entries` (already cut down to what the paths
-    /// cover, by [`Runner::confirm_vanished`]): only the paths whose entries differ
-    /// from `old`, or all of them without `old`, and its failure to each `refused` one. Wakes the bindings of paths whose content changed or came back after a failure.
-    /// `reset` says the index went backwards with this answer, `index` is the answer's.
-    fn deliver(
-        &self,
-        query: &KvQuery,
-        members: &Arc<Roster>,
-        Confirmed { mut entries, refused, granted }: Confirmed,
-        old: Option<&[KvEntry]>,
-        reset: bool,
-        index: u64,
-    ) -> (Arc<Roster>, Arc<[KvEntry]>) {
-        let held = self.entries.share(&mut entries);
-        self.metrics.consul_entries.set(held as i64);
-        let entries: Arc<[KvEntry]> = entries.into();
-        let mut changed: Vec<usize> = match old {
-            Some(old) => members.members.changed(old, &entries),
-            None => (0..members.paths.len()).collect(),
         };
-        // A key Consul refused before and reads now may hold what it held then: no change of
-        // entries, but news to its bindings.
-        for i in granted {
-            if !changed.contains(&i) {
-                changed.push(i);
-            }
-        }
-        // Every path takes its part of the answer before any binding hears of it, and a reconcile
-        // reads the paths before or after, never between: a binding reading overlapping paths
-        // must not roll their mix and then the whole (two rollouts for one change).
-        let applying = self.answers.write().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let mut news = Vec::new();
-        for (i, reason, message) in &refused {
-            let cell = &members.cells[*i];
-            if cell.set_failed(reason, message) {
-                warn!(key = %members.paths[*i].key, %message, "Consul refused to read a bound key");
-                news.push(cell);
-            }
-        }
-        let mut is_changed = vec![false; members.paths.len()];
-        changed.into_iter().for_each(|i| is_changed[i] = true);
-        for (i, path) in members.paths.iter().enumerate() {
-            if refused.iter().any(|(r, ..)| *r == i) {
-                continue;
-            }
-            let view = View::new(entries.clone(), group::span(&entries, path));
-            if !is_changed[i] {
-                members.cells[i].rebase(view);
-                continue;
-            }
-            let own = (path.key == query.key && path.recurse == query.recurse).then_some(index);
-            let update = self.hand_over(path, &members.cells[i], view, reset, own);
-            if update == Update::Changed {
-                info!(key = %path.key, recurse = path.recurse, index, "Consul content changed");
-            }
-            if update != Update::Same {
-                news.push(&members.cells[i]);
-            }
-        }
-        drop(applying);
-        news.into_iter().for_each(|cell| cell.wake(&self.wake));
-        (members.clone(), entries)
-    }
-
-    /// Gives one path its entries, or the `PrefixTooLarge` failure when they are over the
-    /// limits; the caller wakes its bindings when that is news.
-    fn hand_over(&self, path: &WatchPath, cell: &Path, entries: View, reset: bool, index: Option<u64>) -> Update {
-        let limits = &self.limits;
-        let bytes: u64 = entries.iter().map(|e| e.key.len() as u64 + e.size).sum();
-        if path.recurse && (entries.len() > limits.entries || bytes > limits.bytes) {
-            let message = format!(
-                "the prefix {:?} holds {} keys and {bytes} bytes, over the limit of {} keys \
-                 (--max-prefix-entries) and {} bytes (--max-prefix-bytes); bind a narrower prefix, or ask for a \
-                 higher limit",
-                path.key,
-                entries.len(),
-                limits.entries,
-                limits.bytes
-            );
-            match cell.set_failed(reason::PREFIX_TOO_LARGE, &message) {
-                true => Update::Changed,
-                false => Update::Same,
-            }
-        } else {
-            cell.set_view(entries, reset, index)
-        }
+        let due = *group.failing_since.get_or_insert_with(Instant::now) + self.grace;
+        wait_to_retry(&mut group.agent, due, Instant::now() + delay, report).await;
     }
 
     /// The wait of a group's next blocking query. A young group waits no longer than it has

@@ -1,0 +1,362 @@
+//! One kind's metadata cache, fed by a watch: what it keeps of each workload, and which
+//! events are news to the bindings.
+
+use std::hash::{Hash, Hasher};
+
+use consulbind_api::WorkloadKind;
+use futures::{StreamExt, TryStreamExt};
+use kube::{
+    Api, Client, Resource, ResourceExt,
+    core::PartialObjectMeta,
+    runtime::{
+        WatchStreamExt,
+        reflector::{self, ObjectRef, Store},
+        watcher::{self, watcher},
+    },
+};
+use serde::de::DeserializeOwned;
+use tokio::sync::watch;
+
+use super::template::{Template, live_meta};
+use crate::cluster::{Listing, health};
+
+/// Whether the API server serves a kind to this controller, as its last list or watch said.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Served {
+    /// Not listed yet.
+    Unknown,
+    Yes,
+    /// No such kind: its CRD is not installed.
+    NotInstalled,
+    /// The API server refused: RBAC.
+    Forbidden,
+}
+
+/// A workload that was added, deleted or relabelled.
+pub struct Touched {
+    pub kind: WorkloadKind,
+    pub namespace: String,
+    pub name: String,
+    pub labels: std::collections::BTreeMap<String, String>,
+}
+
+/// A cache of one kind; with `served`, a kind that may be missing from the cluster, whose
+/// presence is reported there.
+pub(super) fn cache<K>(
+    client: &Client,
+    namespace: Option<&str>,
+    kind: WorkloadKind,
+    served: Option<watch::Sender<Served>>,
+) -> (Store<PartialObjectMeta<K>>, futures::stream::BoxStream<'static, Touched>)
+where
+    K: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
+        + Template
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let api: Api<K> = match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    let (reader, writer) = reflector::store();
+    let mut news = News::<K>::new(kind);
+    // Whole objects arrive, for the pod template's annotations; what is kept is their name,
+    // labels and this controller's annotations, so memory stays small per workload.
+    let events = watcher(api, watcher::Config::default());
+    let stream = match served {
+        // A kind that may be installed at any moment is looked for again within seconds.
+        Some(_) => {
+            let retry = backon::ExponentialBuilder::default()
+                .with_min_delay(std::time::Duration::from_millis(800))
+                .with_max_delay(std::time::Duration::from_secs(8))
+                .with_jitter()
+                .without_max_times();
+            events.backoff(Patient::new(watcher::ExponentialBackoff::from(retry))).boxed()
+        }
+        None => events.default_backoff().boxed(),
+    };
+    let stream = stream.map_ok(|event| event_of(event, live_meta));
+    let mut listing = Listing::default();
+    let stream = reflector::reflector(writer, stream)
+        .flat_map(move |event| {
+            listing.event(&event);
+            if let Some(served) = &served {
+                tell_served(served, kind, &event);
+            }
+            let touched: Vec<Touched> = match event {
+                Ok(event) => news.of(event),
+                // An optional kind that is not installed is no news on every retry.
+                Err(error) if served.as_ref().is_some_and(|s| *s.borrow() == Served::NotInstalled) => {
+                    tracing::debug!(%kind, %error, "kind not served; retrying");
+                    Vec::new()
+                }
+                Err(error) => {
+                    tracing::warn!(%kind, %error, "watching workloads failed; retrying");
+                    Vec::new()
+                }
+            };
+            futures::stream::iter(touched)
+        })
+        .boxed();
+    (reader, stream)
+}
+
+/// Tells `served` what a list or watch event says about whether the kind is served.
+fn tell_served<T>(
+    served: &watch::Sender<Served>,
+    kind: WorkloadKind,
+    event: &Result<watcher::Event<T>, watcher::Error>,
+) {
+    let now = match event {
+        Ok(watcher::Event::InitDone) => Some(Served::Yes),
+        Err(error) => served_after(error),
+        _ => None,
+    };
+    if let Some(now) = now {
+        served.send_if_modified(|state| {
+            let changed = *state != now;
+            if changed {
+                tracing::info!(%kind, served = ?now, "the cluster's answer for this kind changed");
+            }
+            *state = now;
+            changed
+        });
+    }
+}
+
+/// Which of one kind's watch events are news to the bindings.
+struct News<K: Resource<DynamicType = ()>> {
+    kind: WorkloadKind,
+    seen: Seen<PartialObjectMeta<K>>,
+    /// What a re-list found changed, held back until the store has swapped in what it listed.
+    relisted: Vec<Touched>,
+}
+
+impl<K: Resource<DynamicType = ()>> News<K> {
+    fn new(kind: WorkloadKind) -> Self {
+        Self { kind, seen: Seen::default(), relisted: Vec::new() }
+    }
+
+    /// The workloads `event` touched, once the store holds them.
+    fn of(&mut self, event: watcher::Event<PartialObjectMeta<K>>) -> Vec<Touched> {
+        let (kind, seen) = (self.kind, &mut self.seen);
+        let touched = |obj: &PartialObjectMeta<K>| Touched {
+            kind,
+            namespace: obj.namespace().unwrap_or_default(),
+            name: obj.name_any(),
+            labels: obj.labels().clone(),
+        };
+        match event {
+            watcher::Event::Init => {
+                seen.relisting();
+                self.relisted.clear();
+                Vec::new()
+            }
+            watcher::Event::InitDone => {
+                let gone = seen.relisted().into_iter().map(|gone| {
+                    let namespace = gone.namespace.unwrap_or_default();
+                    Touched { kind, namespace, name: gone.name, labels: Default::default() }
+                });
+                std::mem::take(&mut self.relisted).into_iter().chain(gone).collect()
+            }
+            watcher::Event::InitApply(obj) => {
+                let signature = signature(&obj);
+                if seen.applied(ObjectRef::from_obj(&obj), signature) {
+                    self.relisted.push(touched(&obj));
+                }
+                Vec::new()
+            }
+            watcher::Event::Apply(obj) => match seen.applied(ObjectRef::from_obj(&obj), signature(&obj)) {
+                true => vec![touched(&obj)],
+                false => Vec::new(),
+            },
+            watcher::Event::Delete(obj) => {
+                seen.deleted(&ObjectRef::from_obj(&obj));
+                vec![touched(&obj)]
+            }
+        }
+    }
+}
+
+/// A backoff that a retry's own start does not reset. The watcher says `Init` before each list
+/// it tries, and a stream backoff resets on anything but an error, so a kind the cluster does
+/// not serve would be listed again every 0.8 s for ever. Only a watch that has gone without
+/// failing for a while starts again from the shortest delay.
+struct Patient<B> {
+    backoff: B,
+    failed_at: Option<tokio::time::Instant>,
+}
+
+impl<B> Patient<B> {
+    /// How long a watch must go without failing before its next failure is retried soon again.
+    const QUIET: std::time::Duration = std::time::Duration::from_secs(30);
+
+    fn new(backoff: B) -> Self {
+        Self { backoff, failed_at: None }
+    }
+}
+
+impl<B: Iterator<Item = std::time::Duration>> Iterator for Patient<B> {
+    type Item = std::time::Duration;
+
+    fn next(&mut self) -> Option<std::time::Duration> {
+        self.failed_at = Some(tokio::time::Instant::now());
+        self.backoff.next()
+    }
+}
+
+impl<B: kube::runtime::utils::Backoff> kube::runtime::utils::Backoff for Patient<B> {
+    fn reset(&mut self) {
+        if self.failed_at.is_none_or(|at| at.elapsed() >= Self::QUIET) {
+            self.backoff.reset();
+        }
+    }
+}
+
+/// A hash of what the bindings read of a workload's metadata: its labels and annotations. A
+/// hash, not a copy: [`Seen`] has an entry per workload in the cluster.
+fn signature<K: Resource>(obj: &PartialObjectMeta<K>) -> u64 {
+    let mut hasher = std::hash::DefaultHasher::new();
+    // A health detail (replica counts) changes often; its verdict wakes the bindings.
+    let annotations = obj.annotations().iter().filter(|(k, _)| *k != health::DETAIL);
+    (obj.labels(), annotations.collect::<Vec<_>>()).hash(&mut hasher);
+    hasher.finish()
+}
+
+/// What a cache has shown of each object: a hash of its labels and annotations, not a copy, since
+/// this has an entry per workload in the cluster. A status update alone is no news.
+struct Seen<K: Resource<DynamicType = ()>> {
+    signatures: std::collections::HashMap<ObjectRef<K>, u64>,
+    /// What a re-list has shown so far: what it never shows was deleted while the watch was
+    /// down, and gets no deletion event of its own.
+    relisted: Option<std::collections::HashSet<ObjectRef<K>>>,
+}
+
+impl<K: Resource<DynamicType = ()>> Default for Seen<K> {
+    fn default() -> Self {
+        Self { signatures: Default::default(), relisted: None }
+    }
+}
+
+impl<K: Resource<DynamicType = ()>> Seen<K> {
+    /// Returns whether the object is new or its labels or annotations changed.
+    fn applied(&mut self, object: ObjectRef<K>, signature: u64) -> bool {
+        if let Some(listed) = &mut self.relisted {
+            listed.insert(object.clone());
+        }
+        self.signatures.insert(object, signature) != Some(signature)
+    }
+
+    fn deleted(&mut self, object: &ObjectRef<K>) {
+        self.signatures.remove(object);
+    }
+
+    fn relisting(&mut self) {
+        self.relisted = Some(Default::default());
+    }
+
+    /// The list is complete: forgets and returns the objects it did not show.
+    fn relisted(&mut self) -> Vec<ObjectRef<K>> {
+        let Some(listed) = self.relisted.take() else { return Vec::new() };
+        let gone: Vec<ObjectRef<K>> = self.signatures.keys().filter(|k| !listed.contains(*k)).cloned().collect();
+        for k in &gone {
+            self.signatures.remove(k);
+        }
+        gone
+    }
+}
+
+/// What a failed list or watch says about whether the kind is served.
+fn served_after(error: &watcher::Error) -> Option<Served> {
+    let status = match error {
+        watcher::Error::InitialListFailed(kube::Error::Api(status))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(status))
+        | watcher::Error::WatchFailed(kube::Error::Api(status)) => status,
+        watcher::Error::WatchError(status) => status,
+        _ => return None,
+    };
+    match status.code {
+        404 => Some(Served::NotInstalled),
+        403 => Some(Served::Forbidden),
+        _ => None,
+    }
+}
+
+fn event_of<K, M>(event: watcher::Event<K>, f: impl Fn(K) -> M) -> watcher::Event<M> {
+    match event {
+        watcher::Event::Apply(obj) => watcher::Event::Apply(f(obj)),
+        watcher::Event::Delete(obj) => watcher::Event::Delete(f(obj)),
+        watcher::Event::Init => watcher::Event::Init,
+        watcher::Event::InitApply(obj) => watcher::Event::InitApply(f(obj)),
+        watcher::Event::InitDone => watcher::Event::InitDone,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::apps::v1::Deployment;
+    use kube::core::response::Status;
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn a_relist_forgets_and_reports_what_was_deleted_while_the_watch_was_down() {
+        let deploy = |name: &str| ObjectRef::<Deployment>::new(name).within("ns");
+        let mut seen = Seen::<Deployment>::default();
+        assert!(seen.applied(deploy("a"), 1));
+        assert!(seen.applied(deploy("b"), 1));
+        assert!(!seen.applied(deploy("a"), 1), "a status update alone is no news");
+        assert!(seen.applied(deploy("a"), 2), "new labels or annotations are");
+        // The watch was down while b was deleted; the re-list shows only a and c.
+        seen.relisting();
+        assert!(!seen.applied(deploy("a"), 2));
+        assert!(seen.applied(deploy("c"), 1));
+        assert_eq!(seen.relisted(), [deploy("b")]);
+        assert_eq!(seen.signatures.len(), 2, "nothing is kept for b");
+        assert!(seen.relisted().is_empty(), "only a complete list says what is gone");
+        seen.deleted(&deploy("c"));
+        assert_eq!(seen.signatures.len(), 1);
+    }
+
+    fn api_error(code: u16) -> kube::Error {
+        kube::Error::Api(Box::new(Status { code, ..Status::default() }))
+    }
+
+    #[test]
+    fn a_missing_or_forbidden_kind_is_told_apart_from_a_blip() {
+        let list = |code| served_after(&watcher::Error::InitialListFailed(api_error(code)));
+        assert_eq!(list(404), Some(Served::NotInstalled));
+        assert_eq!(list(403), Some(Served::Forbidden));
+        assert_eq!(list(500), None, "a server error says nothing about the kind");
+        let watch = watcher::Error::WatchStartFailed(api_error(404));
+        assert_eq!(served_after(&watch), Some(Served::NotInstalled));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_kind_not_served_is_listed_less_and_less_often_and_a_lasting_watch_starts_afresh() {
+        use kube::runtime::utils::Backoff;
+        let exponential = backon::ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(800))
+            .with_max_delay(Duration::from_secs(8))
+            .without_max_times();
+        let mut backoff = Patient::new(watcher::ExponentialBackoff::from(exponential));
+        let mut delays = Vec::new();
+        for _ in 0..6 {
+            let delay = backoff.next().unwrap();
+            delays.push(delay);
+            tokio::time::advance(delay).await;
+            // The watcher's Init before it tries the list again.
+            backoff.reset();
+        }
+        let tenths: Vec<u128> = delays.iter().map(|d| d.as_millis() / 100).collect();
+        assert_eq!(tenths, [8, 16, 32, 64, 80, 80], "the retry's own start reset nothing");
+        tokio::time::advance(Duration::from_secs(30)).await;
+        backoff.reset();
+        assert_eq!(backoff.next(), Some(Duration::from_millis(800)), "a watch that lasted starts afresh");
+    }
+}
