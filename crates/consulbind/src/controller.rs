@@ -193,27 +193,15 @@ struct Scope<T, S, O, N> {
     ready: tokio::sync::oneshot::Sender<()>,
 }
 
-async fn run_scope(
-    client: Client,
-    scope: Scope<
-        impl futures::Stream<Item = Touched> + Send + 'static,
-        impl futures::Stream<Item = SecretTouched> + Send + 'static,
-        impl futures::Stream<Item = ObjectId> + Send + 'static,
-        impl futures::Stream<Item = String> + Send + 'static,
-    >,
-    ctx: Arc<Context>,
-    mut shutdown: signal::Receiver<bool>,
-) -> Result<(), Error> {
-    let Scope { name: scope, writer, touched, secrets_touched, objects_touched, namespaces_touched, wakes, ready } =
-        scope;
-    let api: Api<ConsulBinding> = match &scope {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
-    };
-    let reader = ctx.bindings.clone();
-
-    // Workload and token Secret changes wake the bindings they concern. The caches must be
-    // complete before the first reconcile, or a present target would look missing.
+/// Workload, token Secret, ConfigMap, Secret and namespace changes, and the cluster starting or
+/// stopping to serve a kind, wake the bindings they concern, through the returned stream.
+fn wake_on_touches(
+    ctx: &Arc<Context>,
+    touched: impl futures::Stream<Item = Touched> + Send + 'static,
+    secrets_touched: impl futures::Stream<Item = SecretTouched> + Send + 'static,
+    objects_touched: impl futures::Stream<Item = ObjectId> + Send + 'static,
+    namespaces_touched: impl futures::Stream<Item = String> + Send + 'static,
+) -> mpsc::UnboundedReceiver<BindingRef> {
     // Marked woken, like a Consul wake: bindings on one workload woken by one ConfigMap change
     // stamp it in one write.
     let (tx, touched_rx) = mpsc::unbounded();
@@ -268,6 +256,31 @@ async fn run_scope(
         }
         futures::future::ready(())
     }));
+    touched_rx
+}
+
+async fn run_scope(
+    client: Client,
+    scope: Scope<
+        impl futures::Stream<Item = Touched> + Send + 'static,
+        impl futures::Stream<Item = SecretTouched> + Send + 'static,
+        impl futures::Stream<Item = ObjectId> + Send + 'static,
+        impl futures::Stream<Item = String> + Send + 'static,
+    >,
+    ctx: Arc<Context>,
+    mut shutdown: signal::Receiver<bool>,
+) -> Result<(), Error> {
+    let Scope { name: scope, writer, touched, secrets_touched, objects_touched, namespaces_touched, wakes, ready } =
+        scope;
+    let api: Api<ConsulBinding> = match &scope {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    let reader = ctx.bindings.clone();
+
+    let touched_rx = wake_on_touches(&ctx, touched, secrets_touched, objects_touched, namespaces_touched);
+    // The caches must be complete before the first reconcile, or a present target would look
+    // missing.
     tokio::select! {
         ready = async {
             ctx.workloads.wait_until_ready().await?;
