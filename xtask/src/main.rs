@@ -1,5 +1,5 @@
 //! Development tasks for consulbind: `cargo xtask env up|down|status`, `test`, `e2e`, `crdgen`, `image`,
-//! `explain`, `monitoring`, `helm`, `demo`, `bench …`, `sim`. This file is the command line
+//! `explain`, `monitoring`, `helm`, `demo`, `bench …`, `sim`, `mutants`. This file is the command line
 //! alone: the environment and its provisioning are in `env/`, the benchmarks in `bench/`, the checks
 //! in `check/`.
 
@@ -69,6 +69,14 @@ enum Command {
         /// Replay this seed alone; a failure prints its steps.
         #[arg(long)]
         seed: Option<u64>,
+    },
+    /// Mutation testing of crates/consulbind/src/reconcile/ with cargo-mutants (installed into the
+    /// cache on first use) and the package's unit tests; prints what was caught and missed. Slow:
+    /// hours on 2 cores. Not part of `test`.
+    Mutants {
+        /// Passed to cargo-mutants, e.g. `--list`, or `--shard 1/4` for a quarter of the mutants.
+        #[arg(last = true)]
+        args: Vec<String>,
     },
 }
 
@@ -280,6 +288,7 @@ fn run(command: Command) -> Result<()> {
         Command::Image => env::image::build(),
         Command::Demo => env::demo::run(&env),
         Command::Sim { seeds, seed } => check::test::sim(seeds, seed),
+        Command::Mutants { args } => check::mutants::run(&args),
         Command::Bench { bench: Bench::Big { prefixes, values, value_bytes, changes } } => {
             bench::big::run(&env, bench::big::Sizes { prefixes, values, value_bytes, changes })
         }
