@@ -43,7 +43,7 @@ pub fn all(env: &Env, e2e_args: &[String]) -> Result<()> {
     report.finish()
 }
 
-/// The decision core's simulator (`crates/consulbind/src/sim.rs`), on its own.
+/// The decision core's simulator (`crates/consulbind/src/sim/`), on its own.
 pub fn sim(seeds: u64, seed: Option<u64>) -> Result<()> {
     let mut cmd = cargo();
     cmd.args(["test", "--package", "consulbind", "--lib", "sim::"]);
