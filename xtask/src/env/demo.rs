@@ -10,9 +10,10 @@ use std::{
 use anyhow::{Context, Result, bail, ensure};
 
 use crate::{
+    common::repo_root,
     env::Env,
+    env::provision,
     process::{self, Daemon},
-    provision, repo_root,
 };
 
 const NAMESPACE: &str = "default";

@@ -12,8 +12,9 @@ use anyhow::{Context, Result, bail, ensure};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use crate::common::repo_root;
+use crate::env::provision;
 use crate::process::{capture, run};
-use crate::{provision, repo_root};
 
 const CHART: &str = "config/helm/consulbind";
 const RELEASE: &str = "consulbind";

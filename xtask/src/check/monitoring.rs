@@ -7,8 +7,9 @@ use std::process::Command;
 
 use anyhow::{Context, Result, ensure};
 
+use crate::common::repo_root;
+use crate::env::apt;
 use crate::process::{capture, run};
-use crate::{apt, repo_root};
 
 pub fn check() -> Result<()> {
     // promtool comes with Debian's prometheus package.

@@ -17,20 +17,16 @@ use std::{
 };
 
 use anyhow::{Context, Result, ensure};
-use consul_kv::{Client as Consul, ClientConfig};
 use consulbind_api::ConsulBinding;
-use futures::{StreamExt, TryStreamExt, stream};
-use k8s_openapi::api::{apps::v1::Deployment, core::v1::Namespace};
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use k8s_openapi::api::apps::v1::Deployment;
+use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
-use crate::{
-    bench::{Generations, all_ready, percentile_ms, rss_kib, stage_means},
-    cache_dir,
-    env::Env,
-    process, repo_root,
-    scale::deployment,
+use super::harness::{
+    self, Bench, Controller, Generations, Release, SETUP_AT_ONCE, all_ready, binding, cores, deployment, percentile_ms,
+    rolled_at_once, stage_means,
 };
+use crate::{common::cache_dir, env::Env, process};
 
 /// The commit of k8s-consul-mutator-rs that is built and measured.
 const COMMIT: &str = "6566de5";
@@ -38,7 +34,6 @@ const REPOSITORIES: [&str; 3] = ["k8s-consul-mutator-rs", "consulrs", "axum-test
 /// Its key annotation on a Deployment.
 const KEY_ANNOTATION: &str = "k8s-consul-mutator.io/key-config";
 const CHANGE_TIMEOUT: Duration = Duration::from_secs(10);
-const SETUP_CONCURRENCY: usize = 16;
 const MUTATOR_PORT: u16 = 18093;
 const ADMIN_PORT: u16 = 18092;
 
@@ -54,8 +49,7 @@ pub struct Sizes {
 pub fn run(env: &Env, sizes: Sizes) -> Result<()> {
     ensure!(sizes.bindings > 0 && sizes.changes > 0 && sizes.rounds > 0, "need bindings, changes and rounds");
     let mutator = build_mutator()?;
-    let (vars, runtime) = crate::bench::prepare(env)?;
-    runtime.block_on(measure(env, &vars, &sizes, &mutator))
+    harness::run(env, async |bench| measure(bench, &sizes, &mutator).await)
 }
 
 /// Where the fetched copies are: bare git directories named `owner+name/repo`.
@@ -119,193 +113,144 @@ struct Side {
     generations: Generations,
 }
 
-async fn measure(env: &Env, vars: &[(&'static str, String)], sizes: &Sizes, mutator: &Path) -> Result<()> {
-    let client = crate::bench::kube_client(vars).await?;
-    let consul_addr = crate::bench::var(vars, "CONSUL_HTTP_ADDR")?;
-    let consul = Consul::new(ClientConfig { address: consul_addr.clone(), ..ClientConfig::default() }).await?;
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    crate::bench::wait_for_earlier_runs(&namespaces).await?;
-    let run = std::process::id();
-    let n = sizes.bindings;
-    println!("==> {n} Deployments each for the mutator and for consulbind, each bound to a key of its own");
-
-    let mut sides = Vec::new();
-    for who in ["mutator", "consulbind"] {
-        let ns = format!("bench-anchor-{run}-{who}");
-        namespaces.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": ns}}))?).await?;
-        let keys: Vec<String> = (0..n).map(|i| format!("{ns}/k{i:04}")).collect();
-        stream::iter(&keys)
-            .map(|key| consul.put(key, b"v0", None))
-            .buffer_unordered(SETUP_CONCURRENCY)
-            .try_collect::<Vec<_>>()
-            .await?;
-        let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns);
-        let apply = PatchParams::apply("consulbind-bench").force();
-        stream::iter(0..n)
-            .map(|i| {
-                let mut manifest = deployment(&format!("w{i:04}"));
-                if who == "mutator" {
-                    manifest["metadata"]["annotations"] = json!({KEY_ANNOTATION: &keys[i]});
-                }
-                let (deployments, apply) = (&deployments, &apply);
-                async move { deployments.patch(&format!("w{i:04}"), apply, &Patch::Apply(manifest)).await }
-            })
-            .buffer_unordered(SETUP_CONCURRENCY)
-            .try_collect::<Vec<_>>()
-            .await?;
-        if who == "consulbind" {
-            let bindings: Api<ConsulBinding> = Api::namespaced(client.clone(), &ns);
-            stream::iter(0..n)
-                .map(|i| {
-                    let manifest = json!({
-                        "apiVersion": "consulbind.dev/v1alpha1", "kind": "ConsulBinding",
-                        "metadata": {"name": format!("b{i:04}")},
-                        "spec": {"keys": [{"key": &keys[i]}], "targets": [{"kind": "Deployment", "name": format!("w{i:04}")}],
-                                 "rollout": {"quietPeriod": "0s"}},
-                    });
-                    let (bindings, apply) = (&bindings, &apply);
-                    async move { bindings.patch(&format!("b{i:04}"), apply, &Patch::Apply(manifest)).await }
-                })
-                .buffer_unordered(SETUP_CONCURRENCY)
-                .try_collect::<Vec<_>>()
-                .await?;
-        }
-        let generations = Generations::watch(deployments.clone());
-        ensure!(generations.seen(n, Duration::from_secs(60)).await, "the watch did not see the {who} Deployments");
-        sides.push(Side { ns, keys, deployments, generations });
-    }
-    let floor_ns = format!("bench-anchor-{run}-floor");
-    namespaces
-        .create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": floor_ns}}))?)
-        .await?;
-    let floor_api: Api<Deployment> = Api::namespaced(client.clone(), &floor_ns);
-    floor_api.patch("floor", &PatchParams::apply("consulbind-bench"), &Patch::Apply(deployment("floor"))).await?;
+async fn measure(bench: &Bench, sizes: &Sizes, mutator: &Path) -> Result<()> {
+    bench.clear_earlier_runs().await?;
+    println!(
+        "==> {} Deployments each for the mutator and for consulbind, each bound to a key of its own",
+        sizes.bindings
+    );
+    let mutator_side = side(bench, "mutator", sizes.bindings).await?;
+    let consulbind_side = side(bench, "consulbind", sizes.bindings).await?;
+    let floor_ns = bench.namespace("bench-anchor-floor").await?;
+    bench.apply::<Deployment>(&floor_ns, deployment("floor")).await?;
+    let floor_api = bench.api::<Deployment>(&floor_ns);
     let floor_generations = Generations::watch(floor_api.clone());
     ensure!(floor_generations.seen(1, Duration::from_secs(60)).await, "the watch did not see the floor Deployment");
 
-    let result = async {
-        let mut rows = Vec::new();
-        let mut step = 0;
-        for round in 1..=sizes.rounds {
-            let floor = time_patches(&floor_api, &floor_generations, sizes.changes.min(100)).await?;
-            let m = mutator_round(env, vars, mutator, &sides[0], &consul, sizes, &mut step).await?;
-            let c = consulbind_round(env, vars, &sides[1], &consul, sizes, &mut step).await?;
-            print_round(round, &m, &c, &floor);
-            rows.push((m, c, floor));
-        }
-        summary(&rows, sizes);
-        Ok(())
+    let mut rows = Vec::new();
+    let mut step = 0;
+    for round in 1..=sizes.rounds {
+        let floor = time_patches(&floor_api, &floor_generations, sizes.changes.min(100)).await?;
+        let m = mutator_round(bench, mutator, &mutator_side, sizes, &mut step).await?;
+        let c = consulbind_round(bench, &consulbind_side, sizes, &mut step).await?;
+        print_round(round, &m, &c, &floor);
+        rows.push((m, c, floor));
     }
-    .await;
-    drop(sides);
-    drop(floor_generations);
-    for suffix in ["mutator", "consulbind", "floor"] {
-        let _ = namespaces.delete(&format!("bench-anchor-{run}-{suffix}"), &Default::default()).await;
-    }
-    result
+    summary(&rows, sizes);
+    Ok(())
 }
 
-async fn mutator_round(
-    env: &Env,
-    vars: &[(&'static str, String)],
-    binary: &Path,
-    side: &Side,
-    consul: &Consul,
-    sizes: &Sizes,
-    step: &mut usize,
-) -> Result<Round> {
-    let daemon = env.daemon("bench-anchor-mutator");
-    daemon.stop()?;
-    daemon.ensure_started(
+/// The namespace of one controller: `n` Deployments, each bound to a key of its own, by the
+/// mutator's annotation or by one binding each.
+async fn side(bench: &Bench, who: &str, n: usize) -> Result<Side> {
+    let ns = bench.namespace(&format!("bench-anchor-{who}")).await?;
+    let keys: Vec<String> = (0..n).map(|i| format!("{ns}/k{i:04}")).collect();
+    harness::each(&keys, SETUP_AT_ONCE, |key| bench.consul.put(key, b"v0", None)).await?;
+    harness::each(0..n, SETUP_AT_ONCE, |i| {
+        let mut manifest = deployment(&format!("w{i:04}"));
+        if who == "mutator" {
+            manifest["metadata"]["annotations"] = json!({KEY_ANNOTATION: &keys[i]});
+        }
+        bench.apply::<Deployment>(&ns, manifest)
+    })
+    .await?;
+    if who == "consulbind" {
+        harness::each(0..n, SETUP_AT_ONCE, |i| {
+            let spec = rolled_at_once(json!({"keys": [{"key": &keys[i]}]}), [format!("w{i:04}")]);
+            bench.apply::<ConsulBinding>(&ns, binding(&format!("b{i:04}"), spec))
+        })
+        .await?;
+    }
+    let deployments = bench.api::<Deployment>(&ns);
+    let generations = Generations::watch(deployments.clone());
+    ensure!(generations.seen(n, Duration::from_secs(60)).await, "the watch did not see the {who} Deployments");
+    Ok(Side { ns, keys, deployments, generations })
+}
+
+async fn mutator_round(bench: &Bench, binary: &Path, side: &Side, sizes: &Sizes, step: &mut usize) -> Result<Round> {
+    let daemon = bench.start(
+        "bench-anchor-mutator",
         Command::new(binary)
-            .envs(vars.iter().map(|(k, v)| (*k, v)))
+            .envs(bench.vars().iter().map(|(k, v)| (*k, v)))
             .env("UPDATE_DEBOUNCE", "0")
             .env("WATCH_DISPATCHER_FIRST_RECONCILE", "10")
             .env("PORT", MUTATOR_PORT.to_string())
             .env("SECURE_PORT", "0")
             .env("RUST_LOG", "warn"),
     )?;
-    let pid = daemon.pid().context("the mutator exited at once")?;
     // It ignores the watcher's first list: Deployments that existed before it started are seen
     // once something touches them. A label does not move the generation.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let touch = json!({"metadata": {"labels": {"bench-touch": step.to_string()}}});
-    stream::iter(0..side.keys.len())
-        .map(|i| {
-            let (deployments, touch) = (&side.deployments, &touch);
-            async move { deployments.patch(&format!("w{i:04}"), &PatchParams::default(), &Patch::Merge(touch)).await }
-        })
-        .buffer_unordered(SETUP_CONCURRENCY)
-        .try_collect::<Vec<_>>()
-        .await?;
+    harness::each(0..side.keys.len(), SETUP_AT_ONCE, |i| {
+        let (deployments, touch) = (&side.deployments, &touch);
+        async move { deployments.patch(&format!("w{i:04}"), &PatchParams::default(), &Patch::Merge(touch)).await }
+    })
+    .await?;
     // Then, after its first reconcile, it rolls every Deployment once, its checksum annotation
     // being new to it.
     tokio::time::sleep(Duration::from_secs(25)).await;
     side.generations.settle(Duration::from_secs(5), Duration::from_secs(60)).await;
-    let round = changes_round(side, consul, sizes, step, pid).await;
+    let round = changes_round(bench, side, sizes, step, &daemon).await;
     daemon.stop()?;
     round
 }
 
-async fn consulbind_round(
-    env: &Env,
-    vars: &[(&'static str, String)],
-    side: &Side,
-    consul: &Consul,
-    sizes: &Sizes,
-    step: &mut usize,
-) -> Result<Round> {
-    let daemon = env.daemon("bench-anchor-consulbind");
-    daemon.stop()?;
-    daemon.ensure_started(
-        Command::new(repo_root().join("target/release/consulbind"))
-            .args([
-                &format!("--namespaces={}", side.ns),
-                &format!("--admin-addr=127.0.0.1:{ADMIN_PORT}"),
-                "--default-token-prefixes=*",
-            ])
-            .env("RUST_LOG", "warn")
-            .envs(vars.iter().map(|(k, v)| (*k, v))),
-    )?;
-    let pid = daemon.pid().context("the controller exited at once")?;
-    let bindings: Api<ConsulBinding> = Api::namespaced(side.deployments.clone().into_client(), &side.ns);
+async fn consulbind_round(bench: &Bench, side: &Side, sizes: &Sizes, step: &mut usize) -> Result<Round> {
+    let args = ["--default-token-prefixes=*".to_owned()];
+    let release = Release {
+        name: "bench-anchor-consulbind",
+        namespaces: &side.ns,
+        admin_port: ADMIN_PORT,
+        args: &args,
+        env: &[],
+    };
+    let controller = bench.controller(release)?;
+    let bindings = bench.api::<ConsulBinding>(&side.ns);
     ensure!(all_ready(&bindings, side.keys.len(), Duration::from_secs(120)).await?, "not every binding Ready");
     side.generations.settle(Duration::from_secs(3), Duration::from_secs(60)).await;
-    let mut round = changes_round(side, consul, sizes, step, pid).await?;
-    let metrics = process::http_get(ADMIN_PORT, "/metrics", None).context("reading /metrics")?.1;
+    let mut round = changes_round(bench, side, sizes, step, &controller).await?;
+    let metrics = controller.metrics()?;
     round.stages = stage_means(&metrics).into_iter().map(|(stage, mean, _)| (stage, mean)).collect();
-    daemon.stop()?;
+    controller.stop()?;
     Ok(round)
 }
 
 /// Writes `changes` values one at a time, each to the next key, and times each until its
 /// Deployment's new generation is seen.
-async fn changes_round(side: &Side, consul: &Consul, sizes: &Sizes, step: &mut usize, pid: u32) -> Result<Round> {
+async fn changes_round(
+    bench: &Bench,
+    side: &Side,
+    sizes: &Sizes,
+    step: &mut usize,
+    controller: &Controller,
+) -> Result<Round> {
     let changes = sizes.changes;
     let mut expected = side.generations.now();
     ensure!(expected.len() == side.keys.len(), "the watch saw {} Deployments", expected.len());
     let mut latencies = Vec::with_capacity(changes);
     let mut missed = 0;
-    let cpu_before = cpu_time(pid)?;
+    let cpu_before = cpu_time(controller.pid)?;
     for change in 0..changes {
         let i = change % side.keys.len();
-        let target = format!("w{i:04}");
-        *expected.get_mut(&target).context("a watched Deployment")? += 1;
+        let target = [format!("w{i:04}")];
         *step += 1;
-        let written = Instant::now();
-        consul.put(&side.keys[i], format!("v{step}").as_bytes(), None).await?;
-        match side.generations.reached(std::slice::from_ref(&target), &expected, written, CHANGE_TIMEOUT).await {
+        let write = (side.keys[i].as_str(), format!("v{step}"));
+        match side
+            .generations
+            .time_change(&bench.consul, (write.0, &write.1), &target, &mut expected, CHANGE_TIMEOUT)
+            .await?
+        {
             Some(latency) => latencies.push(latency),
             None => missed += 1,
         }
         tokio::time::sleep(sizes.gap).await;
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let now = side.generations.now();
-    let spurious = expected.iter().map(|(name, want)| (now[name] - want).max(0)).sum();
+    let spurious = side.generations.spurious(&expected);
     latencies.sort();
-    let cpu = cpu_time(pid)?.saturating_sub(cpu_before);
-    Ok(Round { latencies, missed, spurious, rss_kib: rss_kib(pid)?, cpu, stages: Vec::new() })
+    let cpu = cpu_time(controller.pid)?.saturating_sub(cpu_before);
+    Ok(Round { latencies, missed, spurious, rss_kib: controller.rss_kib()?, cpu, stages: Vec::new() })
 }
 
 /// User and system CPU time of a process so far, from `/proc`.
@@ -403,7 +348,7 @@ fn summary(rows: &[Row], sizes: &Sizes) {
         sizes.changes,
         sizes.rounds,
         sizes.gap.as_millis(),
-        std::thread::available_parallelism().map_or(0, |n| n.get())
+        cores()
     );
     println!("  mutator     p50 {m50:.1} ms  p99 {m99:.1} ms");
     println!("  consulbind  p50 {c50:.1} ms  p99 {c99:.1} ms");

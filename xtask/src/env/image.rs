@@ -9,8 +9,9 @@ use std::process::Command;
 
 use anyhow::{Context, Result, bail, ensure};
 
+use super::apt;
+use crate::common::{remove_all, repo_root};
 use crate::process::{capture, run};
-use crate::{apt, remove_all, repo_root};
 
 pub const ARCHIVE: &str = "target/consulbind-image.oci.tar";
 /// The binary's path in the image, as in the Dockerfile.

@@ -5,9 +5,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
 
+use super::{crdgen, explain, helm, monitoring};
+use crate::common::{minutes, repo_root};
 use crate::env::Env;
+use crate::env::{apt, image, provision};
 use crate::process::{capture, catch_interrupts, interrupted, run};
-use crate::{crdgen, explain, image, minutes, monitoring, repo_root};
 
 /// Runs every step, even after one fails, so a single run shows all problems. The environment is
 /// stopped at the end whatever happened.
@@ -20,7 +22,7 @@ pub fn all(env: &Env, e2e_args: &[String]) -> Result<()> {
     });
     report.step("crdgen --check", || crdgen::run(true));
     report.step("config/monitoring (promtool check rules, dashboard, kustomize)", monitoring::check);
-    report.step("config/helm (helm lint, the same objects as kustomize, every value)", crate::helm::check);
+    report.step("config/helm (helm lint, the same objects as kustomize, every value)", helm::check);
     report.step("unit tests", || run(cargo().args(["test", "--workspace", "--lib", "--bins"])));
     report.step("controller image (cargo xtask image)", image::build);
 
@@ -41,7 +43,7 @@ pub fn all(env: &Env, e2e_args: &[String]) -> Result<()> {
     report.finish()
 }
 
-/// The decision core's simulator (`crates/consulbind/src/sim.rs`), on its own.
+/// The decision core's simulator (`crates/consulbind/src/sim/`), on its own.
 pub fn sim(seeds: u64, seed: Option<u64>) -> Result<()> {
     let mut cmd = cargo();
     cmd.args(["test", "--package", "consulbind", "--lib", "sim::"]);
@@ -66,11 +68,11 @@ fn e2e(env: &Env, args: &[String]) -> Result<()> {
         return Ok(());
     }
     // Argo CD's dialect, to run the health check of config/argocd/ on real statuses.
-    crate::apt::ensure_packages(&["lua5.1"], false)?;
+    apt::ensure_packages(&["lua5.1"], false)?;
     // The chart is installed into the API server and run with its own RBAC.
-    crate::provision::helm()?;
+    provision::helm()?;
     // The CRD's validation rules are tested on a current CRD server.
-    env.start_apiextensions(&crate::provision::apiextensions()?)?;
+    env.start_apiextensions(&provision::apiextensions()?)?;
     run(cargo()
         .args(["test", "--workspace", "--test", "*", "--"])
         .args(args)

@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
 
-use crate::apt;
+use super::apt;
+use crate::common::{cache_dir, minutes, remove_all};
 use crate::process::{capture, run, succeeds, tail};
-use crate::{cache_dir, minutes, remove_all};
 
 const KUBE_VERSION: &str = "1.20.2";
 /// Bumped whenever the build recipe changes, so an older cached build is not reused.
@@ -85,7 +85,7 @@ pub fn helm() -> Result<PathBuf> {
         .args(["install", "--no-audit", "--no-fund", "--ignore-scripts", "--prefix"])
         .arg(&dir)
         .arg(HELM_PACKAGE))?;
-    let version = crate::process::capture(Command::new(&helm).args(["version", "--short"]))?;
+    let version = capture(Command::new(&helm).args(["version", "--short"]))?;
     ensure!(version.starts_with("v3.10.1"), "{} says it is {version}, not Helm 3.10.1", helm.display());
     Ok(helm)
 }
