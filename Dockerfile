@@ -3,7 +3,7 @@
 # The same image as `cargo xtask image`, for those who build with Docker: from scratch, the binary of
 # `cargo build --release -p consulbind`, the glibc libraries `ldd` lists, Debian's CA bundle, the
 # nonroot user 65532, and the OCI labels. `cargo xtask image` (buildah, no daemon) is the build that
-# the end-to-end tests run; this file follows xtask/src/image.rs but is not run in CI.
+# the end-to-end tests run; this file follows xtask/src/env/image.rs but is not run in CI.
 #
 #   docker build --build-arg REVISION=$(git rev-parse HEAD) -t consulbind:0.1.0 .
 #
@@ -19,7 +19,7 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     cargo build --release -p consulbind --locked \
  && install -D -m 0755 target/release/consulbind /rootfs/consulbind
 
-# The root file system, laid out as xtask/src/image.rs does it, from this stage's Debian packages.
+# The root file system, laid out as xtask/src/env/image.rs does it, from this stage's Debian packages.
 RUN set -eu; \
     for lib in $(ldd /rootfs/consulbind | grep -o '/[^ ]*'); do cp -L --parents "$lib" /rootfs; done; \
     cp -L --parents /etc/ssl/certs/ca-certificates.crt /rootfs; \

@@ -67,6 +67,15 @@ mod tests {
 
     const WINDOW: Window = Window { quiet: Duration::from_secs(5), max: Duration::from_secs(12) };
 
+    /// A wait past the end of the clock is a deadline a century away, never now: a binding of
+    /// the longest waits must not roll at once.
+    #[test]
+    fn a_deadline_past_the_end_of_the_clock_is_far_away() {
+        let now = Instant::now();
+        let far = later(now, Duration::MAX);
+        assert!(far.duration_since(now) >= Duration::from_secs(99 * 365 * 24 * 3600), "{:?}", far.duration_since(now));
+    }
+
     #[tokio::test(start_paused = true)]
     async fn zero_quiet_rolls_at_once() {
         let mut pending = None;
