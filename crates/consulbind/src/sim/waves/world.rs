@@ -1,0 +1,252 @@
+//! A small world of Deployments under one binding that stages its rollouts, reconciled by the
+//! controller's own decide and apply: the waves simulator's and the state machine's unit tests'.
+
+use super::*;
+
+/// Deployments `names`, the canary labelled `track=canary`, all healthy and carrying nothing,
+/// under one binding that stages its rollouts. Each [`World::tick`] is one reconcile, the
+/// controller's decide and apply, with the writes landing here.
+pub struct World {
+    pub spec: ConsulBindingSpec,
+    pub status: ConsulBindingStatus,
+    pub value: String,
+    index: u64,
+    path: Path,
+    pub found: Vec<Workload>,
+    pub labels: BTreeMap<Workload, BTreeMap<String, String>>,
+    pub live: BTreeMap<Workload, Live>,
+    pub versions: BTreeMap<Workload, Version>,
+    pub health: BTreeMap<Workload, Health>,
+    pub clock: Timestamp,
+    /// The controller's memory of the binding, which a restart drops.
+    pub record: Record,
+    /// Generations added by the binding's stamps, per workload.
+    pub rolls: BTreeMap<String, u32>,
+    /// Patches of these workloads fail (a rule missing, a webhook refusing).
+    pub refusing: BTreeSet<Workload>,
+    /// What the last plan said each target should carry, and the content's checksum.
+    pub content: BTreeMap<Workload, String>,
+    pub desired: Option<String>,
+    /// The workloads whose pod template references ConfigMap `cm`, which holds `cm`'s value.
+    pub refs: BTreeSet<Workload>,
+    pub cm: String,
+}
+
+pub fn deploy(name: &str) -> Workload {
+    (WorkloadKind::Deployment, name.to_owned())
+}
+
+pub fn canary() -> LabelSelector {
+    LabelSelector { match_labels: Some([("track".to_owned(), "canary".to_owned())].into()), ..Default::default() }
+}
+
+impl World {
+    pub fn new(names: &[&str], waves: Vec<Wave>, budget: Option<RolloutBudget>) -> Self {
+        let rollout = RolloutPolicy { quiet_period: Some("0s".into()), waves, budget, ..Default::default() };
+        let mut world = Self::unbound(names, rollout);
+        world.tick();
+        assert_eq!(world.ready().reason, reason::BASELINED);
+        world
+    }
+
+    pub fn staged(names: &[&str], waves: Vec<Wave>) -> Self {
+        Self::new(names, waves, None)
+    }
+
+    /// The world before its binding's first reconcile.
+    pub fn unbound(names: &[&str], rollout: RolloutPolicy) -> Self {
+        let spec = ConsulBindingSpec {
+            keys: vec![KeySource { key: "app/config".into(), ..Default::default() }],
+            targets: vec![TargetRef {
+                kind: WorkloadKind::Deployment,
+                selector: Some(LabelSelector::default()),
+                name: None,
+            }],
+            rollout: Some(rollout),
+            include_target_references: true,
+            ..Default::default()
+        };
+        let found: Vec<Workload> = names.iter().map(|n| deploy(n)).collect();
+        let labels = found
+            .iter()
+            .map(|w| {
+                let track = if w.1.starts_with("canary") { "canary" } else { "stable" };
+                (w.clone(), [("track".to_owned(), track.to_owned())].into())
+            })
+            .collect();
+        let versions =
+            found.iter().map(|w| (w.clone(), Version { uid: format!("uid-{}", w.1), generation: 1 })).collect();
+        Self {
+            spec,
+            status: ConsulBindingStatus::default(),
+            value: "v1".into(),
+            index: 10,
+            path: Path::default(),
+            found,
+            labels,
+            live: BTreeMap::new(),
+            versions,
+            health: BTreeMap::new(),
+            clock: "2026-11-26T03:00:00Z".parse().unwrap(),
+            record: Record::default(),
+            rolls: BTreeMap::new(),
+            refusing: BTreeSet::new(),
+            content: BTreeMap::new(),
+            desired: None,
+            refs: BTreeSet::new(),
+            cm: "c1".into(),
+        }
+    }
+
+    pub fn write(&mut self, value: &str) {
+        self.value = value.into();
+        self.index += 1;
+    }
+
+    pub fn advance(&mut self, by: Duration) {
+        self.clock = self.clock.checked_add(k8s_openapi::jiff::SignedDuration::try_from(by).unwrap()).unwrap();
+    }
+
+    /// A new replica takes over: it knows the status alone.
+    pub fn restart(&mut self) {
+        self.record = Record::default();
+    }
+
+    /// One reconcile; returns the workloads it rolled.
+    pub fn tick(&mut self) -> Vec<String> {
+        let entries = vec![
+            KvEntry::new("app/config", self.value.clone(), self.index).digested(|v| checksum::digest(&KEY, v).to_vec()),
+        ];
+        self.path.set_answer(&entries, false, None);
+        let spec = self.spec.clone();
+        let cm = References::from([((ObjectKind::ConfigMap, "cm".into()), Use { keys: None, optional: false })]);
+        let resolved = Resolved {
+            found: self.found.clone(),
+            live: self.live.clone(),
+            versions: self.versions.clone(),
+            health: self.health.clone(),
+            labels: self.labels.clone(),
+            uses: self.refs.iter().map(|w| (w.clone(), cm.clone())).collect(),
+            references: if self.refs.is_empty() { References::default() } else { cm },
+            ..Resolved::default()
+        };
+        let bound = read::bound_objects(&spec, &resolved.references).expect("one reference at most");
+        let data = std::sync::Arc::new(Digested {
+            version: self.cm.clone(),
+            fingerprint: 0,
+            entries: vec![("k".into(), Field::Data, checksum::digest(&KEY, self.cm.as_bytes()))].into(),
+        });
+        let objects = bound.iter().map(|_| Some(data.clone())).collect();
+        let read = Read {
+            window: read::validate(&spec).expect("a valid spec"),
+            key: KEY,
+            staging: Staging::of(&spec, None).expect("valid staging"),
+            dry_run: false,
+            restore_grace: Duration::from_secs(30),
+            consul: Ok(vec![self.path.state()]),
+            in_turns: None,
+            found_restored: None,
+            resolved,
+            bound,
+            objects: Ok(objects),
+            values: None,
+            write_limited: None,
+            caution: None,
+        };
+        let observed = Observed {
+            spec: &spec,
+            generation: Some(1),
+            previous: self.status.clone(),
+            started: Instant::now(),
+            clock: self.clock,
+            read: Ok(read),
+        };
+        let decision = decide::decide(&observed, &mut self.record, Instant::now());
+        let mut port = Writes { world: self, rolled: Vec::new() };
+        futures::executor::block_on(apply::apply(&mut port, &observed, decision)).expect("the model takes every write");
+        port.rolled
+    }
+
+    /// A person changes `name`'s pod template to reference ConfigMap `cm`, or no longer: its
+    /// controller starts its pods again, which read everything as it is now.
+    pub fn reference(&mut self, name: &str, referenced: bool) {
+        let w = deploy(name);
+        match referenced {
+            true => self.refs.insert(w.clone()),
+            false => self.refs.remove(&w),
+        };
+        self.versions.get_mut(&w).expect("a found workload").generation += 1;
+    }
+
+    pub fn healthy(&mut self, name: &str) {
+        self.health.remove(&deploy(name));
+    }
+
+    pub fn fail(&mut self, name: &str) {
+        self.health.insert(deploy(name), Health::Failed("ProgressDeadlineExceeded: timed out".into()));
+    }
+
+    pub fn ready(&self) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+        self.status.conditions.iter().find(|c| c.type_ == conditions::READY).unwrap().clone()
+    }
+
+    pub fn state(&self, name: &str) -> Option<TargetState> {
+        self.status.targets.iter().find(|t| t.name == name).and_then(|t| t.state)
+    }
+
+    pub fn phase(&self) -> Option<(u32, RolloutPhase)> {
+        self.status.rollout.as_ref().map(|r| (r.wave, r.phase))
+    }
+
+    pub fn rolls(&self, name: &str) -> u32 {
+        self.rolls.get(name).copied().unwrap_or(0)
+    }
+}
+
+/// The world's side of the controller's writes.
+struct Writes<'w> {
+    world: &'w mut World,
+    rolled: Vec<String>,
+}
+
+impl Port for Writes<'_> {
+    fn record<R>(&mut self, f: impl FnOnce(&mut Record) -> R) -> R {
+        f(&mut self.world.record)
+    }
+
+    fn hold(&mut self, plan: &Plan) {
+        self.world.content = plan.content.clone();
+        self.world.desired = plan.desired.clone();
+    }
+
+    async fn stamp(&mut self, _: &Read, plan: &Plan) -> Outcome {
+        let world = &mut *self.world;
+        let mut outcome = Outcome::default();
+        for w in &plan.roll {
+            if world.refusing.contains(w) {
+                outcome.failed.push((w.clone(), "deployments.apps is forbidden".into()));
+                continue;
+            }
+            world.live.insert(w.clone(), Live { value: plan.values[w].clone(), owned: true });
+            world.versions.get_mut(w).expect("a found workload").generation += 1;
+            *world.rolls.entry(w.1.clone()).or_default() += 1;
+            world.health.insert(w.clone(), Health::Progressing("0 of 1 replicas updated".into()));
+            outcome.rolled.push(w.clone());
+            self.rolled.push(w.1.clone());
+        }
+        outcome
+    }
+
+    fn due(&mut self, _: Option<Instant>) {}
+
+    fn publish(&mut self, _: Event, _: &Read, _: &ConsulBindingStatus, _: &Outcome) {}
+
+    async fn status(&mut self, _: &ConsulBindingStatus, status: &ConsulBindingStatus) -> Result<(), crate::Error> {
+        self.world.status = status.clone();
+        Ok(())
+    }
+
+    async fn write_limited(&mut self, _: &ConsulBindingStatus, _: Instant) -> Result<Action, crate::Error> {
+        unreachable!("no write limit")
+    }
+}
