@@ -439,6 +439,33 @@ impl Sim {
     }
 }
 
+/// What the reads of a binding of `spec` find, with the controller's defaults for the rest.
+pub(crate) fn read_of(
+    spec: &ConsulBindingSpec,
+    key: checksum::Key,
+    states: Vec<KeyState>,
+    resolved: Resolved,
+    bound: Vec<read::Bound>,
+    objects: Vec<Option<Arc<Digested>>>,
+) -> Read {
+    Read {
+        window: read::validate(spec).expect("a valid spec"),
+        key,
+        staging: crate::reconcile::staging::Staging::of(spec, None).expect("valid staging"),
+        dry_run: false,
+        restore_grace: GRACE,
+        consul: Ok(states),
+        in_turns: None,
+        found_restored: None,
+        resolved,
+        bound,
+        objects: Ok(objects),
+        values: None,
+        write_limited: None,
+        caution: None,
+    }
+}
+
 /// What a schedule's steps may do.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kind {

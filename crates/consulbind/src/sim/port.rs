@@ -64,7 +64,11 @@ impl Sim {
     /// What the controller's reads find: its watches' paths, the workloads as its caches hold
     /// them, the ConfigMap (as listed before the API server went away, while its cache lists
     /// again), and at its first read, whether Consul's indexes went below the status's.
-    pub(super) async fn observe<'a>(&mut self, spec: &'a ConsulBindingSpec, controller: &mut Controller) -> Option<Observed<'a>> {
+    pub(super) async fn observe<'a>(
+        &mut self,
+        spec: &'a ConsulBindingSpec,
+        controller: &mut Controller,
+    ) -> Option<Observed<'a>> {
         let states: Vec<KeyState> = match self.consul_up {
             true => controller.paths.iter().map(Path::state).collect(),
             false => controller
@@ -133,22 +137,8 @@ impl Sim {
             }
             _ => None,
         };
-        let read = Read {
-            window: read::validate(spec).expect("the simulated spec is valid"),
-            key: KEY.scoped("ns", ["", "", ""]),
-            staging: None,
-            dry_run: false,
-            restore_grace: GRACE,
-            consul: Ok(states),
-            in_turns: None,
-            found_restored,
-            resolved,
-            bound,
-            objects: Ok(objects),
-            values: None,
-            write_limited: None,
-            caution: None,
-        };
+        let mut read = read_of(spec, KEY.scoped("ns", ["", "", ""]), states, resolved, bound, objects);
+        read.found_restored = found_restored;
         Some(Observed {
             spec,
             generation: Some(self.generation),

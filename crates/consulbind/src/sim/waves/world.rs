@@ -137,22 +137,7 @@ impl World {
             entries: vec![("k".into(), Field::Data, checksum::digest(&KEY, self.cm.as_bytes()))].into(),
         });
         let objects = bound.iter().map(|_| Some(data.clone())).collect();
-        let read = Read {
-            window: read::validate(&spec).expect("a valid spec"),
-            key: KEY,
-            staging: Staging::of(&spec, None).expect("valid staging"),
-            dry_run: false,
-            restore_grace: Duration::from_secs(30),
-            consul: Ok(vec![self.path.state()]),
-            in_turns: None,
-            found_restored: None,
-            resolved,
-            bound,
-            objects: Ok(objects),
-            values: None,
-            write_limited: None,
-            caution: None,
-        };
+        let read = super::super::read_of(&spec, KEY, vec![self.path.state()], resolved, bound, objects);
         let observed = Observed {
             spec: &spec,
             generation: Some(1),
