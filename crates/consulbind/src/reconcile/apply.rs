@@ -61,7 +61,11 @@ pub async fn apply(port: &mut impl Port, observed: &Observed<'_>, decision: Deci
     port.hold(&act.plan);
     let outcome = port.stamp(act.read, &act.plan).await;
     port.due(act.plan.wake_at);
-    let settled = port.record(|record| record.written.settled.clone());
+    // What the targets carried last, to name what a rollout brings.
+    let settled = match outcome.rolled.is_empty() {
+        true => None,
+        false => port.record(|record| record.written.settled.clone()),
+    };
     let Report { status, events, wake_at, healthy } = decide::conclude(observed, &act, &outcome, settled.as_ref());
     for event in events {
         port.publish(event, act.read, &status, &outcome);

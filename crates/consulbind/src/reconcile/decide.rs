@@ -68,8 +68,8 @@ pub fn decide<'a>(observed: &'a Observed<'_>, record: &mut Record, now: Instant)
     let reset = restore::latest_reset(read.contents());
     let (restore, restored) =
         record.restore.grace(held, read.found_restored, reset, observed.started, read.restore_grace);
-    let mut act = Act { read, plan: Plan::default(), upgraded: None, restore, restored: false };
-    act.restored = restored && matches!(act.input(observed).consul, Consul::Ready(_));
+    let restored = restored && read.consul_ready();
+    let mut act = Act { read, plan: Plan::default(), upgraded: None, restore, restored };
     if let Some(values) = &read.values {
         match upgrade::upgrade(&act.input(observed), values) {
             Ok(upgraded) => act.upgraded = upgraded,
@@ -77,10 +77,11 @@ pub fn decide<'a>(observed: &'a Observed<'_>, record: &mut Record, now: Instant)
             Err(_) => return Decision::Retry(Duration::from_secs(1)),
         }
     }
-    if let Some(rescoped) = upgrade::rescoped(&act.input(observed)) {
+    let mut input = act.input(observed);
+    if let Some(rescoped) = upgrade::rescoped(&input) {
         act.upgraded = Some(rescoped);
+        input = act.input(observed);
     }
-    let input = act.input(observed);
     let pending = record.pending.clone();
     let plan = plan::plan(&input, &mut record.pending, now);
     // A namespace over its write limit writes nothing but the status that says so. A change

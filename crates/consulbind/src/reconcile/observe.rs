@@ -136,6 +136,11 @@ impl Read {
     pub fn contents(&self) -> &[KeyState] {
         self.consul.as_deref().unwrap_or_default()
     }
+
+    /// Every bound path was read: the input's Consul is ready.
+    pub fn consul_ready(&self) -> bool {
+        self.consul.as_ref().is_ok_and(|states| states.iter().all(|s| matches!(s, KeyState::Ready(_))))
+    }
 }
 
 /// Reads all a reconcile of `binding` decides on, or says when to look again.
@@ -291,7 +296,7 @@ async fn objects(
     match read::objects(ctx, namespace, bound).await.inspect(|_| ctx.forget_unread()) {
         Ok(objects) => {
             ctx.states.update(oref, |r| r.backoffs.objects_failing_since = None);
-            Ok(Ok(objects.into_iter().map(|(_, data)| data).collect()))
+            Ok(Ok(objects))
         }
         // The caches list within moments, and their first list wakes the binding.
         Err(Unknown::Waiting) => Err(Action::requeue(Duration::from_secs(1))),

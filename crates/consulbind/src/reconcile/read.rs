@@ -13,7 +13,7 @@ use kube::ResourceExt as _;
 use super::{
     context::Context,
     debounce::Window,
-    input::{Consul, KeyContent, ObjectContent},
+    input::{Consul, KeyContent},
 };
 use crate::{
     BindingRef,
@@ -282,29 +282,14 @@ pub fn bound_objects(spec: &ConsulBindingSpec, references: &References) -> Resul
     Ok(bound)
 }
 
-/// A bound ConfigMap or Secret as read: its data as digests, `None` when it does not exist.
-pub type ObjectRead<'a> = (&'a Bound, Option<Arc<Digested>>);
-
-/// The bound ConfigMaps and Secrets, from the cache or read where they changed.
-pub async fn objects<'a>(ctx: &Context, namespace: &str, bound: &'a [Bound]) -> Result<Vec<ObjectRead<'a>>, Unknown> {
-    let mut read = Vec::new();
+/// The data of each bound ConfigMap and Secret, in order, as digests (`None` when it does not
+/// exist), from the cache or read where they changed.
+pub async fn objects(ctx: &Context, namespace: &str, bound: &[Bound]) -> Result<Vec<Option<Arc<Digested>>>, Unknown> {
+    let mut read = Vec::with_capacity(bound.len());
     for object in bound {
-        let data = ctx.objects.read(&(object.kind, namespace.to_owned(), object.source.name.clone())).await?;
-        read.push((object, data));
+        read.push(ctx.objects.read(&(object.kind, namespace.to_owned(), object.source.name.clone())).await?);
     }
     Ok(read)
-}
-
-pub fn object_contents<'a>(objects: &'a [ObjectRead<'_>]) -> Vec<ObjectContent<'a>> {
-    objects
-        .iter()
-        .map(|(bound, data)| ObjectContent {
-            kind: bound.kind,
-            source: &bound.source,
-            referenced: bound.referenced,
-            data: data.as_deref(),
-        })
-        .collect()
 }
 
 /// When the newest of the binding's contents was first seen.
