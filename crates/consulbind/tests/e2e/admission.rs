@@ -218,10 +218,13 @@ async fn a_stored_binding_that_breaks_a_newer_rule_still_takes_its_status() {
     wait_for("the stored binding", Duration::from_secs(30), create).await.unwrap();
 
     crds.patch(&name, &pp, &Patch::Apply(&crd("crds/consulbinding.yaml"))).await.unwrap();
-    let mut probe = stored.clone();
-    probe["metadata"]["name"] = json!("probe");
+    // A new probe each time: one taken before the rules came would be judged by what changed.
+    let probes = std::sync::atomic::AtomicUsize::new(0);
     let ruled = || async {
-        let refused = bindings.patch("probe", &PatchParams::apply("e2e-admission"), &Patch::Apply(&probe)).await;
+        let name = format!("probe-{}", probes.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+        let mut probe = stored.clone();
+        probe["metadata"]["name"] = json!(name);
+        let refused = bindings.patch(&name, &PatchParams::apply("e2e-admission"), &Patch::Apply(&probe)).await;
         Ok(matches!(refused, Err(kube::Error::Api(status)) if status.code == 422))
     };
     wait_for("the rules in force", Duration::from_secs(30), ruled).await.unwrap();
