@@ -60,6 +60,12 @@ pub mod reason {
     pub const ROLLOUT_HALTED: &str = "RolloutHalted";
     /// A target was rolled as often as `rollout.budget` allows; the change waits.
     pub const ROLLOUT_BUDGET_EXHAUSTED: &str = "RolloutBudgetExhausted";
+    /// The change waits for a rollout window (`rollout.windows`); `status.rollout.nextWindow`
+    /// says when the next opens.
+    pub const OUTSIDE_ROLLOUT_WINDOW: &str = "OutsideRolloutWindow";
+    /// Event: the binding's `consulbind.dev/roll-outside-window` annotation let its content
+    /// roll outside the rollout windows.
+    pub const ROLLED_OUTSIDE_WINDOW: &str = "RolledOutsideWindow";
     /// The namespace is over the controller's `--namespace-write-limit`: changes wait, coalesced.
     pub const WRITE_LIMITED: &str = "WriteLimited";
     /// In `DryRun` mode: the targets would have been rolled, and were not.

@@ -109,6 +109,12 @@ pub struct Config {
     #[arg(long, env = "CONSULBIND_DEFAULT_ROLLOUT_BUDGET", value_parser = crate::reconcile::staging::Budget::parse)]
     pub default_rollout_budget: Option<crate::reconcile::staging::Budget>,
 
+    /// Rollout windows for bindings without `spec.rollout.windows`, as a JSON list of windows
+    /// in the same form, such as `[{"schedule": "0 22 * * 1-5", "duration": "6h",
+    /// "timeZone": "Europe/Paris"}]`. None by default: changes roll when they settle.
+    #[arg(long, env = "CONSULBIND_DEFAULT_ROLLOUT_WINDOWS", value_parser = crate::reconcile::calendar::Calendar::parse)]
+    pub default_rollout_windows: Option<crate::reconcile::calendar::Calendar>,
+
     /// The most writes (workload stamps, statuses, events) the controller has in flight to the
     /// API server at once. A namespace alone may use them all; namespaces that compete take
     /// them in turn, one write each, so one namespace's flood of changes cannot delay another's

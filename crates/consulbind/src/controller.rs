@@ -136,7 +136,10 @@ pub async fn run(config: Config, shutdown: signal::Receiver<bool>) -> Result<(),
             object_failure_grace: config.object_failure_grace,
             max_bindings_per_namespace: config.max_bindings_per_namespace,
             max_watched_paths_per_namespace: config.max_watched_paths_per_namespace,
-            default_rollout_budget: config.default_rollout_budget,
+            staging_defaults: crate::reconcile::staging::Defaults {
+                budget: config.default_rollout_budget,
+                windows: config.default_rollout_windows.clone().unwrap_or_default(),
+            },
             writes: writes.clone(),
         });
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();

@@ -241,6 +241,17 @@ fn overrides(helm: &Path, defaults: &BTreeMap<String, String>) -> Result<()> {
         ensure!(defaults.contains_key(*var) || *var == "RUST_LOG", "{var} is not a flag of the controller");
     }
 
+    // Rollout windows are a list, given to the controller as the JSON it takes.
+    let windows = r#"[{"schedule":"0 22 * * 1-5","duration":"6h","timeZone":"Europe/Paris"}]"#;
+    let mut cmd = Command::new(helm);
+    cmd.args(["template", RELEASE]).arg(repo_root().join(CHART)).args(["--namespace", NAMESPACE]);
+    let set = format!("controller.defaultRolloutWindows={windows}");
+    let objects = effect(&parse(&capture(cmd.args(["--set-json", &set]))?)?, &BTreeMap::new())?;
+    let env = container(&objects)?["env"]["CONSULBIND_DEFAULT_ROLLOUT_WINDOWS"].clone();
+    let given: Option<Value> = env.as_str().and_then(|e| serde_json::from_str(e).ok());
+    ensure!(given == serde_json::from_str(windows).ok(), "--set-json {set} gave CONSULBIND_DEFAULT_ROLLOUT_WINDOWS={env}");
+    ensure!(defaults.contains_key("CONSULBIND_DEFAULT_ROLLOUT_WINDOWS"), "no --default-rollout-windows");
+
     let objects = render(&[])?;
     let image = container(&objects)?["image"].clone();
     ensure!(
@@ -345,6 +356,8 @@ fn values_are_the_defaults(defaults: &BTreeMap<String, String>) -> Result<()> {
         };
         ensure!(given == expected, "values.yaml sets {value} to {given:?}; the controller's default is {expected:?}");
     }
+    let windows = values.pointer("/controller/defaultRolloutWindows");
+    ensure!(windows == Some(&json!([])), "values.yaml sets controller.defaultRolloutWindows to {windows:?}, not []");
     println!("values.yaml's defaults are the controller's");
     Ok(())
 }

@@ -72,6 +72,53 @@ pub struct RolloutPolicy {
     /// controller's `--default-rollout-budget` applies, if set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget: Option<RolloutBudget>,
+
+    /// When changes may start to roll: inside an `allow` window (at any time when there is
+    /// none) and outside every `deny` window; at most 16. A change outside waits, coalesced with
+    /// later ones, until the next window opens; a staged rollout finishes the wave it is rolling
+    /// and starts the next one in a window. Without windows, the controller's
+    /// `--default-rollout-windows` apply, if set. The binding's annotation
+    /// `consulbind.dev/roll-outside-window`, set to the held checksum, lets that content roll now.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub windows: Vec<RolloutWindow>,
+}
+
+/// A span of time that opens at each time a cron schedule names.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "duration(self.duration) > duration('0s') && duration(self.duration) <= duration('168h')",
+    "message": "spec.rollout.windows: a window's duration is more than 0s and at most 168h"
+}]))]
+pub struct RolloutWindow {
+    /// `allow` (the default): changes may roll while it is open; `deny`: they may not, whatever
+    /// the allow windows say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<WindowKind>,
+
+    /// When the window opens: a standard five-field cron schedule (minute, hour, day of month,
+    /// month, day of week; Sunday is 0 or 7), such as `0 22 * * 1-5` for 22:00 on weekdays.
+    #[schemars(length(max = 128), regex(pattern = crate::SCHEDULE_PATTERN))]
+    pub schedule: String,
+
+    /// How long it stays open, such as `30m` or `8h`; more than 0s and at most `168h`.
+    #[schemars(length(max = 24), regex(pattern = crate::DURATION_PATTERN))]
+    pub duration: String,
+
+    /// The IANA time zone the schedule is read in, such as `Europe/Paris`; `UTC` by default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64), regex(pattern = crate::TIME_ZONE_PATTERN))]
+    pub time_zone: Option<String>,
+}
+
+/// Whether a rollout window lets changes roll or holds them.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum WindowKind {
+    #[default]
+    Allow,
+    Deny,
 }
 
 /// One wave of a staged rollout.

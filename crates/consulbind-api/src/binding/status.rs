@@ -96,6 +96,10 @@ pub struct RolloutStatus {
 
     /// `wave/waves phase`, for `kubectl get`.
     pub progress: String,
+
+    /// When the next rollout window opens, while the rollout waits outside the windows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_window: Option<Time>,
 }
 
 /// What a staged rollout is doing.
@@ -109,7 +113,7 @@ pub enum RolloutPhase {
     /// A target failed or was not healthy in time; nothing more rolls until it is healthy or
     /// the content changes.
     Halted,
-    /// Targets wait for the rollout budget.
+    /// Targets wait for the rollout budget, or for a rollout window.
     Waiting,
     /// Every target carries the content and is healthy.
     Complete,

@@ -137,6 +137,10 @@ impl Port for Cluster<'_> {
                 (consulbind_api::conditions::reason::BASELINED, message)
             }
             Event::Baselined(message) => (consulbind_api::conditions::reason::BASELINED, message),
+            Event::Notice { reason, message } => {
+                info!(binding = %self.oref, %reason, %message, "rolled outside the rollout windows");
+                (reason, message)
+            }
             Event::Warning { reason, message } => {
                 warn!(binding = %self.oref, %reason, %message, "the binding's spec needs a change");
                 let reference = binding.object_ref(&());

@@ -132,6 +132,7 @@ impl<'a> Rebase<'a> {
             reason::WAVE_PAUSED,
             reason::ROLLOUT_HALTED,
             reason::ROLLOUT_BUDGET_EXHAUSTED,
+            reason::OUTSIDE_ROLLOUT_WINDOW,
         ];
         let ready = previous.conditions.iter().find(|c| c.type_ == conditions::READY);
         let says = |reasons: &[&str]| ready.is_some_and(|c| reasons.contains(&c.reason.as_str()));

@@ -44,8 +44,8 @@ pub struct Context {
     pub max_watched_paths_per_namespace: usize,
     /// The writes to the API server, shared fairly between namespaces.
     pub writes: crate::writes::Writes,
-    /// See `--default-rollout-budget`.
-    pub default_rollout_budget: Option<super::staging::Budget>,
+    /// See `--default-rollout-budget` and `--default-rollout-windows`.
+    pub staging_defaults: super::staging::Defaults,
     /// See `--consul-restore-grace`.
     pub restore_grace: std::time::Duration,
     pub bindings: Store<ConsulBinding>,

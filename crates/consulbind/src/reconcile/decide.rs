@@ -122,6 +122,8 @@ pub enum Event {
     Baselined(String),
     /// Something a person should change.
     Warning { reason: &'static str, message: String },
+    /// Something a person did that the binding's history should keep.
+    Notice { reason: &'static str, message: String },
 }
 
 /// The status and the event that report `act` with what its stamps did. `settled`: the record's
@@ -151,6 +153,16 @@ pub fn conclude(
         None
     };
     events.extend(event);
+    if !outcome.rolled.is_empty() && plan.staged.as_ref().is_some_and(|s| s.let_through) {
+        let names: Vec<String> = outcome.rolled.iter().map(|(k, n)| format!("{k}/{n}")).collect();
+        let message = format!(
+            "rolled {} outside the rollout windows: the annotation {} lets checksum {} through",
+            names.join(", "),
+            consulbind_api::ROLL_OUTSIDE_WINDOW,
+            report::short(&status)
+        );
+        events.push(Event::Notice { reason: conditions::reason::ROLLED_OUTSIDE_WINDOW, message });
+    }
     let healthy = outcome.failed.is_empty() && matches!(input.consul, Consul::Ready(_)) && input.objects.is_ok();
     Report { status, events, wake_at: plan.wake_at, healthy }
 }

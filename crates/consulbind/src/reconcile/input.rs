@@ -186,6 +186,8 @@ pub struct Step {
     pub hold: Option<(&'static str, String)>,
     /// Look again after this.
     pub wake: Option<Duration>,
+    /// The binding's annotation let this step roll outside the rollout windows.
+    pub let_through: bool,
 }
 
 /// The outcome of stamping the planned workloads.

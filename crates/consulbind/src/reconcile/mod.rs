@@ -5,6 +5,7 @@
 //! [`express`] lets a Consul wake run at once.
 
 pub mod apply;
+pub mod calendar;
 pub mod carried;
 pub mod content;
 pub mod context;

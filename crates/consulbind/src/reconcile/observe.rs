@@ -176,7 +176,10 @@ pub async fn observe<'a>(ctx: &Context, binding: &'a ConsulBinding, started: Ins
     }
     let namespace = binding.namespace().unwrap_or_default();
     let annotation = names::annotation_key(&oref.name);
-    let staging = Staging::of(spec, ctx.default_rollout_budget).ok().flatten();
+    let mut staging = Staging::of(spec, &ctx.staging_defaults).ok().flatten();
+    if let Some(staging) = &mut staging {
+        staging.let_through = binding.annotations().get(consulbind_api::ROLL_OUTSIDE_WINDOW).cloned();
+    }
     let wants = crate::cluster::workloads::Wants {
         annotation: &annotation,
         references: spec.include_target_references,

@@ -85,7 +85,7 @@ pub fn validate(spec: &ConsulBindingSpec) -> Result<Window, String> {
             false => Err(format!("spec.rollout.{field} is {text}; at most {} is allowed", human(limit))),
         }
     };
-    super::staging::Staging::of(spec, None)?;
+    super::staging::Staging::of(spec, &Default::default())?;
     let quiet = duration("quietPeriod", rollout.quiet_period, DEFAULT_QUIET, MAX_QUIET_PERIOD)?;
     let max = duration("maxDelay", rollout.max_delay, DEFAULT_MAX.max(quiet), MAX_DELAY)?;
     Ok(Window { quiet, max })

@@ -1,11 +1,12 @@
 //! A binding's rules for staging its rollouts, as its spec and the controller's flags give them:
-//! waves, a health timeout and a budget.
+//! waves, a health timeout, a budget and rollout windows.
 
 use std::{collections::BTreeMap, time::Duration};
 
 use consulbind_api::{ConsulBindingSpec, WorkloadKind, parse_duration};
 use kube::core::{Selector, SelectorExt};
 
+pub use super::calendar::{Calendar, Gate};
 use crate::cluster::{Workload, selector};
 
 /// The longest `healthTimeout`, `pause` or budget span a binding may ask for.
@@ -18,6 +19,18 @@ pub struct Staging {
     pub waves: Vec<WaveRule>,
     pub health_timeout: Duration,
     pub budget: Option<Budget>,
+    /// When rollouts may start; none: at any time.
+    pub windows: Calendar,
+    /// The checksum the binding's `consulbind.dev/roll-outside-window` annotation lets roll
+    /// outside the windows.
+    pub let_through: Option<String>,
+}
+
+/// What a binding without rules of its own stages its rollouts by: the controller's flags.
+#[derive(Clone, Debug, Default)]
+pub struct Defaults {
+    pub budget: Option<Budget>,
+    pub windows: Calendar,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -67,9 +80,9 @@ impl Staging {
         self.waves.iter().any(|w| w.selector.is_some())
     }
 
-    /// The binding's staging rules, with `default_budget` for a binding without a budget of its
-    /// own; `None` when it has neither waves nor a budget.
-    pub fn of(spec: &ConsulBindingSpec, default_budget: Option<Budget>) -> Result<Option<Self>, String> {
+    /// The binding's staging rules, with the `defaults` for a binding without a budget or
+    /// windows of its own; `None` when it has no waves, budget or windows.
+    pub fn of(spec: &ConsulBindingSpec, defaults: &Defaults) -> Result<Option<Self>, String> {
         let rollout = spec.rollout.clone().unwrap_or_default();
         let mut waves = Vec::new();
         for (i, wave) in rollout.waves.iter().enumerate() {
@@ -100,9 +113,14 @@ impl Staging {
         };
         let budget = match &rollout.budget {
             Some(b) => Some(budget(b.max_rollouts, &b.per, "spec.rollout.budget")?),
-            None => default_budget,
+            None => defaults.budget,
         };
-        Ok((!waves.is_empty() || budget.is_some()).then_some(Self { waves, health_timeout, budget }))
+        let windows = match rollout.windows.is_empty() {
+            true => defaults.windows.clone(),
+            false => Calendar::of(&rollout.windows, "spec.rollout.windows")?,
+        };
+        let staged = !waves.is_empty() || budget.is_some() || !windows.is_empty();
+        Ok(staged.then_some(Self { waves, health_timeout, budget, windows, let_through: None }))
     }
 
     /// The wave a target belongs to: the first whose filter takes it, else the last.

@@ -141,6 +141,7 @@ fn ends_by_itself(reason: &str) -> bool {
         reason::ROLLOUT_IN_PROGRESS,
         reason::WAVE_PAUSED,
         reason::ROLLOUT_BUDGET_EXHAUSTED,
+        reason::OUTSIDE_ROLLOUT_WINDOW,
         reason::WRITE_LIMITED,
     ]
     .contains(&reason)

@@ -18,7 +18,7 @@ use std::{
 use consulbind_api::{RolloutPhase, RolloutStatus, TargetState, conditions::reason};
 use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
 
-pub use super::staging::{Budget, MAX_WAIT, Staging};
+pub use super::staging::{Budget, Gate, MAX_WAIT, Staging};
 use super::{
     carried::Carried,
     input::{Input, Step},
@@ -92,7 +92,10 @@ pub fn step(
     // references (`continues`), which starts neither its wave nor its pause over.
     let ours = previous.rollout.as_ref().filter(|r| r.checksum == desired || continues);
     if !staging.waves.is_empty() {
-        let in_flight = ours.is_some_and(|r| r.phase != RolloutPhase::Complete);
+        // A rollout about to start is in flight too: a target that carries its content from an
+        // earlier rollout, and soured since, holds the waves after its own (waves simulator
+        // seed 684).
+        let in_flight = ours.map_or(!behind.is_empty(), |r| r.phase != RolloutPhase::Complete);
         judge_health(staging, input, &carried, &behind, in_flight, &mut step);
     }
     let blocked = spend_budget(staging, input, &carried, &behind, &mut step);
@@ -112,8 +115,12 @@ pub fn step(
         now,
     };
     if staging.waves.is_empty() {
-        // A budget alone: everything it allows rolls now.
+        // A budget or windows alone: everything they allow rolls now.
         step.roll = behind.iter().filter(|w| !blocked.contains_key(*w)).map(|w| (*w).clone()).collect();
+        if !step.roll.is_empty() && !in_window(staging, input, &record, 0, &mut step) {
+            step.roll.clear();
+            return step;
+        }
         if let Some((w, next)) = blocked.iter().min_by_key(|(_, next)| **next) {
             let waiting = names(blocked.keys().copied());
             let (_, message) = &step.states[*w];
@@ -239,6 +246,7 @@ impl Record<'_> {
             since: same.map_or_else(|| Time(self.now), |r| r.since.clone()),
             started_time: self.started.clone(),
             progress: format!("{wave}/{count} {}", phase.as_str()),
+            next_window: None,
         });
     }
 }
@@ -287,11 +295,11 @@ fn through_waves(
             .filter(|w| state(&step, w) == Some(TargetState::Rolling) && !behind.contains(*w))
             .collect();
         let pending: Vec<&Workload> = members.iter().copied().filter(|w| behind.contains(*w)).collect();
+        // Rolled in this rollout.
+        let rolled_now =
+            |w: &&Workload| carried.row(w).and_then(|r| r.last_rolled_time.as_ref()).is_some_and(|t| t.0 >= started.0);
         if rolling.is_empty() && pending.is_empty() {
             let pause = staging.waves.get(i).map_or(Duration::ZERO, |r| r.pause);
-            let rolled_now = |w: &&Workload| {
-                carried.row(w).and_then(|r| r.last_rolled_time.as_ref()).is_some_and(|t| t.0 >= started.0)
-            };
             let more = input.found.iter().any(|w| behind.contains(w) && wave(staging, input, w) > i);
             // A rollout that went past this wave has had its pause.
             let passed = ours.is_some_and(|r| r.wave as usize > shown_wave);
@@ -316,7 +324,16 @@ fn through_waves(
             }
             continue;
         }
-        // The current wave.
+        // The current wave: one this rollout has not started waits for a rollout window; one it
+        // started finishes, whatever the windows say. A target still rolling from an earlier
+        // change of the same content started nothing (waves simulator seed 373); one behind was
+        // not rolled to this content, whenever its last roll was, as the status's times are to
+        // the second (seed 312).
+        let rolled_here = |w: &&Workload| !behind.contains(*w) && rolled_now(w);
+        let under_way = ours.is_some() && members.iter().any(rolled_here);
+        if !under_way && !in_window(staging, input, record, i, &mut step) {
+            return step;
+        }
         let max = staging.waves.get(i).and_then(|r| r.max_parallel).map_or(usize::MAX, |m| m as usize);
         let slots = max.saturating_sub(rolling.len());
         let rollable = pending.iter().filter(|w| !blocked.contains_key(**w));
@@ -361,6 +378,42 @@ fn through_waves(
     let last = count - 1;
     record.at(last, RolloutPhase::Complete, &mut step);
     step
+}
+
+/// Whether wave `wave` may start now: inside the rollout windows, or let through by the
+/// binding's annotation naming this content. Holds the step until the next window opens if not.
+fn in_window(staging: &Staging, input: &Input<'_>, record: &Record<'_>, wave: usize, step: &mut Step) -> bool {
+    let now = input.clock;
+    let Gate::Closed(opens) = staging.windows.gate(now) else { return true };
+    let desired = record.desired;
+    let short = crate::checksum::short(desired);
+    if staging.let_through.as_deref().is_some_and(|c| c == desired || c == short) {
+        step.let_through = true;
+        return true;
+    }
+    let when = match opens {
+        Some(at) => format!("the change rolls when the next window opens, at {}", shown(at)),
+        None => "no window opens within a year".into(),
+    };
+    let shown_wave = match staging.waves.len() {
+        0 => String::new(),
+        _ => format!("wave {}/{}: ", wave + 1, record.count),
+    };
+    step.hold = Some((
+        reason::OUTSIDE_ROLLOUT_WINDOW,
+        format!(
+            "{shown_wave}outside the rollout windows (rollout.windows); {when}. To roll it now, annotate the binding \
+             {}={short}",
+            consulbind_api::ROLL_OUTSIDE_WINDOW
+        ),
+    ));
+    // Looked at again when the window opens, and hourly without one.
+    step.wake = Some(opens.map_or(Duration::from_secs(3600), |at| until(at, now)));
+    record.at(wave, RolloutPhase::Waiting, step);
+    if let Some(rollout) = &mut step.rollout {
+        rollout.next_window = opens.map(Time);
+    }
+    false
 }
 
 fn wave(staging: &Staging, input: &Input<'_>, w: &Workload) -> usize {

@@ -451,7 +451,7 @@ pub(crate) fn read_of(
     Read {
         window: read::validate(spec).expect("a valid spec"),
         key,
-        staging: crate::reconcile::staging::Staging::of(spec, None).expect("valid staging"),
+        staging: crate::reconcile::staging::Staging::of(spec, &Default::default()).expect("valid staging"),
         dry_run: false,
         restore_grace: GRACE,
         consul: Ok(states),

@@ -1,7 +1,7 @@
 //! Staged rollouts: a small world of Deployments under one binding, reconciled by the
 //! controller's own decide and apply ([`World`], which the state machine's unit tests use too),
 //! and a simulator that drives it with random waves, `maxParallel`, pauses, health timeouts and
-//! budgets, against schedules of content changes (reverts among them), targets that become
+//! budgets and rollout windows, against schedules of content changes (reverts among them), targets that become
 //! healthy, fail or hang after a roll, sour after they were healthy, and are fixed later,
 //! patches that fail, and restarts that keep only the status. Time is Tokio's paused clock and
 //! the status's wall clock, moved together.
@@ -11,6 +11,9 @@
 //! - a target of a wave rolls only while every target of the earlier waves carries the
 //!   content and is healthy, and after their wave's pause since they were;
 //! - no wave has more than `maxParallel` targets rolled and not healthy;
+//! - a target rolls outside the rollout windows, as the model reads them by arithmetic on the
+//!   clock, only while another of its wave carries that content already: a wave under way
+//!   finishes, and no other starts;
 //! - no target is rolled more often than its budget allows, and a patch that failed costs none;
 //! - once the content is stable and every target can become healthy, every target carries the
 //!   current content and the binding is up to date.
@@ -27,7 +30,7 @@ use std::{
 use consul_kv::KvEntry;
 use consulbind_api::{
     ConsulBindingSpec, ConsulBindingStatus, KeySource, ObjectKind, RolloutBudget, RolloutPhase, RolloutPolicy,
-    TargetRef, TargetState, Wave, WorkloadKind, conditions, conditions::reason,
+    RolloutWindow, TargetRef, TargetState, Wave, WindowKind, WorkloadKind, conditions, conditions::reason,
 };
 use k8s_openapi::{apimachinery::pkg::apis::meta::v1::LabelSelector, jiff::Timestamp};
 use kube::runtime::controller::Action;
@@ -81,7 +84,42 @@ struct Sim {
     healthy_at: BTreeMap<Workload, Timestamp>,
     /// When the content last changed to what it is.
     changed_at: Timestamp,
+    /// The rollout windows: one that opens every `period` seconds from each hour's start and
+    /// stays open `open` seconds; `deny` closes that span instead.
+    windows: Option<Windows>,
     log: String,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Windows {
+    deny: bool,
+    period: i64,
+    open: i64,
+}
+
+impl Windows {
+    fn draw(rng: &mut fastrand::Rng) -> Option<Self> {
+        (rng.u8(..3) == 0).then(|| Self {
+            deny: rng.bool(),
+            period: [120, 180][rng.usize(..2)],
+            open: [30, 60][rng.usize(..2)],
+        })
+    }
+
+    fn spec(self) -> RolloutWindow {
+        RolloutWindow {
+            kind: Some(if self.deny { WindowKind::Deny } else { WindowKind::Allow }),
+            schedule: format!("*/{} * * * *", self.period / 60),
+            duration: format!("{}s", self.open),
+            time_zone: None,
+        }
+    }
+
+    /// Whether a rollout may start at `t`: the hours start on the epoch's seconds, and each
+    /// period divides an hour.
+    fn allow(self, t: Timestamp) -> bool {
+        (t.as_second().rem_euclid(self.period) < self.open) != self.deny
+    }
 }
 
 fn at(world: &World, secs: u64) -> Timestamp {
@@ -115,7 +153,9 @@ impl Sim {
         let rollout = world.spec.rollout.as_mut().unwrap();
         rollout.health_timeout = Some(["20s", "90s"][rng.usize(..2)].into());
         rollout.quiet_period = Some(["0s", "0s", "3s"][rng.usize(..3)].into());
-        let staging = Staging::of(&world.spec, None).unwrap().unwrap();
+        let windows = Windows::draw(&mut rng);
+        rollout.windows = windows.iter().map(|w| w.spec()).collect();
+        let staging = Staging::of(&world.spec, &Default::default()).unwrap().unwrap();
         let changed_at = world.clock;
         let log = format!("seed {seed}: {names:?}, {:?}\n", world.spec.rollout);
         Self {
@@ -126,6 +166,7 @@ impl Sim {
             history: BTreeMap::new(),
             healthy_at: BTreeMap::new(),
             changed_at,
+            windows,
             log,
         }
     }
@@ -211,6 +252,15 @@ impl Sim {
                 if since.is_some_and(|since| now.duration_since(*since) < pause) {
                     self.fail(format_args!("{name} rolled within the pause of {}'s wave", e.1));
                 }
+            }
+            // Outside the windows, only a wave part-way through this content may roll.
+            let under_way = self
+                .world
+                .found
+                .iter()
+                .any(|e| *e != w && self.wave(e) == wave && before[e].as_deref() == Some(want.as_str()));
+            if !under_way && self.windows.is_some_and(|ws| !ws.allow(now)) {
+                self.fail(format_args!("{name} started wave {wave} outside the rollout windows"));
             }
             self.history.entry(w.clone()).or_default().push(now);
             self.healthy_at.remove(&w);

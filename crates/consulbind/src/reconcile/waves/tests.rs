@@ -4,8 +4,11 @@
 use std::time::Duration;
 
 use consulbind_api::{
-    ConsulBindingSpec, RolloutBudget, RolloutPhase, RolloutPolicy, TargetState, Wave, conditions::reason,
+    ConsulBindingSpec, RolloutBudget, RolloutPhase, RolloutPolicy, RolloutWindow, TargetState, Wave, WindowKind,
+    conditions::reason,
 };
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use super::*;
 use crate::{
@@ -220,15 +223,15 @@ fn a_restart_in_the_middle_of_a_wave_or_a_pause_goes_on_from_the_status() {
 #[test]
 fn without_waves_or_a_budget_nothing_is_staged() {
     let spec = ConsulBindingSpec { rollout: Some(RolloutPolicy::default()), ..Default::default() };
-    assert_eq!(Staging::of(&spec, None), Ok(None));
+    assert_eq!(Staging::of(&spec, &Default::default()), Ok(None));
     let wave = |w: Wave| ConsulBindingSpec {
         rollout: Some(RolloutPolicy { waves: vec![w], ..Default::default() }),
         ..Default::default()
     };
     let both = Wave { name: Some("a".into()), selector: Some(canary()), ..Default::default() };
-    assert!(Staging::of(&wave(both), None).unwrap_err().contains("both name and selector"));
+    assert!(Staging::of(&wave(both), &Default::default()).unwrap_err().contains("both name and selector"));
     let long = Wave { pause: Some("25h".into()), ..Default::default() };
-    assert!(Staging::of(&wave(long), None).unwrap_err().contains("at most 24h"));
+    assert!(Staging::of(&wave(long), &Default::default()).unwrap_err().contains("at most 24h"));
     assert_eq!(Budget::parse("3/1h"), Ok(Budget { max: 3, per: Duration::from_secs(3600) }));
     assert!(Budget::parse("0/1h").is_err() && Budget::parse("3").is_err() && Budget::parse("3/0s").is_err());
 }
@@ -412,4 +415,159 @@ fn a_target_rolled_by_the_last_rollout_in_the_second_the_next_began_is_rolled_by
     let mut rolled = world.tick();
     rolled.sort();
     assert_eq!(rolled, ["web-a", "web-b"], "web-a runs v2 still: rolled, not rebased");
+}
+
+fn window(kind: WindowKind, schedule: &str, duration: &str) -> RolloutWindow {
+    RolloutWindow { kind: Some(kind), schedule: schedule.into(), duration: duration.into(), time_zone: None }
+}
+
+/// A world whose binding rolls in `waves` within `windows`; its clock starts at 03:00 UTC.
+fn windowed(names: &[&str], waves: Vec<Wave>, windows: Vec<RolloutWindow>) -> World {
+    let rollout = RolloutPolicy { quiet_period: Some("0s".into()), waves, windows, ..Default::default() };
+    let mut world = World::unbound(names, rollout);
+    world.tick();
+    assert_eq!(world.ready().reason, reason::BASELINED);
+    world
+}
+
+fn next_window(world: &World) -> Option<String> {
+    world.status.rollout.as_ref().and_then(|r| r.next_window.as_ref()).map(|t| t.0.to_string())
+}
+
+#[test]
+fn a_change_outside_the_windows_waits_for_the_next_and_later_changes_roll_with_it() {
+    let mut world = windowed(&["web"], vec![], vec![window(WindowKind::Allow, "0 4 * * *", "1h")]);
+    world.write("v2");
+    assert_eq!(world.tick(), Vec::<String>::new());
+    assert_eq!(world.ready().reason, reason::OUTSIDE_ROLLOUT_WINDOW);
+    assert!(world.ready().message.contains("opens, at 2026-11-26T04:00:00Z"), "{}", world.ready().message);
+    assert_eq!(next_window(&world).as_deref(), Some("2026-11-26T04:00:00Z"));
+    assert_eq!(world.phase(), Some((1, RolloutPhase::Waiting)));
+    world.advance(Duration::from_secs(1800));
+    world.write("v3");
+    assert_eq!(world.tick(), Vec::<String>::new(), "a later change waits with the first");
+    world.advance(Duration::from_secs(1799));
+    assert_eq!(world.tick(), Vec::<String>::new());
+    world.advance(Duration::from_secs(1));
+    assert_eq!(world.tick(), ["web"], "the window opened");
+    assert_eq!((world.ready().reason.as_str(), world.phase()), (reason::UP_TO_DATE, None));
+    assert_eq!(world.status.applied_checksum, world.desired, "the latest content rolled");
+    assert_eq!(world.rolls("web"), 1);
+}
+
+#[test]
+fn a_window_that_closes_between_waves_lets_the_wave_under_way_finish_and_holds_the_next() {
+    let stable = LabelSelector { match_labels: Some([("track".into(), "stable".into())].into()), ..Default::default() };
+    // "last" is in no wave: it forms the last.
+    let waves = vec![
+        Wave { selector: Some(canary()), ..Default::default() },
+        Wave { selector: Some(stable), max_parallel: Some(1), ..Default::default() },
+    ];
+    let windows = vec![window(WindowKind::Allow, "0 3 * * *", "30m")];
+    let mut world = windowed(&["canary", "web-a", "web-b", "last"], waves, windows);
+    world.labels.insert(deploy("last"), [("track".into(), "last".into())].into());
+    world.write("v2");
+    assert_eq!(world.tick(), ["canary"]);
+    world.advance(Duration::from_secs(600));
+    world.healthy("canary");
+    assert_eq!(world.tick(), ["web-a"], "wave 2 starts inside the window, one at a time");
+    world.advance(Duration::from_secs(1800));
+    world.healthy("web-a");
+    assert_eq!(world.tick(), ["web-b"], "the window closed, and the wave under way finishes");
+    world.healthy("web-b");
+    assert_eq!(world.tick(), Vec::<String>::new(), "the next wave waits for the next window");
+    assert_eq!(
+        (world.ready().reason.as_str(), world.phase()),
+        (reason::OUTSIDE_ROLLOUT_WINDOW, Some((3, RolloutPhase::Waiting)))
+    );
+    assert_eq!(next_window(&world).as_deref(), Some("2026-11-27T03:00:00Z"));
+    world.clock = "2026-11-27T03:00:00Z".parse().unwrap();
+    assert_eq!(world.tick(), ["last"]);
+    world.healthy("last");
+    world.tick();
+    assert_eq!((world.ready().reason.as_str(), world.phase()), (reason::UP_TO_DATE, Some((3, RolloutPhase::Complete))));
+    for name in ["canary", "web-a", "web-b", "last"] {
+        assert_eq!(world.rolls(name), 1, "{name}");
+    }
+}
+
+#[test]
+fn a_deny_window_holds_a_change_that_rolls_once_it_has_passed() {
+    let mut world = windowed(&["web"], vec![], vec![window(WindowKind::Deny, "0 3 * * *", "20m")]);
+    world.write("v2");
+    assert_eq!(world.tick(), Vec::<String>::new());
+    assert_eq!(next_window(&world).as_deref(), Some("2026-11-26T03:20:00Z"));
+    world.advance(Duration::from_secs(1200));
+    assert_eq!(world.tick(), ["web"]);
+    assert_eq!(world.rolls("web"), 1);
+}
+
+#[test]
+fn the_annotation_naming_the_held_checksum_rolls_it_outside_the_windows_with_a_notice_and_nothing_after() {
+    let mut world = windowed(&["web"], vec![], vec![window(WindowKind::Deny, "0 3 * * *", "1h")]);
+    world.write("v2");
+    assert_eq!(world.tick(), Vec::<String>::new());
+    let held = world.status.rollout.as_ref().unwrap().checksum.clone();
+    world.let_through = Some("0123456789ab".into());
+    assert_eq!(world.tick(), Vec::<String>::new(), "another checksum lets nothing through");
+    world.let_through = Some(crate::checksum::short(&held).to_owned());
+    assert!(world.ready().message.contains(&format!("roll-outside-window={}", crate::checksum::short(&held))));
+    assert_eq!(world.tick(), ["web"]);
+    assert_eq!(world.events, [reason::ROLLED_OUTSIDE_WINDOW]);
+    world.write("v3");
+    assert_eq!(world.tick(), Vec::<String>::new(), "the next change keeps to the windows");
+    assert_eq!(world.ready().reason, reason::OUTSIDE_ROLLOUT_WINDOW);
+    assert_eq!(world.events.len(), 1);
+}
+
+#[test]
+fn a_restart_while_waiting_for_a_window_rolls_once_when_it_opens() {
+    let mut world = windowed(&["web"], vec![], vec![window(WindowKind::Allow, "30 3 * * *", "10m")]);
+    world.write("v2");
+    assert_eq!(world.tick(), Vec::<String>::new());
+    world.restart();
+    assert_eq!(world.tick(), Vec::<String>::new());
+    assert_eq!(world.ready().reason, reason::OUTSIDE_ROLLOUT_WINDOW);
+    world.advance(Duration::from_secs(1800));
+    world.restart();
+    assert_eq!(world.tick(), ["web"]);
+    assert_eq!(world.tick(), Vec::<String>::new());
+    assert_eq!(world.rolls("web"), 1);
+}
+
+/// Waves simulator seed 684: a target that carries the content from a rollout that was
+/// interrupted, and sours before the content comes back, holds the next wave.
+#[tokio::test(start_paused = true)]
+async fn a_target_that_carries_the_content_from_an_interrupted_rollout_is_judged_again_when_it_comes_back() {
+    async fn pass(world: &mut World, secs: u64) {
+        world.advance(Duration::from_secs(secs));
+        tokio::time::advance(Duration::from_secs(secs)).await;
+    }
+    let budget = RolloutBudget { max_rollouts: 1, per: "1h".into() };
+    let mut world = World::new(&["canary", "web"], canary_then_rest(Some("2m"), None), Some(budget));
+    world.spec.rollout.as_mut().unwrap().quiet_period = Some("3s".into());
+    world.write("v2");
+    world.tick();
+    pass(&mut world, 3).await;
+    assert_eq!(world.tick(), ["canary"]);
+    world.healthy("canary");
+    assert_eq!(world.tick(), Vec::<String>::new());
+    assert_eq!(world.phase(), Some((1, RolloutPhase::Paused)));
+    // A change the budget holds at the canary, and back: the canary carries v2 and nothing
+    // rolls it again.
+    world.write("v3");
+    world.tick();
+    pass(&mut world, 3).await;
+    assert_eq!(world.tick(), Vec::<String>::new());
+    assert_eq!(world.ready().reason, reason::ROLLOUT_BUDGET_EXHAUSTED);
+    world.write("v2");
+    world.tick();
+    assert_eq!(world.state("canary"), Some(TargetState::Healthy));
+    world.health.insert(deploy("canary"), Health::Progressing("1 of 2 updated replicas are available".into()));
+    pass(&mut world, 3).await;
+    assert_eq!(world.tick(), Vec::<String>::new(), "web rolled after a canary that is not healthy");
+    assert_eq!(world.state("canary"), Some(TargetState::Rolling));
+    world.healthy("canary");
+    pass(&mut world, 120).await;
+    assert_eq!([world.tick(), world.tick()].concat(), ["web"], "{:?}", world.ready());
 }

@@ -30,6 +30,10 @@ pub struct World {
     /// The workloads whose pod template references ConfigMap `cm`, which holds `cm`'s value.
     pub refs: BTreeSet<Workload>,
     pub cm: String,
+    /// The binding's `consulbind.dev/roll-outside-window` annotation.
+    pub let_through: Option<String>,
+    /// The reasons of the Notice and Warning events raised.
+    pub events: Vec<String>,
 }
 
 pub fn deploy(name: &str) -> Workload {
@@ -95,6 +99,8 @@ impl World {
             desired: None,
             refs: BTreeSet::new(),
             cm: "c1".into(),
+            let_through: None,
+            events: Vec::new(),
         }
     }
 
@@ -137,7 +143,10 @@ impl World {
             entries: vec![("k".into(), Field::Data, checksum::digest(&KEY, self.cm.as_bytes()))].into(),
         });
         let objects = bound.iter().map(|_| Some(data.clone())).collect();
-        let read = super::super::read_of(&spec, KEY, vec![self.path.state()], resolved, bound, objects);
+        let mut read = super::super::read_of(&spec, KEY, vec![self.path.state()], resolved, bound, objects);
+        if let Some(staging) = &mut read.staging {
+            staging.let_through.clone_from(&self.let_through);
+        }
         let observed = Observed {
             spec: &spec,
             generation: Some(1),
@@ -224,7 +233,11 @@ impl Port for Writes<'_> {
 
     fn due(&mut self, _: Option<Instant>) {}
 
-    fn publish(&mut self, _: Event, _: &Read, _: &ConsulBindingStatus, _: &Outcome) {}
+    fn publish(&mut self, event: Event, _: &Read, _: &ConsulBindingStatus, _: &Outcome) {
+        if let Event::Notice { reason, .. } | Event::Warning { reason, .. } = event {
+            self.world.events.push(reason.to_owned());
+        }
+    }
 
     async fn status(&mut self, _: &ConsulBindingStatus, status: &ConsulBindingStatus) -> Result<(), crate::Error> {
         self.world.status = status.clone();
