@@ -1,7 +1,7 @@
 //! Wires the watches, caches and the kube-runtime `Controller` together.
 
 use std::{
-    collections::HashMap,
+    collections::{BTreeMap, HashMap},
     sync::{Arc, Mutex, atomic::Ordering},
 };
 
@@ -13,7 +13,6 @@ use kube::{
         Controller, WatchStreamExt,
         controller::Config as ControllerConfig,
         events::Reporter,
-        predicates,
         reflector::{self, ObjectRef},
         watcher::{self, watcher},
     },
@@ -301,10 +300,14 @@ async fn run_scope(
     let not_found = ctx.clone();
     let store = reader.clone();
     let in_scope = move |b: &BindingRef| scope.is_none() || b.namespace == scope;
-    // kubectl's last-applied copy and the managed fields are most of a binding's size.
+    // kubectl's last-applied copy and the managed fields are most of a binding's size; of the
+    // annotations, the controller reads one.
     let events = watcher(api, watcher::Config::default()).default_backoff().modify(|binding: &mut ConsulBinding| {
         binding.metadata.managed_fields = None;
-        binding.metadata.annotations = None;
+        let annotations = binding.metadata.annotations.take().unwrap_or_default();
+        let kept: BTreeMap<String, String> =
+            annotations.into_iter().filter(|(k, _)| k == consulbind_api::ROLL_OUTSIDE_WINDOW).collect();
+        binding.metadata.annotations = (!kept.is_empty()).then_some(kept);
     });
     let bindings = reflector::reflector(writer, events)
         .inspect_ok(move |event| match event {
@@ -315,7 +318,8 @@ async fn run_scope(
             _ => {}
         })
         .applied_objects()
-        .predicate_filter(predicates::generation, Default::default());
+        // A new spec, or a checksum let through outside the rollout windows.
+        .predicate_filter(spec_or_let_through, Default::default());
 
     let stop = {
         let mut shutdown = shutdown.clone();
@@ -359,4 +363,11 @@ async fn run_scope(
         warn!("express reconciles did not finish within {SHUTDOWN_GRACE:?} of shutdown; abandoning them");
     }
     Ok(())
+}
+
+fn spec_or_let_through(binding: &ConsulBinding) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::hash::DefaultHasher::new();
+    (binding.metadata.generation, &binding.metadata.annotations).hash(&mut hasher);
+    Some(hasher.finish())
 }

@@ -249,7 +249,10 @@ fn overrides(helm: &Path, defaults: &BTreeMap<String, String>) -> Result<()> {
     let objects = effect(&parse(&capture(cmd.args(["--set-json", &set]))?)?, &BTreeMap::new())?;
     let env = container(&objects)?["env"]["CONSULBIND_DEFAULT_ROLLOUT_WINDOWS"].clone();
     let given: Option<Value> = env.as_str().and_then(|e| serde_json::from_str(e).ok());
-    ensure!(given == serde_json::from_str(windows).ok(), "--set-json {set} gave CONSULBIND_DEFAULT_ROLLOUT_WINDOWS={env}");
+    ensure!(
+        given == serde_json::from_str(windows).ok(),
+        "--set-json {set} gave CONSULBIND_DEFAULT_ROLLOUT_WINDOWS={env}"
+    );
     ensure!(defaults.contains_key("CONSULBIND_DEFAULT_ROLLOUT_WINDOWS"), "no --default-rollout-windows");
 
     let objects = render(&[])?;

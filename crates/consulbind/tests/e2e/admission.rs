@@ -119,6 +119,31 @@ async fn each_rule_refuses_a_malformed_binding_at_apply_naming_the_field() {
         (json!({"rollout": {"budget": {"maxRollouts": 3, "per": "48h"}}}), "spec.rollout.budget.per", true),
         (json!({"rollout": {"budget": {"maxRollouts": 101, "per": "1h"}}}), "spec.rollout.budget.maxRollouts", true),
         (json!({"rollout": {"waves": [{"maxParallel": 0}]}}), "spec.rollout.waves[0].maxParallel", true),
+        (
+            json!({"rollout": {"windows": [{"schedule": "0 22 * *", "duration": "1h"}]}}),
+            "spec.rollout.windows[0].schedule",
+            true,
+        ),
+        (
+            json!({"rollout": {"windows": [{"schedule": "* 24 * * *", "duration": "1h"}]}}),
+            "spec.rollout.windows[0].schedule",
+            true,
+        ),
+        (
+            json!({"rollout": {"windows": [{"schedule": "* * * * *", "duration": "0s"}]}}),
+            "spec.rollout.windows: a window's duration",
+            true,
+        ),
+        (
+            json!({"rollout": {"windows": [{"schedule": "* * * * *", "duration": "169h"}]}}),
+            "spec.rollout.windows: a window's duration",
+            true,
+        ),
+        (
+            json!({"rollout": {"windows": [{"schedule": "* * * * *", "duration": "1h", "timeZone": "a/b/c/d"}]}}),
+            "spec.rollout.windows[0].timeZone",
+            true,
+        ),
         (json!({"configMaps": [{"name": "c", "keys": [""]}]}), "spec.configMaps[0].keys[0]", true),
         (json!({"keys": (0..65).map(|i| json!({"key": format!("k{i}")})).collect::<Vec<_>>()}), "spec.keys", false),
         (json!({"keys": [{"key": "/app"}]}), "spec.keys[0].key", true),

@@ -16,6 +16,7 @@ mod sources;
 mod support;
 mod tenant;
 mod waves;
+mod windows;
 
 use consulbind::names;
 use consulbind_api::conditions::{self, reason};
