@@ -112,7 +112,11 @@ mod tests {
     fn the_variant_for_old_servers_has_every_field_and_no_rule() {
         let with = serde_json::to_string(&crd()).unwrap();
         let without = serde_json::to_string(&crd_without_rules()).unwrap();
-        assert_eq!(with.matches("x-kubernetes-validations").count(), 6, "spec, targets, rollout, waves, budget, windows");
+        assert_eq!(
+            with.matches("x-kubernetes-validations").count(),
+            6,
+            "spec, targets, rollout, waves, budget, windows"
+        );
         assert!(!without.contains("x-kubernetes-validations"));
         let mut stripped: Value = serde_json::from_str(&with).unwrap();
         fn drop_rules(v: &mut Value) {

@@ -173,3 +173,87 @@ pub fn former(previous: &ConsulBindingStatus, found: &[Workload]) -> Vec<TargetS
     }
     former
 }
+
+#[cfg(test)]
+mod tests {
+    use consulbind_api::WorkloadKind;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+
+    use super::*;
+
+    fn row(name: &str, checksum: &str) -> TargetStatus {
+        TargetStatus {
+            kind: WorkloadKind::Deployment,
+            name: name.into(),
+            checksum: checksum.into(),
+            ..Default::default()
+        }
+    }
+
+    fn deploy(name: &str) -> Workload {
+        (WorkloadKind::Deployment, name.into())
+    }
+
+    fn names(rows: &[TargetStatus]) -> Vec<(&str, &str)> {
+        rows.iter().map(|r| (r.name.as_str(), r.checksum.as_str())).collect()
+    }
+
+    #[test]
+    fn former_rows_are_those_of_workloads_gone_the_newest_once_each_and_at_most_sixteen() {
+        let mut previous = ConsulBindingStatus {
+            targets: vec![row("a", "c2"), row("b", "c2"), row("c", "c2")],
+            former_targets: vec![row("a", "c1"), row("d", "c1")],
+            ..Default::default()
+        };
+        // `a` came back; `b` left; `d` is still gone; `c` is found.
+        let found = [deploy("a"), deploy("c")];
+        assert_eq!(names(&former(&previous, &found)), [("d", "c1"), ("b", "c2")]);
+        // Gone from the targets, a workload's latest row is the one kept.
+        assert_eq!(names(&former(&previous, &[])), [("d", "c1"), ("a", "c2"), ("b", "c2"), ("c", "c2")]);
+
+        previous.targets = (0..20).map(|i| row(&format!("w{i:02}"), "c3")).collect();
+        let kept = former(&previous, &[]);
+        assert_eq!(kept.len(), MAX_FORMER);
+        assert_eq!((kept[0].name.as_str(), kept[15].name.as_str()), ("w04", "w19"), "the newest are kept");
+        let kept = former(&ConsulBindingStatus { targets: previous.targets[..16].to_vec(), ..Default::default() }, &[]);
+        assert_eq!(kept.len(), MAX_FORMER, "sixteen are all kept");
+    }
+
+    #[test]
+    fn a_row_carries_its_content_when_known_and_else_what_it_carried_unmoved() {
+        let plan = Plan {
+            content: [(deploy("a"), "c2".to_owned()), (deploy("b"), "c2".to_owned())].into(),
+            ..Default::default()
+        };
+        let rows = [row("a", "c2"), row("b", "c1")];
+        let previous = ConsulBindingStatus::default();
+        assert_eq!(carrying(&previous, &plan, &rows), 1, "only a carries c2");
+
+        // A source cannot be read: the content is unknown.
+        let unknown = Plan::default();
+        let updated = Condition {
+            type_: conditions::TARGETS_UPDATED.into(),
+            status: "True".into(),
+            reason: "UpToDate".into(),
+            message: String::new(),
+            last_transition_time: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+            observed_generation: None,
+        };
+        let previous = ConsulBindingStatus {
+            targets: vec![row("a", "c1"), row("b", "c0")],
+            conditions: vec![updated.clone()],
+            ..Default::default()
+        };
+        let now = [row("a", "c1"), row("b", "c1")];
+        assert_eq!(carrying(&previous, &unknown, &now), 1, "a is unmoved from a status that was up to date");
+        let was_behind = ConsulBindingStatus { conditions: vec![], ..previous.clone() };
+        assert_eq!(carrying(&was_behind, &unknown, &now), 0, "unmoved, from a status that was not up to date");
+        let applied = ConsulBindingStatus { applied_checksum: Some("c1".into()), ..was_behind };
+        assert_eq!(carrying(&applied, &unknown, &now), 2, "both carry what was applied");
+        let other_kind = [TargetStatus { kind: WorkloadKind::StatefulSet, ..row("a", "c1") }];
+        assert_eq!(carrying(&previous, &unknown, &other_kind), 0, "another kind's row is another workload");
+        let not_up = Condition { status: "False".into(), ..updated };
+        let previous = ConsulBindingStatus { conditions: vec![not_up], ..previous };
+        assert_eq!(carrying(&previous, &unknown, &now), 0, "TargetsUpdated=False");
+    }
+}
