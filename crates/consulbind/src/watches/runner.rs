@@ -43,10 +43,14 @@ use crate::{Lock, metrics::Metrics};
 
 /// How soon a prefix found too large is read again: it rarely shrinks by itself.
 const TOO_LARGE_RETRY: Duration = Duration::from_secs(60);
-/// How often a key that Consul refused, missing from its shared read, is read alone again at
-/// the group's next answer: its policy may have been granted, and the key need not exist for
-/// that to show.
-const DENIED_RECHECK: Duration = Duration::from_secs(30);
+/// The longest a path that Consul refused, missing from its shared read, goes without being read
+/// alone again: its policy may have been granted, and the key need not exist for that to show.
+/// Its group's blocking query waits less meanwhile, so that an answer comes in time; and it is
+/// read at most twice as often, whatever the group's other keys do.
+const DENIED_RECHECK: Duration = Duration::from_secs(10);
+/// A group's blocking wait while one of its paths is refused: with the agent's jitter (a
+/// sixteenth) and ours (a tenth), an answer within [`DENIED_RECHECK`].
+const DENIED_WAIT: Duration = Duration::from_secs(8);
 
 /// What every group's runner shares.
 pub struct Runner {
@@ -209,11 +213,15 @@ impl Runner {
     async fn ask(&self, group: &mut GroupState, roster: &mut watch::Receiver<Arc<Roster>>, index: u64) -> Asked {
         let GroupState { query, born, last, agent, own_slot, .. } = group;
         let query = &*query;
-        let (limit, lane, parked) = {
+        let (limit, lane, parked, denied) = {
             let current = roster.borrow();
-            (answer_limit(&self.limits, &current), current.lane.clone(), current.parked)
+            let denied = current.cells.iter().any(|c| c.denied());
+            (answer_limit(&self.limits, &current), current.lane.clone(), current.parked, denied)
         };
-        let wait = self.group_wait(*born, lane.as_ref().map(|l| l.wait));
+        let mut wait = self.group_wait(*born, lane.as_ref().map(|l| l.wait));
+        if denied {
+            wait = wait.min(jitter(DENIED_WAIT, 0.1));
+        }
         // Planned anew for other slots (the protocol changed): take them afresh.
         let replanned = own_slot.as_ref().is_some_and(|(slot, _)| !Arc::ptr_eq(slot.semaphore(), &self.slots()));
         if lane.is_some() || parked || replanned {
@@ -305,7 +313,7 @@ impl Runner {
             }
         }
         let seen = group.last.take().filter(|(seen, _)| Arc::ptr_eq(seen, members) && !reset).map(|(_, old)| old);
-        let recheck = group.denied_checked.elapsed() >= DENIED_RECHECK;
+        let recheck = group.denied_checked.elapsed() >= DENIED_RECHECK / 2;
         if recheck {
             group.denied_checked = Instant::now();
         }

@@ -5,6 +5,7 @@ mod admission;
 mod cronjobs;
 mod faults;
 mod gitops;
+mod grants;
 mod helm;
 mod image;
 mod operations;
@@ -1154,6 +1155,13 @@ mod acl {
             let rules = format!("key_prefix \"{prefix}\" {{ policy = \"read\" }}");
             let path = format!("/v1/acl/policy/{}", current["ID"].as_str().unwrap());
             self.call(&path, json!({"Name": policy, "Rules": rules})).await;
+        }
+
+        /// A token of a policy `name` with `rules`.
+        pub async fn token_with(&self, name: &str, rules: &str) -> String {
+            self.call("/v1/acl/policy", json!({"Name": name, "Rules": rules})).await;
+            let token = self.call("/v1/acl/token", json!({"Policies": [{"Name": name}]})).await;
+            token["SecretID"].as_str().unwrap().to_owned()
         }
 
         /// A token that may read keys under `prefix`.

@@ -1004,3 +1004,61 @@ async fn a_kept_group_never_waits_behind_the_turns_of_lanes_being_replaced() {
     assert_eq!((again.query.key.as_str(), again.index), ("quiet", 11));
     drop((turn, again, rosters));
 }
+
+/// Issue 45: a key its token may not read, in a group Consul leaves quiet, is read alone again
+/// within ten seconds, so a grant shows with no other change.
+#[tokio::test(start_paused = true)]
+async fn a_refused_key_of_a_quiet_shared_read_is_read_again_within_ten_seconds() {
+    let mut group =
+        start(KvQuery::prefix("app/"), &[("app/a", false, &["one"]), ("app/b", false, &["two"])], no_limits());
+    let first = group.request().await;
+    // A group that has lived a while waits its full time.
+    tokio::time::advance(Duration::from_secs(600)).await;
+    first.reply(10, &[("app/a", "1", 5)]);
+    group.request().await.fail(denied("app/b"));
+    let mut blocking = group.request().await;
+    group.woken();
+    assert!(group.cells[1].denied());
+    // The grant, at once; nothing else changes. Consul's own jitter adds up to a sixteenth.
+    let granted = tokio::time::Instant::now();
+    for _ in 0..10 {
+        assert_eq!(blocking.query.key, "app/");
+        assert!(blocking.wait * 17 / 16 < DENIED_RECHECK, "a blocking wait of {:?}", blocking.wait);
+        tokio::time::advance(blocking.wait).await;
+        blocking.reply(10, &[("app/a", "1", 5)]);
+        let next = group.request().await;
+        if next.query.key == "app/b" {
+            assert!(granted.elapsed() <= DENIED_RECHECK, "read again after {:?}", granted.elapsed());
+            next.reply(10, &[]);
+            group.settle().await;
+            assert!(!group.cells[1].denied(), "the grant did not show");
+            assert_eq!(group.woken(), names(&["two"]));
+            return;
+        }
+        blocking = next;
+    }
+    panic!("the refused key was not read again");
+}
+
+/// Issue 45: a key or a prefix read alone that Consul refuses is asked again at most ten seconds
+/// apart, however long it was refused; its grant shows at the next read.
+#[tokio::test(start_paused = true)]
+async fn a_refused_path_read_alone_is_asked_again_at_most_ten_seconds_apart() {
+    for query in [KvQuery::exact("app/b"), KvQuery::prefix("app/b/")] {
+        let recurse = query.recurse;
+        let mut group = start(query.clone(), &[(query.key.as_str(), recurse, &["two"])], no_limits());
+        let mut request = group.request().await;
+        for _ in 0..12 {
+            let asked = tokio::time::Instant::now();
+            request.fail(denied(&query.key));
+            request = group.request().await;
+            assert!(asked.elapsed() <= DENIED_RECHECK, "{query:?} asked again after {:?}", asked.elapsed());
+        }
+        assert!(group.cells[0].denied());
+        group.woken();
+        request.reply(10, &[]);
+        group.settle().await;
+        assert!(!group.cells[0].denied(), "{query:?}: the grant did not show");
+        assert_eq!(group.woken(), names(&["two"]));
+    }
+}
