@@ -89,9 +89,11 @@ pub struct RolloutStatus {
     pub phase: RolloutPhase,
 
     /// Since when the rollout is in this wave and phase.
+    #[serde(serialize_with = "micro::one")]
     pub since: Time,
 
     /// When the rollout of this content started.
+    #[serde(serialize_with = "micro::one")]
     pub started_time: Time,
 
     /// `wave/waves phase`, for `kubectl get`.
@@ -239,7 +241,7 @@ pub struct TargetStatus {
     pub stamp: Option<String>,
 
     /// When the controller last rolled this workload.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", serialize_with = "micro::some")]
     pub last_rolled_time: Option<Time>,
 
     /// The workload's uid: one deleted and made again under the same name is another, which
@@ -257,6 +259,69 @@ pub struct TargetStatus {
 
     /// With a rollout budget: when this binding rolled it within the budget's span, oldest
     /// first.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty", serialize_with = "micro::all")]
     pub rolled_times: Vec<Time>,
+}
+
+/// The times of rollouts, which the controller compares with one another, written to the
+/// microsecond: `metav1.Time` keeps seconds, and a rollout may begin in the second that an
+/// earlier one rolled a target.
+mod micro {
+    use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Unit};
+    use serde::Serializer;
+
+    fn text(time: &Time) -> String {
+        time.0.round(Unit::Microsecond).unwrap_or(time.0).to_string()
+    }
+
+    pub fn one<S: Serializer>(time: &Time, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&text(time))
+    }
+
+    pub fn some<S: Serializer>(time: &Option<Time>, s: S) -> Result<S::Ok, S::Error> {
+        match time {
+            Some(time) => s.serialize_some(&text(time)),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn all<S: Serializer>(times: &[Time], s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(times.iter().map(text))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rollout_times_keep_microseconds_through_the_api_and_read_back_the_same() {
+        let at = |text: &str| Time(text.parse().unwrap());
+        let row = TargetStatus {
+            last_rolled_time: Some(at("2026-11-27T12:00:00.1234567Z")),
+            rolled_times: vec![at("2026-11-27T11:00:00Z"), at("2026-11-27T12:00:00.5Z")],
+            ..Default::default()
+        };
+        let json = serde_json::to_value(&row).unwrap();
+        assert_eq!(json["lastRolledTime"], "2026-11-27T12:00:00.123457Z");
+        assert_eq!(json["rolledTimes"], serde_json::json!(["2026-11-27T11:00:00Z", "2026-11-27T12:00:00.5Z"]));
+        let back: TargetStatus = serde_json::from_value(json).unwrap();
+        assert_eq!(back.last_rolled_time, Some(at("2026-11-27T12:00:00.123457Z")));
+        assert_eq!(back.rolled_times, row.rolled_times);
+        let rollout = RolloutStatus {
+            checksum: "c".into(),
+            wave: 1,
+            waves: 1,
+            phase: RolloutPhase::Rolling,
+            since: at("2026-11-27T12:00:00Z"),
+            started_time: at("2026-11-27T12:00:00.000001Z"),
+            progress: "1/1 Rolling".into(),
+            next_window: None,
+        };
+        let json = serde_json::to_value(&rollout).unwrap();
+        assert_eq!(
+            (&json["since"], &json["startedTime"]),
+            (&"2026-11-27T12:00:00Z".into(), &"2026-11-27T12:00:00.000001Z".into())
+        );
+    }
 }

@@ -8,7 +8,7 @@
 //! objects as they are, and what it read before is still what it runs. Its row moves to its new
 //! checksum without a rollout (a rebase), if nothing it read before changed meanwhile.
 
-use std::{collections::BTreeMap, time::Duration};
+use std::collections::BTreeMap;
 
 use consulbind_api::{
     ConsulBindingStatus, KeyStatus, ObjectKind, ObjectStatus, RolloutPhase, RolloutStatus,
@@ -110,8 +110,6 @@ pub struct Rebase<'a> {
     open: bool,
     /// A staged rollout under way, of the keys and named objects read now.
     in_flight: Option<&'a RolloutStatus>,
-    /// The quiet period: no roll of an earlier rollout comes within it before this one starts.
-    quiet: Duration,
 }
 
 impl<'a> Rebase<'a> {
@@ -122,7 +120,6 @@ impl<'a> Rebase<'a> {
         keys: &[KeyStatus],
         objects: &'a [ObjectContent<'a>],
         statuses: &[ObjectStatus],
-        quiet: Duration,
     ) -> Self {
         // A status written while a change was held records sources that the targets' rows do
         // not stand for; so does one from a failed patch.
@@ -145,7 +142,7 @@ impl<'a> Rebase<'a> {
         let same = same_keys && named(&previous.objects).eq(named(statuses));
         let in_flight =
             previous.rollout.as_ref().filter(|r| same && says(&staged) && r.phase != RolloutPhase::Complete);
-        Self { key, previous, contents, objects, open: same && says(&settled), in_flight, quiet }
+        Self { key, previous, contents, objects, open: same && says(&settled), in_flight }
     }
 
     /// Whether `target`, which references `uses` and carries `row` by the status, runs its
@@ -155,15 +152,10 @@ impl<'a> Rebase<'a> {
             return false;
         };
         let unchanged = uses.into_iter().flat_map(|u| u.keys()).all(|(kind, name)| self.unchanged(*kind, name));
-        // Times are to the second: a roll in the second this rollout started is one of its own
-        // when a quiet period of a second or more came before it, in which nothing rolled.
-        let rolled_since_start = |r: &&RolloutStatus| {
-            let (start, quiet) = (r.started_time.0.as_second(), self.quiet >= Duration::from_secs(1));
-            recorded
-                .last_rolled_time
-                .as_ref()
-                .is_some_and(|at| at.0.as_second() > start || (quiet && at.0.as_second() == start))
-        };
+        // The status keeps these times to the microsecond: a roll at or after the start is one
+        // of this rollout's, even in the instant it began (a quiet period of 0 s).
+        let rolled_since_start =
+            |r: &&RolloutStatus| recorded.last_rolled_time.as_ref().is_some_and(|at| at.0 >= r.started_time.0);
         let ran = self.open
             || self.in_flight.as_ref().is_some_and(rolled_since_start)
             || (self.in_flight.is_some() && self.carried_with_one_reference_more_or_less(uses, row));

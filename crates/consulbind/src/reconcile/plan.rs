@@ -139,15 +139,7 @@ fn behind(
     let on_bind = input.spec.rollout.as_ref().is_some_and(|r| r.on_bind);
     let carried = Carried::new(input.previous, input.versions);
     let content_changed = plan.desired.as_deref() != Some(applied);
-    let rebase = content::Rebase::new(
-        input.key,
-        input.previous,
-        contents,
-        &plan.keys,
-        objects,
-        &plan.objects,
-        input.window.quiet,
-    );
+    let rebase = content::Rebase::new(input.key, input.previous, contents, &plan.keys, objects, &plan.objects);
     let mut behind = Vec::new();
     for w in input.found {
         let want = plan.content[w].as_str();

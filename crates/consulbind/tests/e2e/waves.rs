@@ -523,6 +523,46 @@ async fn a_reference_added_to_the_canary_during_its_pause_rolls_nothing_more_and
 
 /// Wave and budget fields at their bounds and past them: the API server refuses what its schema
 /// can tell, the controller names the field it refuses, and another binding rolls meanwhile.
+/// With a quiet period of 0 s the canary rolls in the instant its rollout begins (the status
+/// keeps that instant to the microsecond); the only reference it then drops rolls nothing more.
+#[tokio::test]
+async fn a_reference_dropped_by_a_canary_rolled_as_its_rollout_began_rolls_nothing_more() {
+    let Some(s) = Scene::new("waves-dropped").await else { return };
+    let key = s.key("config");
+    s.put(&key, "v1").await;
+    let extra = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "extra"}, "data": {"x": "1"}});
+    s.apply(extra).await.unwrap();
+    let mut canary = deployment("canary", 0, "canary");
+    canary["spec"]["template"]["spec"]["containers"][0]["envFrom"] = json!([{"configMapRef": {"name": "extra"}}]);
+    s.apply(canary).await.unwrap();
+    s.deployments(&[("web", 0, "stable")]).await;
+    let mut spec = staged(&key, canary_first("20s"));
+    spec["includeTargetReferences"] = json!(true);
+    s.binding("app", spec).await;
+    s.wait_condition("app", conditions::READY, "True", reason::BASELINED).await;
+
+    s.put(&key, "v2").await;
+    let paused = s.wait_condition("app", conditions::READY, "False", reason::WAVE_PAUSED).await;
+    let status = paused.status.unwrap();
+    let (rollout, canary_row) = (status.rollout.expect("status.rollout"), &status.targets[0]);
+    assert_eq!(canary_row.last_rolled_time.as_ref(), Some(&rollout.started_time), "rolled as the rollout began");
+    s.deployments(&[("canary", 0, "canary")]).await;
+    let dropped = || async {
+        let status = s.get_binding("app").await.status.unwrap_or_default();
+        Ok(!status.objects.iter().any(|o| o.name == "extra"))
+    };
+    wait("the binding to drop the canary's reference", dropped).await.unwrap();
+    let status = s.get_binding("app").await.status.unwrap();
+    let ready = status.conditions.iter().find(|c| c.type_ == conditions::READY).unwrap();
+    assert_eq!(ready.reason, reason::WAVE_PAUSED, "{}", ready.message);
+    assert_eq!(s.generations(&["canary", "web"]).await, [3, 1], "the stamp, then the template change");
+
+    s.wait_condition("app", conditions::READY, "True", reason::UP_TO_DATE).await;
+    tokio::time::sleep(support::SETTLE).await;
+    assert_eq!(s.generations(&["canary", "web"]).await, [3, 2], "no second rollout of the canary");
+    s.finish().await;
+}
+
 #[tokio::test]
 async fn malformed_waves_and_budgets_are_refused_by_field_and_another_binding_rolls() {
     let Some(s) = Scene::new("waves-bad").await else { return };

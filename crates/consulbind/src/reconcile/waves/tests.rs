@@ -571,3 +571,21 @@ async fn a_target_that_carries_the_content_from_an_interrupted_rollout_is_judged
     pass(&mut world, 120).await;
     assert_eq!([world.tick(), world.tick()].concat(), ["web"], "{:?}", world.ready());
 }
+
+/// With a quiet period of 0 s the canary rolls in the instant its rollout begins; the only
+/// reference it drops then rolls nothing more.
+#[test]
+fn a_reference_dropped_by_a_canary_rolled_as_its_rollout_began_rolls_nothing_more() {
+    let mut world = World::staged(&["canary", "web"], canary_then_rest(Some("2m"), None));
+    world.reference("canary", true);
+    assert_eq!(world.tick(), Vec::<String>::new(), "a reference added with nothing in flight");
+    world.write("v2");
+    assert_eq!(world.tick(), ["canary"]);
+    world.healthy("canary");
+    world.reference("canary", false);
+    assert_eq!(world.tick(), Vec::<String>::new(), "the canary runs its content already");
+    assert_eq!(world.phase(), Some((1, RolloutPhase::Paused)));
+    world.advance(Duration::from_secs(120));
+    assert_eq!(world.tick(), ["web"]);
+    assert_eq!([world.rolls("canary"), world.rolls("web")], [1, 1]);
+}

@@ -118,8 +118,10 @@ impl World {
         self.record = Record::default();
     }
 
-    /// One reconcile; returns the workloads it rolled.
+    /// One reconcile; returns the workloads it rolled. Each takes a microsecond: no two
+    /// reconciles happen at the same instant.
     pub fn tick(&mut self) -> Vec<String> {
+        self.advance(Duration::from_micros(1));
         let entries = vec![
             KvEntry::new("app/config", self.value.clone(), self.index).digested(|v| checksum::digest(&KEY, v).to_vec()),
         ];
