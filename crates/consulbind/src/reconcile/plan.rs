@@ -572,6 +572,35 @@ mod tests {
         assert!(step_live(&at_v2, &entry("v2"), &[(&format!("{v2}~1"), true)]).roll.is_empty());
     }
 
+    /// What the status says a target runs while nothing rolls it (a suspended binding): what
+    /// its own stamp of this binding stands for, whether it was found later with an older one, or
+    /// a rollout undo put an older one back; and no staged state once the binding stages nothing.
+    #[tokio::test(start_paused = true)]
+    async fn a_row_says_what_the_targets_own_stamp_stands_for_while_nothing_rolls_it() {
+        let suspended = ConsulBindingSpec { suspend: true, ..spec(false) };
+        let (v0, v1) = (checksum_of("v0"), checksum_of("v1"));
+        let live = BTreeMap::from([(web()[0].clone(), Live { value: v0.clone(), owned: true })]);
+        let found = web();
+        let row = |status: &ConsulBindingStatus| (status.targets[0].checksum.clone(), status.targets[0].stamp.clone());
+
+        // Found after the baseline, with an older stamp of this binding's.
+        let (_, at_v1) = step(&spec(false), &Default::default(), &entry("v1"), &[]);
+        let (plan, status) = plan_and_status(&Input { live: &live, ..input(&suspended, &at_v1, &entry("v1"), &found) });
+        assert!(plan.roll.is_empty() && !plan.baseline);
+        assert_eq!(row(&status), (v0.clone(), None), "found later");
+
+        // Found with no stamp, so running v1; then an undo put an older stamp back.
+        let (_, running) = step(&spec(false), &at_v1, &entry("v1"), &found);
+        assert_eq!(row(&running), (v1, None));
+        let mut staged = running.clone();
+        staged.targets[0].state = Some(consulbind_api::TargetState::Healthy);
+        staged.targets[0].rolled_times = vec![now()];
+        let (_, status) = plan_and_status(&Input { live: &live, ..input(&suspended, &staged, &entry("v1"), &found) });
+        assert_eq!(row(&status), (v0, None), "after an undo");
+        let target = &status.targets[0];
+        assert_eq!((target.state, target.rolled_times.len()), (None, 0), "a binding that stages nothing");
+    }
+
     #[tokio::test(start_paused = true)]
     async fn checksums_of_older_releases_roll_nothing_and_leave_the_status() {
         fn sources(value: &str) -> [Source<'_>; 1] {

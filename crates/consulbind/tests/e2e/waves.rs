@@ -21,6 +21,16 @@ fn deployment(name: &str, replicas: i32, track: &str) -> Value {
                 "spec": {"containers": [{"name": "app", "image": "example.invalid/app:1"}]}}}})
 }
 
+/// The ConfigMap `extra`, which `reading_extra` makes a Deployment reference.
+fn extra() -> Value {
+    json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "extra"}, "data": {"x": "1"}})
+}
+
+fn reading_extra(mut deployment: Value) -> Value {
+    deployment["spec"]["template"]["spec"]["containers"][0]["envFrom"] = json!([{"configMapRef": {"name": "extra"}}]);
+    deployment
+}
+
 fn staged(key: &str, rollout: Value) -> Value {
     let mut rollout = rollout;
     rollout["quietPeriod"] = json!("0s");
@@ -488,8 +498,7 @@ async fn a_reference_added_to_the_canary_during_its_pause_rolls_nothing_more_and
     let Some(s) = Scene::new("waves-reference").await else { return };
     let key = s.key("config");
     s.put(&key, "v1").await;
-    let extra = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "extra"}, "data": {"x": "1"}});
-    s.apply(extra).await.unwrap();
+    s.apply(extra()).await.unwrap();
     s.deployments(&[("canary", 0, "canary"), ("web", 0, "stable")]).await;
     let mut spec = staged(&key, canary_first("20s"));
     spec["includeTargetReferences"] = json!(true);
@@ -499,9 +508,7 @@ async fn a_reference_added_to_the_canary_during_its_pause_rolls_nothing_more_and
     s.put(&key, "v2").await;
     let paused = s.wait_condition("app", conditions::READY, "False", reason::WAVE_PAUSED).await;
     let before = paused.status.unwrap().rollout.expect("status.rollout");
-    let mut canary = deployment("canary", 0, "canary");
-    canary["spec"]["template"]["spec"]["containers"][0]["envFrom"] = json!([{"configMapRef": {"name": "extra"}}]);
-    s.apply(canary).await.unwrap();
+    s.apply(reading_extra(deployment("canary", 0, "canary"))).await.unwrap();
     let read = || async {
         let status = s.get_binding("app").await.status.unwrap_or_default();
         Ok(status.objects.iter().any(|o| o.name == "extra" && o.referenced))
@@ -530,11 +537,8 @@ async fn a_reference_dropped_by_a_canary_rolled_as_its_rollout_began_rolls_nothi
     let Some(s) = Scene::new("waves-dropped").await else { return };
     let key = s.key("config");
     s.put(&key, "v1").await;
-    let extra = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "extra"}, "data": {"x": "1"}});
-    s.apply(extra).await.unwrap();
-    let mut canary = deployment("canary", 0, "canary");
-    canary["spec"]["template"]["spec"]["containers"][0]["envFrom"] = json!([{"configMapRef": {"name": "extra"}}]);
-    s.apply(canary).await.unwrap();
+    s.apply(extra()).await.unwrap();
+    s.apply(reading_extra(deployment("canary", 0, "canary"))).await.unwrap();
     s.deployments(&[("web", 0, "stable")]).await;
     let mut spec = staged(&key, canary_first("20s"));
     spec["includeTargetReferences"] = json!(true);
