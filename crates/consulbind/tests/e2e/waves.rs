@@ -5,7 +5,7 @@
 
 use consulbind::names;
 use consulbind_api::{
-    RolloutPhase, TargetState,
+    ConsulBinding, RolloutPhase, TargetState,
     conditions::{self, reason},
 };
 use serde_json::{Value, json};
@@ -72,6 +72,24 @@ impl Scene {
 
     async fn scale(&self, name: &str, replicas: i32) {
         self.kubectl(&["scale", "deployment", name, &format!("--replicas={replicas}")]);
+    }
+
+    /// A canary-first rollout (a pause of 20 s) by a binding that reads its targets' references,
+    /// beside the ConfigMap `extra`, which the canary references if `referenced`: once a change
+    /// has rolled the canary and its wave pauses, the binding then.
+    async fn paused_with_references(&self, referenced: bool) -> ConsulBinding {
+        let key = self.key("config");
+        self.put(&key, "v1").await;
+        self.apply(extra()).await.unwrap();
+        let canary = deployment("canary", 0, "canary");
+        self.apply(if referenced { reading_extra(canary) } else { canary }).await.unwrap();
+        self.deployments(&[("web", 0, "stable")]).await;
+        let mut spec = staged(&key, canary_first("20s"));
+        spec["includeTargetReferences"] = json!(true);
+        self.binding("app", spec).await;
+        self.wait_condition("app", conditions::READY, "True", reason::BASELINED).await;
+        self.put(&key, "v2").await;
+        self.wait_condition("app", conditions::READY, "False", reason::WAVE_PAUSED).await
     }
 
     /// Someone fixes the halted canary's capacity: the rollout goes on by itself, and each of
@@ -496,17 +514,7 @@ async fn on_delete_stateful_sets_and_daemon_sets_in_the_first_wave_let_the_secon
 #[tokio::test]
 async fn a_reference_added_to_the_canary_during_its_pause_rolls_nothing_more_and_the_pause_goes_on() {
     let Some(s) = Scene::new("waves-reference").await else { return };
-    let key = s.key("config");
-    s.put(&key, "v1").await;
-    s.apply(extra()).await.unwrap();
-    s.deployments(&[("canary", 0, "canary"), ("web", 0, "stable")]).await;
-    let mut spec = staged(&key, canary_first("20s"));
-    spec["includeTargetReferences"] = json!(true);
-    s.binding("app", spec).await;
-    s.wait_condition("app", conditions::READY, "True", reason::BASELINED).await;
-
-    s.put(&key, "v2").await;
-    let paused = s.wait_condition("app", conditions::READY, "False", reason::WAVE_PAUSED).await;
+    let paused = s.paused_with_references(false).await;
     let before = paused.status.unwrap().rollout.expect("status.rollout");
     s.apply(reading_extra(deployment("canary", 0, "canary"))).await.unwrap();
     let read = || async {
@@ -535,18 +543,7 @@ async fn a_reference_added_to_the_canary_during_its_pause_rolls_nothing_more_and
 #[tokio::test]
 async fn a_reference_dropped_by_a_canary_rolled_as_its_rollout_began_rolls_nothing_more() {
     let Some(s) = Scene::new("waves-dropped").await else { return };
-    let key = s.key("config");
-    s.put(&key, "v1").await;
-    s.apply(extra()).await.unwrap();
-    s.apply(reading_extra(deployment("canary", 0, "canary"))).await.unwrap();
-    s.deployments(&[("web", 0, "stable")]).await;
-    let mut spec = staged(&key, canary_first("20s"));
-    spec["includeTargetReferences"] = json!(true);
-    s.binding("app", spec).await;
-    s.wait_condition("app", conditions::READY, "True", reason::BASELINED).await;
-
-    s.put(&key, "v2").await;
-    let paused = s.wait_condition("app", conditions::READY, "False", reason::WAVE_PAUSED).await;
+    let paused = s.paused_with_references(true).await;
     let status = paused.status.unwrap();
     let (rollout, canary_row) = (status.rollout.expect("status.rollout"), &status.targets[0]);
     assert_eq!(canary_row.last_rolled_time.as_ref(), Some(&rollout.started_time), "rolled as the rollout began");
