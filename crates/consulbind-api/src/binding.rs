@@ -12,8 +12,9 @@ use serde::{Deserialize, Serialize};
 
 pub use self::{rollout::*, sources::*, status::*, targets::*};
 
-/// Binds Consul KV keys or prefixes to workloads in the same namespace. When the content behind the
-/// keys changes, the controller stamps a checksum into each workload's pod template, which makes
+/// Binds Consul KV keys or prefixes, ConfigMaps and Secrets to workloads in the same namespace
+/// (Deployments, StatefulSets, DaemonSets, CronJobs and Argo Rollouts). When the content behind
+/// them changes, the controller stamps a checksum into each workload's pod template, which makes
 /// Kubernetes roll it out.
 #[derive(CustomResource, Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[kube(

@@ -20,8 +20,9 @@ pub struct Config {
     #[arg(long, env = "CONSUL_HTTP_TOKEN", hide_env_values = true, value_parser = token)]
     pub consul_http_token: Option<Token>,
 
-    /// File holding the default Consul ACL token. `--consul-http-token` wins if both are set. A
-    /// file that does not exist means no default token (an optional Secret that is not there).
+    /// File holding the default Consul ACL token, read again every 5 s, so that a rotated
+    /// token takes effect without a restart. `--consul-http-token` wins if both are set. A file
+    /// that does not exist means no default token (an optional Secret that is not there).
     #[arg(long, env = "CONSUL_HTTP_TOKEN_FILE")]
     pub consul_http_token_file: Option<PathBuf>,
 
