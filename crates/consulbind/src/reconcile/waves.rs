@@ -327,8 +327,7 @@ fn through_waves(
         // The current wave: one this rollout has not started waits for a rollout window; one it
         // started finishes, whatever the windows say. A target still rolling from an earlier
         // change of the same content started nothing (waves simulator seed 373); one behind was
-        // not rolled to this content, whenever its last roll was, as the status's times are to
-        // the second (seed 312).
+        // not rolled to this content, whenever its last roll was (seed 312).
         let rolled_here = |w: &&Workload| !behind.contains(*w) && rolled_now(w);
         let under_way = ours.is_some() && members.iter().any(rolled_here);
         if !under_way && !in_window(staging, input, record, i, &mut step) {

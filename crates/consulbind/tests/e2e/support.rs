@@ -104,6 +104,15 @@ impl Scene {
         self.consul.delete(key, false, None).await.unwrap();
     }
 
+    /// Asserts that the API server refuses a binding of `spec`, naming `field`.
+    pub async fn assert_refused(&self, spec: Value, field: &str) {
+        let refused = self
+            .apply(json!({"apiVersion": "consulbind.dev/v1alpha1", "kind": "ConsulBinding",
+                "metadata": {"name": "refused"}, "spec": spec}))
+            .await;
+        assert!(refused.as_ref().is_err_and(|e| e.to_string().contains(field)), "{field}: {refused:?}");
+    }
+
     pub async fn apply(&self, manifest: Value) -> Result<()> {
         let kind = manifest["kind"].as_str().unwrap().to_owned();
         let name = manifest["metadata"]["name"].as_str().unwrap().to_owned();

@@ -579,11 +579,7 @@ async fn malformed_waves_and_budgets_are_refused_by_field_and_another_binding_ro
         (json!({"budget": {"maxRollouts": 101, "per": "1m"}}), "maxRollouts"),
         (json!({"budget": {"maxRollouts": 1, "per": "soon"}}), "per"),
     ] {
-        let refused = s
-            .apply(json!({"apiVersion": "consulbind.dev/v1alpha1", "kind": "ConsulBinding",
-            "metadata": {"name": "refused"}, "spec": staged(&key, rollout)}))
-            .await;
-        assert!(refused.as_ref().is_err_and(|e| e.to_string().contains(field)), "{field}: {refused:?}");
+        s.assert_refused(staged(&key, rollout), field).await;
     }
     let most = json!({"waves": (0..16).map(|_| json!({"maxParallel": 4294967295u32, "pause": "24h"})).collect::<Vec<_>>(),
         "healthTimeout": "24h", "budget": {"maxRollouts": 100, "per": "24h"}});

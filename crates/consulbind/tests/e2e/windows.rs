@@ -203,12 +203,7 @@ async fn malformed_windows_are_refused_by_field_and_another_binding_rolls() {
         (json!({"schedule": "* * * * *", "duration": "1h", "timeZone": "../etc/passwd"}), "timeZone"),
         (json!({"kind": "sometimes", "schedule": "* * * * *", "duration": "1h"}), "kind"),
     ] {
-        let spec = windowed(&key, json!([window]), json!([]));
-        let refused = s
-            .apply(json!({"apiVersion": "consulbind.dev/v1alpha1", "kind": "ConsulBinding",
-                "metadata": {"name": "refused"}, "spec": spec}))
-            .await;
-        assert!(refused.as_ref().is_err_and(|e| e.to_string().contains(field)), "{field}: {refused:?}");
+        s.assert_refused(windowed(&key, json!([window]), json!([])), field).await;
     }
     let zone = json!([{"schedule": "* * * * *", "duration": "1h", "timeZone": "Mars/Olympus"}]);
     s.binding("zone", windowed(&key, zone, json!([]))).await;
