@@ -74,7 +74,13 @@ enum Command {
     /// cache on first use) and the package's unit tests; prints what was caught and missed. Slow:
     /// hours on 2 cores. Not part of `test`.
     Mutants {
-        /// Passed to cargo-mutants, e.g. `--list`, or `--shard 1/4` for a quarter of the mutants.
+        /// Simulator seeds per test run. Few make a quick first pass; the mutants it misses are
+        /// then tried again with many (`--seeds 200 -- --shard K/N --iterate`).
+        #[arg(long, default_value_t = 10)]
+        seeds: u32,
+        /// Passed to cargo-mutants, e.g. `--list`, `--shard 1/8` for an eighth of the mutants
+        /// (each shard keeps its own report), or `--iterate` to try again only what a shard's
+        /// last run did not catch.
         #[arg(last = true)]
         args: Vec<String>,
     },
@@ -288,7 +294,7 @@ fn run(command: Command) -> Result<()> {
         Command::Image => env::image::build(),
         Command::Demo => env::demo::run(&env),
         Command::Sim { seeds, seed } => check::test::sim(seeds, seed),
-        Command::Mutants { args } => check::mutants::run(&args),
+        Command::Mutants { seeds, args } => check::mutants::run(seeds, &args),
         Command::Bench { bench: Bench::Big { prefixes, values, value_bytes, changes } } => {
             bench::big::run(&env, bench::big::Sizes { prefixes, values, value_bytes, changes })
         }

@@ -32,13 +32,35 @@ pub struct Version {
 impl Version {
     pub fn of<K: kube::Resource>(obj: &K) -> Self {
         let meta = obj.meta();
+        Self::from_parts(meta.uid.as_deref(), meta.generation, meta.resource_version.as_deref())
+    }
+
+    fn from_parts(uid: Option<&str>, generation: Option<i64>, resource_version: Option<&str>) -> Self {
         // Before 1.21 a CronJob has no generation; its resource version (etcd's revision, which
         // only grows) tells as well whether the cache has caught up with a stamp.
-        let revision = || meta.resource_version.as_deref()?.parse().ok();
-        Self {
-            uid: meta.uid.clone().unwrap_or_default(),
-            generation: meta.generation.or_else(revision).unwrap_or_default(),
-        }
+        let revision = || resource_version?.parse().ok();
+        Self { uid: uid.unwrap_or_default().to_owned(), generation: generation.or_else(revision).unwrap_or_default() }
+    }
+}
+
+/// What a write's answer says of the object's [`Version`]. Read into this alone, the rest of
+/// the answer (the whole spec and its managed fields) is skipped rather than built.
+#[derive(serde::Deserialize)]
+pub struct Written {
+    metadata: WrittenMeta,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WrittenMeta {
+    uid: Option<String>,
+    generation: Option<i64>,
+    resource_version: Option<String>,
+}
+
+impl From<Written> for Version {
+    fn from(Written { metadata: m }: Written) -> Self {
+        Self::from_parts(m.uid.as_deref(), m.generation, m.resource_version.as_deref())
     }
 }
 
@@ -231,5 +253,17 @@ mod tests {
         assert!(listing());
         drop(b);
         assert!(!listing(), "a watch that ends lists no more");
+    }
+
+    #[test]
+    fn a_write_answer_gives_its_version_from_the_metadata_alone() {
+        let answer = |metadata: serde_json::Value| {
+            let body = serde_json::json!({"kind": "Deployment", "metadata": metadata, "spec": {"replicas": 2}});
+            Version::from(serde_json::from_value::<Written>(body).unwrap())
+        };
+        let deployment = answer(serde_json::json!({"uid": "u-1", "generation": 7, "resourceVersion": "912"}));
+        assert_eq!(deployment, Version { uid: "u-1".into(), generation: 7 });
+        let old_cronjob = answer(serde_json::json!({"uid": "u-2", "resourceVersion": "912"}));
+        assert_eq!(old_cronjob, Version { uid: "u-2".into(), generation: 912 }, "no generation before 1.21");
     }
 }

@@ -7,10 +7,9 @@ use consulbind_api::WorkloadKind;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use kube::{
-    Api, Client, Resource,
+    Client, Resource,
     api::{Patch, PatchParams},
 };
-use serde::de::DeserializeOwned;
 use serde_json::json;
 use tracing::debug;
 
@@ -22,7 +21,7 @@ use super::{
 use crate::{
     BindingRef, Lock,
     cluster::{
-        Version, Workload,
+        self, Version, Workload,
         argo::Rollout,
         cronjob::{CronJob, CronJobV1Beta1},
     },
@@ -185,6 +184,8 @@ fn body(
     }
 }
 
+/// The patch through the client itself rather than `Api<K>`, whose answer would be built
+/// into a whole `K` only for its uid and generation.
 async fn patch<K>(
     client: &Client,
     namespace: &str,
@@ -193,13 +194,11 @@ async fn patch<K>(
     body: &Patch<serde_json::Value>,
 ) -> kube::Result<Version>
 where
-    K: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
-        + Clone
-        + DeserializeOwned
-        + std::fmt::Debug,
+    K: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>,
 {
-    let patched = Api::<K>::namespaced(client.clone(), namespace).patch(name, params, body).await?;
-    Ok(Version::of(&patched))
+    let request = kube::core::Request::new(K::url_path(&(), Some(namespace)));
+    let request = request.patch(name, params, body).map_err(kube::Error::BuildRequest)?;
+    Ok(client.request::<cluster::Written>(request).await?.into())
 }
 
 #[cfg(test)]
