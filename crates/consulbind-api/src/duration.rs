@@ -38,6 +38,15 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(Duration::from_millis(millis))
 }
 
+/// Parses `N/span`, such as `3/1h`: a count and the span it holds within. The caller bounds
+/// both; `example` is shown when the text has no `/`.
+pub fn parse_rate(text: &str, example: &str) -> Result<(u32, Duration), String> {
+    let (count, span) = text.split_once('/').ok_or_else(|| format!("{text:?}: expected N/span, such as {example}"))?;
+    let count = count.parse().map_err(|_| format!("{text:?}: {count:?} is not a count"))?;
+    let span = parse_duration(span).map_err(|e| format!("{text:?}: {e}"))?;
+    Ok((count, span))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -65,5 +74,14 @@ mod tests {
         for bad in ["", "5", "s", "5x", "1.5s", "-1s", "5 s", "1d", "1hh", "m5", "5sm", "５s", "1µs"] {
             assert!(parse_duration(bad).is_err(), "{bad:?} should be rejected");
         }
+    }
+
+    #[test]
+    fn a_rate_is_a_count_over_a_span() {
+        assert_eq!(parse_rate("3/1h", "3/1h"), Ok((3, Duration::from_secs(3600))));
+        assert_eq!(parse_rate("100/1m30s", "x"), Ok((100, Duration::from_secs(90))));
+        assert_eq!(parse_rate("3", "3/1h"), Err(r#""3": expected N/span, such as 3/1h"#.to_owned()));
+        assert_eq!(parse_rate("-1/1h", "x"), Err(r#""-1/1h": "-1" is not a count"#.to_owned()));
+        assert!(parse_rate("3/1d", "x").unwrap_err().starts_with(r#""3/1d": invalid duration"#));
     }
 }

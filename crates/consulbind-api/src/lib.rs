@@ -8,7 +8,7 @@ mod schedule;
 
 pub use binding::*;
 pub use crd::{DropNullable, crd, crd_without_rules};
-pub use duration::{DURATION_PATTERN, MAX_DELAY, MAX_QUIET_PERIOD, parse_duration};
+pub use duration::{DURATION_PATTERN, MAX_DELAY, MAX_QUIET_PERIOD, parse_duration, parse_rate};
 pub use schedule::{SCHEDULE_PATTERN, TIME_ZONE_PATTERN};
 
 /// API group of every resource this project defines.

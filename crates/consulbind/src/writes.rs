@@ -15,7 +15,7 @@ use std::{
     time::Duration,
 };
 
-use consulbind_api::parse_duration;
+use consulbind_api::parse_rate;
 use tokio::{sync::oneshot, time::Instant};
 
 use crate::Lock;
@@ -34,9 +34,7 @@ pub struct Rate {
 
 impl Rate {
     pub fn parse(text: &str) -> Result<Self, String> {
-        let (max, per) = text.split_once('/').ok_or_else(|| format!("{text:?}: expected N/span, such as 100/1m"))?;
-        let max: u32 = max.parse().map_err(|_| format!("{text:?}: {max:?} is not a count"))?;
-        let per = parse_duration(per).map_err(|e| format!("{text:?}: {e}"))?;
+        let (max, per) = parse_rate(text, "100/1m")?;
         if max == 0 || per.is_zero() || per > Duration::from_secs(24 * 3600) {
             return Err(format!("{text:?}: the count must be at least 1 and the span between 1ms and 24h"));
         }

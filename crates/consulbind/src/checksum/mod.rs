@@ -176,10 +176,10 @@ impl Key {
         Self::new(self.bytes)
     }
 
-    /// A fresh random key, from the kernel's generator.
+    /// A fresh random key, from the system's generator.
     pub fn generate() -> std::io::Result<Self> {
         let mut bytes = [0; KEY_LEN];
-        std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom")?, &mut bytes)?;
+        getrandom::fill(&mut bytes).map_err(|e| std::io::Error::other(e.to_string()))?;
         Ok(Self::new(bytes))
     }
 
@@ -287,6 +287,13 @@ pub fn short(checksum: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_generated_key_is_fresh_each_time() {
+        let (a, b) = (Key::generate().unwrap(), Key::generate().unwrap());
+        assert_ne!(a.bytes(), b.bytes());
+        assert_ne!(a.bytes(), &[0; KEY_LEN]);
+    }
 
     fn vector() -> Vec<Source<'static>> {
         vec![

@@ -3,7 +3,7 @@
 
 use std::{collections::BTreeMap, time::Duration};
 
-use consulbind_api::{ConsulBindingSpec, WorkloadKind, parse_duration};
+use consulbind_api::{ConsulBindingSpec, WorkloadKind, parse_duration, parse_rate};
 use kube::core::{Selector, SelectorExt};
 
 pub use super::calendar::{Calendar, Gate};
@@ -52,17 +52,25 @@ pub struct Budget {
 impl Budget {
     /// `N/span`, as the controller's `--default-rollout-budget` takes it, such as `3/1h`.
     pub fn parse(text: &str) -> Result<Self, String> {
-        let (max, per) = text.split_once('/').ok_or_else(|| format!("{text:?}: expected N/span, such as 3/1h"))?;
-        let max: u32 = max.parse().map_err(|_| format!("{text:?}: {max:?} is not a count"))?;
-        budget(max, per, "the rollout budget")
+        let (max, per) = parse_rate(text, "3/1h")?;
+        bounded(max, per, "the rollout budget")
     }
 }
 
 fn budget(max: u32, per: &str, field: &str) -> Result<Budget, String> {
+    bounded(max, duration(per, field)?.unwrap_or_default(), field)
+}
+
+fn bounded(max: u32, per: Duration, field: &str) -> Result<Budget, String> {
     if !(1..=100).contains(&max) {
         return Err(format!("{field} allows {max} rollouts; between 1 and 100 are allowed"));
     }
-    let per = duration(per, field)?.filter(|d| !d.is_zero()).ok_or_else(|| format!("{field}: the span is zero"))?;
+    if per.is_zero() {
+        return Err(format!("{field}: the span is zero"));
+    }
+    if per > MAX_WAIT {
+        return Err(format!("{field} spans {per:?}; at most 24h is allowed"));
+    }
     Ok(Budget { max, per })
 }
 
