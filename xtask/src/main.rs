@@ -1,5 +1,5 @@
 //! Development tasks for consulbind: `cargo xtask env up|down|status`, `test`, `e2e`, `crdgen`, `image`,
-//! `explain`, `monitoring`, `helm`, `demo`, `bench …`, `sim`, `mutants`. This file is the command line
+//! `explain`, `monitoring`, `helm`, `book`, `demo`, `bench …`, `sim`, `mutants`. This file is the command line
 //! alone: the environment and its provisioning are in `env/`, the benchmarks in `bench/`, the checks
 //! in `check/`.
 
@@ -29,7 +29,7 @@ enum Command {
         #[command(subcommand)]
         action: EnvAction,
     },
-    /// Check everything: fmt, clippy, crdgen --check, monitoring rules, unit tests, the image, then kubectl explain
+    /// Check everything: fmt, clippy, crdgen --check, monitoring rules, the chart, the book, unit tests, the image, then kubectl explain
     /// and end-to-end tests on a fresh environment.
     Test {
         /// Passed to the end-to-end test binaries, e.g. a test name filter or --nocapture.
@@ -53,6 +53,8 @@ enum Command {
     Monitoring,
     /// Check the Helm chart in config/helm/: helm lint, the same objects as kustomize, every value.
     Helm,
+    /// Build the book in docs/ with mdBook into target/book, failing on a warning or a broken link.
+    Book,
     /// Build the controller image with buildah (no daemon) into target/consulbind-image.oci.tar.
     Image,
     /// Measure the controller on the local servers and print the figures.
@@ -291,6 +293,7 @@ fn run(command: Command) -> Result<()> {
         Command::Explain => env.status().and_then(|()| check::explain::check(&env)),
         Command::Monitoring => check::monitoring::check(),
         Command::Helm => check::helm::check(),
+        Command::Book => check::book::check(),
         Command::Image => env::image::build(),
         Command::Demo => env::demo::run(&env),
         Command::Sim { seeds, seed } => check::test::sim(seeds, seed),

@@ -1,6 +1,7 @@
 //! The checks: everything `cargo xtask test` runs, each also a command of its own, and the
 //! mutation testing that runs only on demand.
 
+pub mod book;
 pub mod crdgen;
 pub mod explain;
 pub mod helm;
