@@ -51,8 +51,12 @@ enum Command {
     Explain,
     /// Check config/monitoring/: promtool on the rules, the dashboard JSON, the kustomization.
     Monitoring,
-    /// Check the Helm chart in config/helm/: helm lint, the same objects as kustomize, every value.
-    Helm,
+    /// Check the Helm chart in config/helm/: helm lint, the same objects as kustomize, every value, the values' schema.
+    Helm {
+        /// Write values.schema.json from values.yaml first.
+        #[arg(long)]
+        write_schema: bool,
+    },
     /// Build the book in docs/ with mdBook into target/book, failing on a warning or a broken link.
     Book,
     /// Build the controller image with buildah (no daemon) into target/consulbind-image.oci.tar.
@@ -292,7 +296,7 @@ fn run(command: Command) -> Result<()> {
         Command::Crdgen { check: only_check } => check::crdgen::run(only_check),
         Command::Explain => env.status().and_then(|()| check::explain::check(&env)),
         Command::Monitoring => check::monitoring::check(),
-        Command::Helm => check::helm::check(),
+        Command::Helm { write_schema } => check::helm::check(write_schema),
         Command::Book => check::book::check(),
         Command::Image => env::image::build(),
         Command::Demo => env::demo::run(&env),

@@ -1,16 +1,24 @@
-{{/* The release's full name: the release name when it already says consulbind. */}}
+{{/* The chart's name, or nameOverride. */}}
+{{- define "consulbind.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* The release's full name: fullnameOverride, or the release name when it already says the chart's name. */}}
 {{- define "consulbind.fullname" -}}
 {{- if .Values.fullnameOverride -}}
 {{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
-{{- else if contains .Chart.Name .Release.Name -}}
+{{- else -}}
+{{- $name := include "consulbind.name" . -}}
+{{- if contains $name .Release.Name -}}
 {{- .Release.Name | trunc 63 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 
 {{- define "consulbind.selectorLabels" -}}
-app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/name: {{ include "consulbind.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 

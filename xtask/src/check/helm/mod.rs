@@ -16,6 +16,8 @@ use crate::common::repo_root;
 use crate::env::provision;
 use crate::process::{capture, run};
 
+mod schema;
+
 const CHART: &str = "config/helm/consulbind";
 const RELEASE: &str = "consulbind";
 const NAMESPACE: &str = "consulbind-system";
@@ -53,7 +55,18 @@ const FLAGS: &[(&str, &str, &str)] = &[
     ("metrics.port", "CONSULBIND_ADMIN_ADDR", "9090"),
 ];
 
-pub fn check() -> Result<()> {
+/// With `write_schema`, writes `values.schema.json` anew first; otherwise it must be current.
+pub fn check(write_schema: bool) -> Result<()> {
+    let schema = schema::generate()?;
+    if write_schema {
+        std::fs::write(schema::path(), &schema)?;
+    }
+    let written = std::fs::read_to_string(schema::path()).unwrap_or_default();
+    ensure!(
+        written == schema,
+        "{} is not what values.yaml makes; run cargo xtask helm --write-schema",
+        schema::path().display()
+    );
     let helm = provision::helm()?;
     let defaults = controller_defaults()?;
     let chart = repo_root().join(CHART);
@@ -80,6 +93,19 @@ pub fn check() -> Result<()> {
 
     overrides(&helm, &defaults)?;
     values_are_the_defaults(&defaults)?;
+    refused(&helm)
+}
+
+/// The schema refuses an unknown value and a value of the wrong type, naming it.
+fn refused(helm: &Path) -> Result<()> {
+    for (set, named) in [("controller.dryRn=true", "dryRn"), ("consul.maxConnections=many", "maxConnections")] {
+        for verb in ["lint", "template"] {
+            let out = Command::new(helm).arg(verb).arg(repo_root().join(CHART)).args(["--set", set]).output()?;
+            let said = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
+            ensure!(!out.status.success() && said.contains(named), "helm {verb} --set {set} was not refused:\n{said}");
+        }
+    }
+    println!("values.schema.json refuses an unknown value and a mistyped one");
     Ok(())
 }
 
