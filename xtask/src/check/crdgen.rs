@@ -1,6 +1,7 @@
 //! Writes the CRD YAML in `crds/` (with its validation rules, and without them in
 //! `crds/before-1.25/`, for API servers that refuse the rules) and the copy in the Helm chart's
-//! `crds/` from the schemars types, or checks that all are current.
+//! `crds/` from the schemars types, and the book's reference of the fields, or checks that all
+//! are current.
 
 use std::{fs, path::Path};
 
@@ -9,10 +10,12 @@ use anyhow::{Context, Result, bail};
 pub fn run(check: bool) -> Result<()> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().context("workspace root")?;
     let (with_rules, without_rules) = (render(&consulbind_api::crd())?, render(&consulbind_api::crd_without_rules())?);
+    let fields = super::fields::render(&serde_json::to_value(consulbind_api::crd())?);
     let files = [
         ("crds/consulbinding.yaml", &with_rules),
         ("config/helm/consulbind/crds/consulbinding.yaml", &with_rules),
         ("crds/before-1.25/consulbinding.yaml", &without_rules),
+        (super::fields::PATH, &fields),
     ];
     for (file, generated) in files {
         let path = root.join(file);

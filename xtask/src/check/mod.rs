@@ -4,6 +4,7 @@
 pub mod book;
 pub mod crdgen;
 pub mod explain;
+pub mod fields;
 pub mod helm;
 pub mod monitoring;
 pub mod mutants;
