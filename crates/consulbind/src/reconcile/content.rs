@@ -208,3 +208,90 @@ impl<'a> Rebase<'a> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use consulbind_api::ObjectSource;
+
+    use super::*;
+    use crate::cluster::objects::Digested;
+
+    const KEY: checksum::Key = checksum::Key::new([7; checksum::KEY_LEN]);
+
+    fn sources(names: &[&str]) -> Vec<ObjectSource> {
+        names.iter().map(|name| ObjectSource { name: (*name).into(), ..ObjectSource::default() }).collect()
+    }
+
+    fn data(value: &str) -> Digested {
+        let entries = vec![("k".to_owned(), checksum::Field::Data, checksum::digest(&KEY, value.as_bytes()))];
+        Digested { version: "1".into(), fingerprint: 0, entries: Arc::from(entries) }
+    }
+
+    fn referenced<'a>(kind: ObjectKind, source: &'a ObjectSource, data: &'a Digested) -> ObjectContent<'a> {
+        ObjectContent { kind, source, referenced: true, data: Some(data) }
+    }
+
+    /// What the status records of `object` as read then.
+    fn recorded(object: &ObjectContent<'_>) -> ObjectStatus {
+        let checksum = checksum::from_digests(&KEY, &[object_source(object, |_| true)]);
+        ObjectStatus {
+            kind: object.kind,
+            name: object.source.name.clone(),
+            checksum,
+            referenced: true,
+            ..ObjectStatus::default()
+        }
+    }
+
+    fn rebase<'a>(previous: &'a ConsulBindingStatus, objects: &'a [ObjectContent<'a>]) -> Rebase<'a> {
+        Rebase { key: &KEY, previous, contents: &[], objects, open: false, in_flight: None }
+    }
+
+    fn uses(names: &[&str]) -> References {
+        names
+            .iter()
+            .map(|name| ((ObjectKind::ConfigMap, (*name).to_owned()), Use { keys: None, optional: false }))
+            .collect()
+    }
+
+    #[test]
+    fn an_object_is_held_to_what_its_own_kind_and_name_recorded() {
+        let named = sources(&["app"]);
+        let (before, after) = (data("v1"), data("v2"));
+        // A Secret and a ConfigMap of one name, the Secret listed first: only the Secret changed.
+        let secret_then = referenced(ObjectKind::Secret, &named[0], &before);
+        let config_map = referenced(ObjectKind::ConfigMap, &named[0], &before);
+        let previous =
+            ConsulBindingStatus { objects: vec![recorded(&secret_then), recorded(&config_map)], ..Default::default() };
+        let now = [referenced(ObjectKind::Secret, &named[0], &after), config_map];
+        let rebase = rebase(&previous, &now);
+        assert!(rebase.unchanged(ObjectKind::ConfigMap, "app"));
+        assert!(!rebase.unchanged(ObjectKind::Secret, "app"));
+        assert!(rebase.unchanged(ObjectKind::ConfigMap, "new"), "one not read then is new to the binding");
+    }
+
+    #[test]
+    fn a_row_with_one_reference_fewer_or_one_dropped_added_back_is_carried() {
+        let named = sources(&["a", "b"]);
+        let (da, db) = (data("a"), data("b"));
+        let objects =
+            [referenced(ObjectKind::ConfigMap, &named[0], &da), referenced(ObjectKind::ConfigMap, &named[1], &db)];
+        let previous =
+            ConsulBindingStatus { objects: vec![recorded(&objects[0]), recorded(&objects[1])], ..Default::default() };
+        let rebase = rebase(&previous, &objects);
+        let row = |names: &[&str]| of_target(&KEY, &[], &objects, Some(&uses(names)));
+
+        assert!(rebase.carried_with_one_reference_more_or_less(Some(&uses(&["a", "b"])), &row(&["a"])), "one fewer");
+        assert!(
+            rebase.carried_with_one_reference_more_or_less(Some(&uses(&["a"])), &row(&["a", "b"])),
+            "b dropped since"
+        );
+        assert!(!rebase.carried_with_one_reference_more_or_less(Some(&uses(&["a", "b"])), &row(&[])), "two fewer");
+        assert!(
+            !rebase.carried_with_one_reference_more_or_less(Some(&uses(&["a", "b"])), &row(&["a", "b"])),
+            "as read now"
+        );
+    }
+}
