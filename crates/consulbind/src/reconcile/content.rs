@@ -273,6 +273,25 @@ mod tests {
     }
 
     #[test]
+    fn an_object_is_held_to_the_keys_read_then() {
+        let named = sources(&["app"]);
+        let then = data("v1");
+        let object = referenced(ObjectKind::ConfigMap, &named[0], &then);
+        let previous = ConsulBindingStatus {
+            objects: vec![ObjectStatus { keys: Some(vec!["k".into()]), ..recorded(&object) }],
+            ..Default::default()
+        };
+        let mut entries = then.entries.to_vec();
+        entries.push(("x".to_owned(), checksum::Field::Data, checksum::digest(&KEY, b"new")));
+        let grown = Digested { entries: Arc::from(entries), ..data("v1") };
+        let now = [referenced(ObjectKind::ConfigMap, &named[0], &grown)];
+        assert!(rebase(&previous, &now).unchanged(ObjectKind::ConfigMap, "app"), "a key not read then changes nothing");
+        let changed = data("v2");
+        let now = [referenced(ObjectKind::ConfigMap, &named[0], &changed)];
+        assert!(!rebase(&previous, &now).unchanged(ObjectKind::ConfigMap, "app"));
+    }
+
+    #[test]
     fn a_row_with_one_reference_fewer_or_one_dropped_added_back_is_carried() {
         let named = sources(&["a", "b"]);
         let (da, db) = (data("a"), data("b"));
