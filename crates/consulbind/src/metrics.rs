@@ -103,10 +103,10 @@ impl Metrics {
         let r = registry.sub_registry_with_prefix("consulbind");
         r.register("reconciles", "Reconciles by result", metrics.reconciles.clone());
         r.register("reconcile_duration_seconds", "Reconcile duration by result", metrics.reconcile_duration.clone());
-        r.register("rollouts", "Workload rollouts triggered", metrics.rollouts.clone());
+        r.register("rollouts", "Rollouts by binding: each is one workload rolled", metrics.rollouts.clone());
         r.register(
             "workload_rollouts",
-            "Rollouts of each workload, by any binding: one rolled unusually often has a flapping source",
+            "Rollouts of each workload, by any binding, a series per workload ever rolled: one rolled unusually often has a flapping source",
             metrics.workload_rollouts.clone(),
         );
         r.register(
@@ -128,7 +128,7 @@ impl Metrics {
         );
         r.register(
             "object_digests",
-            "ConfigMaps and Secrets whose data digests are kept, as of the last reconcile",
+            "ConfigMaps and Secrets whose data digests are kept (those some binding reads), as of the last reconcile",
             metrics.object_digests.clone(),
         );
         r.register(
@@ -144,7 +144,7 @@ impl Metrics {
         r.register(
             "consul_watch_groups_in_turns",
             "Watch groups of a namespace that take turns for its share of the blocking-query slots \
-             (namespace \"*\" for keys read for several namespaces)",
+             (namespace \"*\" for keys read for several namespaces; no series while none takes turns)",
             metrics.consul_watch_groups_in_turns.clone(),
         );
         r.register(
@@ -182,5 +182,92 @@ impl Metrics {
         let result = error.map_or("ok", |e| e.as_str());
         self.consul_requests.get_or_create(&ResultLabels { result }).inc();
         self.consul_request_duration.observe(took.as_secs_f64());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use prometheus_client::encoding::text::encode;
+
+    use super::*;
+
+    const PAGE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/src/reference/metrics.md");
+
+    /// The book's page of metrics, from the registry: every metric with its type, labels and help.
+    fn page() -> String {
+        let mut registry = Registry::default();
+        let metrics = Metrics::new(&mut registry);
+        // A family shows its labels only in its samples: one each.
+        metrics.reconciled("ok", Duration::ZERO);
+        metrics.stage("patch", Duration::ZERO);
+        metrics.consul_request(None, Duration::ZERO);
+        let (namespace, name) = (String::new(), String::new());
+        metrics.rollouts.get_or_create(&RolloutLabels {
+            namespace: namespace.clone(),
+            binding: name.clone(),
+            kind: "",
+        });
+        metrics.workload_rollouts.get_or_create(&WorkloadLabels {
+            namespace: namespace.clone(),
+            kind: "",
+            workload: name,
+        });
+        metrics.consul_watch_groups_in_turns.get_or_create(&NamespaceLabels { namespace: namespace.clone() });
+        metrics.writes_held.get_or_create(&NamespaceLabels { namespace });
+        metrics.bindings.get_or_create(&ReadyLabels { ready: "True" });
+        let mut text = String::new();
+        encode(&mut text, &registry).unwrap();
+
+        let mut rows = Vec::new();
+        for line in text.lines() {
+            let Some(rest) = line.strip_prefix("# HELP ") else { continue };
+            let (name, help) = rest.split_once(' ').unwrap();
+            let kind = text.lines().find_map(|l| l.strip_prefix(&format!("# TYPE {name} "))).unwrap();
+            let sample = text
+                .lines()
+                .find(|l| !l.starts_with('#') && l.starts_with(name))
+                .unwrap_or_else(|| panic!("{name} has no sample: give it one above"));
+            let labels: Vec<&str> = sample
+                .split_once('{')
+                .map(|(_, l)| l.trim_end_matches(|c| c != '}').trim_end_matches('}'))
+                .into_iter()
+                .flat_map(|l| l.split(','))
+                .filter_map(|pair| pair.split_once('=').map(|(k, _)| k))
+                .filter(|k| *k != "le")
+                .collect();
+            let series = match kind {
+                "counter" => format!("{name}_total"),
+                _ => name.to_owned(),
+            };
+            let labels = if labels.is_empty() { String::new() } else { format!("{{{}}}", labels.join(",")) };
+            let help = help.trim_end_matches('.').replace('|', "\\|");
+            rows.push(format!("| `{series}{labels}` | {kind} | {help}. |\n"));
+        }
+        format!(
+            "<!-- Generated from the metrics registry (crates/consulbind/src/metrics.rs) by its unit test; \
+             CONSULBIND_WRITE_REFERENCE=1 cargo test -p consulbind --lib metrics writes it. Do not edit. -->\n\n\
+             # Metrics\n\n\
+             The controller serves `/metrics` (Prometheus text), `/livez` and `/readyz` on `--admin-addr`\n\
+             (`0.0.0.0:8080` by default; Helm: `metrics.port`). Metrics carry no Consul key names, and a\n\
+             deleted binding's series go with it. Histograms have the series `_bucket`, `_sum` and `_count`.\n\n\
+             | Metric | Type | What it says |\n| --- | --- | --- |\n{}\n\
+             Alerts and a dashboard built on them are in\n\
+             [Metrics, alerts and the dashboard](../operations/monitoring.md).\n",
+            rows.concat()
+        )
+    }
+
+    #[test]
+    fn the_books_page_of_metrics_is_the_registrys() {
+        let page = page();
+        if std::env::var("CONSULBIND_WRITE_REFERENCE").as_deref() == Ok("1") {
+            std::fs::write(PAGE, &page).unwrap();
+        }
+        let committed = std::fs::read_to_string(PAGE).unwrap_or_default();
+        assert!(
+            committed == page,
+            "docs/src/reference/metrics.md is not the registry's; run \
+             CONSULBIND_WRITE_REFERENCE=1 cargo test -p consulbind --lib metrics and commit it"
+        );
     }
 }
