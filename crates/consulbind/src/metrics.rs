@@ -202,19 +202,13 @@ mod tests {
         metrics.stage("patch", Duration::ZERO);
         metrics.consul_request(None, Duration::ZERO);
         let (namespace, name) = (String::new(), String::new());
-        metrics.rollouts.get_or_create(&RolloutLabels {
-            namespace: namespace.clone(),
-            binding: name.clone(),
-            kind: "",
-        });
-        metrics.workload_rollouts.get_or_create(&WorkloadLabels {
-            namespace: namespace.clone(),
-            kind: "",
-            workload: name,
-        });
-        metrics.consul_watch_groups_in_turns.get_or_create(&NamespaceLabels { namespace: namespace.clone() });
-        metrics.writes_held.get_or_create(&NamespaceLabels { namespace });
-        metrics.bindings.get_or_create(&ReadyLabels { ready: "True" });
+        let rollout = RolloutLabels { namespace: namespace.clone(), binding: name.clone(), kind: "" };
+        metrics.rollouts.get_or_create(&rollout).inc();
+        let workload = WorkloadLabels { namespace: namespace.clone(), kind: "", workload: name };
+        metrics.workload_rollouts.get_or_create(&workload).inc();
+        metrics.consul_watch_groups_in_turns.get_or_create(&NamespaceLabels { namespace: namespace.clone() }).set(1);
+        metrics.writes_held.get_or_create(&NamespaceLabels { namespace }).inc();
+        metrics.bindings.get_or_create(&ReadyLabels { ready: "True" }).set(1);
         let mut text = String::new();
         encode(&mut text, &registry).unwrap();
 
@@ -262,6 +256,7 @@ mod tests {
         let page = page();
         if std::env::var("CONSULBIND_WRITE_REFERENCE").as_deref() == Ok("1") {
             std::fs::write(PAGE, &page).unwrap();
+            return;
         }
         let committed = std::fs::read_to_string(PAGE).unwrap_or_default();
         assert!(
