@@ -342,6 +342,23 @@ fn overrides(helm: &Path, defaults: &BTreeMap<String, String>) -> Result<()> {
 
     let objects = render(&["extraEnv[0].name=HTTPS_PROXY", "extraEnv[0].value=http://proxy:3128"])?;
     ensure!(container(&objects)?["env"]["HTTPS_PROXY"] == "http://proxy:3128", "extraEnv");
+    let objects = render(&[
+        "extraArgs[0]=--max-prefix-entries=5000",
+        "extraVolumes[0].name=ca",
+        "extraVolumes[0].configMap.name=corp-ca",
+        "extraVolumeMounts[0].name=ca",
+        "extraVolumeMounts[0].mountPath=/etc/corp-ca",
+        "topologySpreadConstraints[0].maxSkew=1",
+        "topologySpreadConstraints[0].topologyKey=topology.kubernetes.io/zone",
+        "topologySpreadConstraints[0].whenUnsatisfiable=ScheduleAnyway",
+    ])?;
+    let (d, c) = (deployment(&objects)?, container(&objects)?);
+    ensure!(c["args"] == json!(["--max-prefix-entries=5000"]), "extraArgs: {}", c["args"]);
+    let pod = &d["spec"]["template"]["spec"];
+    ensure!(pod["volumes"].to_string().contains("corp-ca"), "extraVolumes: {}", pod["volumes"]);
+    ensure!(c["volumeMounts"].to_string().contains("/etc/corp-ca"), "extraVolumeMounts: {}", c["volumeMounts"]);
+    ensure!(pod["topologySpreadConstraints"][0]["maxSkew"] == 1, "topologySpreadConstraints");
+    ensure!(pod["volumes"].to_string().contains("consul-token"), "extraVolumes replaced the chart's own");
     let objects = render(&["metrics.port=9090"])?;
     let service = find(&objects, &format!("Service {NAMESPACE}/{RELEASE}-metrics"))?;
     ensure!(service["spec"]["ports"][0]["port"] == 9090, "the metrics Service: {service}");
@@ -402,7 +419,8 @@ fn controller_defaults() -> Result<BTreeMap<String, String>> {
         "consulbind",
     ]))?;
     let binary: PathBuf = repo_root().join("target/debug/consulbind");
-    let help = capture(Command::new(binary).arg("--help"))?;
+    // The short help keeps each flag's environment variable and default on one line.
+    let help = capture(Command::new(binary).arg("-h"))?;
     let mut defaults = BTreeMap::new();
     for line in help.lines() {
         let Some((_, env)) = line.split_once("[env: ") else { continue };
