@@ -12,21 +12,29 @@ use consul_kv::{ClientConfig, Token};
     about = "Rolls Kubernetes workloads when the Consul KV content they read changes"
 )]
 pub struct Config {
-    /// Consul HTTP address, with scheme.
+    /// Consul HTTP address, with its scheme: `http://` or `https://`.
     #[arg(long, env = "CONSUL_HTTP_ADDR", default_value = "http://127.0.0.1:8500")]
     pub consul_http_addr: String,
 
-    /// Default Consul ACL token, for bindings without a tokenSecretRef.
+    /// Default Consul ACL token, for bindings without a `tokenSecretRef`.
+    ///
+    /// It reads only the keys that the namespace's `consulbind.dev/default-token-prefixes`
+    /// annotation, else `--default-token-prefixes`, allows. Never logged.
     #[arg(long, env = "CONSUL_HTTP_TOKEN", hide_env_values = true, value_parser = token)]
     pub consul_http_token: Option<Token>,
 
-    /// File holding the default Consul ACL token, read again every 5 s, so that a rotated
-    /// token takes effect without a restart. `--consul-http-token` wins if both are set. A file
-    /// that does not exist means no default token (an optional Secret that is not there).
+    /// File holding the default Consul ACL token; `--consul-http-token` wins if both are set.
+    ///
+    /// Read again every 5 s, so that a rotated token (Vault Agent) takes effect without a
+    /// restart. A file that does not exist means no default token (an optional Secret that is
+    /// not there).
     #[arg(long, env = "CONSUL_HTTP_TOKEN_FILE")]
     pub consul_http_token_file: Option<PathBuf>,
 
     /// PEM file of the CA that signed Consul's certificate.
+    ///
+    /// This file and the client certificate and key are read again every 5 s, so that files
+    /// rotated in place (cert-manager) take effect without a restart.
     #[arg(long, env = "CONSUL_CACERT")]
     pub consul_cacert: Option<PathBuf>,
 
@@ -39,6 +47,8 @@ pub struct Config {
     pub consul_client_key: Option<PathBuf>,
 
     /// Verify Consul's TLS certificate.
+    ///
+    /// It takes a value: `--consul-http-ssl-verify=false` turns the check off.
     #[arg(long, env = "CONSUL_HTTP_SSL_VERIFY", default_value_t = true, action = clap::ArgAction::Set)]
     pub consul_http_ssl_verify: bool,
 
@@ -50,120 +60,178 @@ pub struct Config {
     #[arg(long, env = "CONSULBIND_CONSUL_WAIT", default_value = "5m", value_parser = duration)]
     pub consul_wait: Duration,
 
-    /// The most HTTP connections held to Consul at once. Consul drops connections past its
-    /// `limits.http_max_conns_per_client` (200 by default); keep well under it.
+    /// The most HTTP connections held to Consul at once, at least 4.
+    ///
+    /// Consul drops connections past its `limits.http_max_conns_per_client` (200 by default),
+    /// counted per client address: keep well under it, less what else runs on the
+    /// controller's address. See the book's page "Many keys on few connections".
     #[arg(long, env = "CONSULBIND_CONSUL_MAX_CONNECTIONS", default_value_t = 32, value_parser = clap::value_parser!(u16).range(4..))]
     pub consul_max_connections: u16,
 
-    /// How long Consul may fail before the bindings show it. A shorter blip changes nothing.
+    /// How long Consul may fail before the bindings show it.
+    ///
+    /// A shorter blip shows nowhere and writes nothing.
     #[arg(long, env = "CONSULBIND_CONSUL_FAILURE_GRACE", default_value = "5s", value_parser = duration)]
     pub consul_failure_grace: Duration,
 
-    /// How long reading a bound ConfigMap or Secret may fail before the binding shows it
-    /// (`ObjectUnreadable`). A shorter failure changes nothing; the read is retried meanwhile.
+    /// How long reading a bound ConfigMap or Secret may fail before the binding shows
+    /// `ObjectUnreadable`.
+    ///
+    /// A shorter failure shows nowhere and writes nothing; the read is retried meanwhile.
     #[arg(long, env = "CONSULBIND_OBJECT_FAILURE_GRACE", default_value = "5s", value_parser = duration)]
     pub object_failure_grace: Duration,
 
-    /// After Consul's index went backwards (a snapshot restore, a rebuilt cluster), content
-    /// that differs from what the targets carry rolls only once it has been stable this long,
-    /// whatever the binding's quiet period: a restore written back key by key is one change.
+    /// After Consul's index went backwards (a snapshot restore, a rebuilt cluster), how long
+    /// content that differs from what the targets carry must stay put before it rolls.
+    ///
+    /// This holds whatever the binding's quiet period, so that a restore written back key by
+    /// key is one change. See the book's page "The data-loss guard".
     #[arg(long, env = "CONSULBIND_CONSUL_RESTORE_GRACE", default_value = "30s", value_parser = duration)]
     pub consul_restore_grace: Duration,
 
     /// Consul key prefixes that bindings may read with the default token, comma-separated (`*`
     /// allows every key), in every namespace without the `consulbind.dev/default-token-prefixes`
-    /// annotation. Unset, the default token serves only namespaces whose annotation allows it.
+    /// annotation.
+    ///
+    /// Only `*` lets it read a Consul namespace or partition. Unset, the default token serves
+    /// only namespaces whose annotation allows it. See the book's page "One controller for many
+    /// teams".
     #[arg(long, env = "CONSULBIND_DEFAULT_TOKEN_PREFIXES")]
     pub default_token_prefixes: Option<String>,
 
-    /// The most keys one recursively bound prefix may hold. Past it the binding shows
-    /// `PrefixTooLarge` and the content is not kept.
+    /// The most keys one recursively bound prefix may hold.
+    ///
+    /// Past it the binding shows `PrefixTooLarge` and the content is not kept.
     #[arg(long, env = "CONSULBIND_MAX_PREFIX_ENTRIES", default_value_t = 2000)]
     pub max_prefix_entries: usize,
 
-    /// The most bytes of keys and values one recursively bound prefix may hold. Past it the
-    /// binding shows `PrefixTooLarge`, and Consul's answer is cut off unread at about twice this.
+    /// The most bytes of keys and values one recursively bound prefix may hold.
+    ///
+    /// Past it the binding shows `PrefixTooLarge`, and Consul's answer is cut off unread at
+    /// about twice this, so that memory stays flat. No answer may be larger (nor larger than
+    /// 1 MiB, if that is more), a read that several keys share included: a larger shared read
+    /// is split into reads of their own.
     #[arg(long, env = "CONSULBIND_MAX_PREFIX_BYTES", default_value_t = 4 << 20)]
     pub max_prefix_bytes: u64,
 
     /// The most bytes of keys and values all of one binding's keys and prefixes may hold
-    /// together. Past it the binding shows `BindingTooLarge`.
+    /// together.
+    ///
+    /// Past it the binding shows `BindingTooLarge`, rolls nothing and watches nothing: it
+    /// reads its keys again after about 5 minutes, or at once when its spec changes. Values
+    /// are never kept (only a digest of each), so this bounds the reads, not what is held.
     #[arg(long, env = "CONSULBIND_MAX_BINDING_BYTES", default_value_t = 32 << 20)]
     pub max_binding_bytes: u64,
 
-    /// The most ConsulBindings of one namespace served, the oldest first: one namespace cannot
-    /// multiply the controller's watches and writes past it. The others show
-    /// `TooManyBindings` until older ones are deleted.
+    /// The most ConsulBindings of one namespace served, the oldest first (by creation time,
+    /// then name).
+    ///
+    /// It keeps one namespace from multiplying the controller's watches and writes without
+    /// end. The default leaves room for the 2,000 bindings of one namespace that `bench scale`
+    /// runs; a platform team with many tenants sets it to what one team needs. The others show
+    /// `TooManyBindings`, watch nothing and roll nothing; each is served within 15 s of an
+    /// older one being deleted, and then starts as a new binding does.
     #[arg(long, env = "CONSULBIND_MAX_BINDINGS_PER_NAMESPACE", default_value_t = 5000)]
     pub max_bindings_per_namespace: usize,
 
-    /// The most distinct Consul paths (key or prefix, with its token) the bindings of one
-    /// namespace watch. A binding whose keys would take its namespace past it watches nothing
-    /// and shows `TooManyWatchedPaths` until paths are freed; the bindings watching already
-    /// keep their paths.
+    /// The most distinct Consul paths (a key or prefix, with the token that reads it) the
+    /// bindings of one namespace watch.
+    ///
+    /// It keeps one namespace from multiplying the controller's queries and memory without
+    /// end; the default leaves room for the 10,000 keys of one namespace that `bench scale` runs. A
+    /// binding whose keys would take its namespace past it watches nothing and shows
+    /// `TooManyWatchedPaths`, with an event; paths its namespace watches already cost nothing
+    /// more, and the bindings watching keep their paths. It is looked at again every 15 s, and
+    /// served once other bindings free paths.
     #[arg(long, env = "CONSULBIND_MAX_WATCHED_PATHS_PER_NAMESPACE", default_value_t = 20_000)]
     pub max_watched_paths_per_namespace: usize,
 
-    /// A rollout budget for bindings without `spec.rollout.budget`, as `N/span`, such as `3/1h`:
-    /// each target is rolled at most N times by one binding within any span. None by default,
-    /// so that no change is held back by surprise.
+    /// A rollout budget for bindings without `spec.rollout.budget`, as `N/span` such as `3/1h`.
+    ///
+    /// Each target is rolled at most N times by one binding within any span. Unset, bindings
+    /// without a budget have none, so that no change is held back by surprise.
     #[arg(long, env = "CONSULBIND_DEFAULT_ROLLOUT_BUDGET", value_parser = crate::reconcile::staging::Budget::parse)]
     pub default_rollout_budget: Option<crate::reconcile::staging::Budget>,
 
     /// Rollout windows for bindings without `spec.rollout.windows`, as a JSON list of windows
-    /// in the same form, such as `[{"schedule": "0 22 * * 1-5", "duration": "6h",
-    /// "timeZone": "Europe/Paris"}]`. None by default: changes roll when they settle.
+    /// in the same form.
+    ///
+    /// For example `[{"schedule": "0 22 * * 1-5", "duration": "6h", "timeZone":
+    /// "Europe/Paris"}]`. Unset, changes roll when they settle.
     #[arg(long, env = "CONSULBIND_DEFAULT_ROLLOUT_WINDOWS", value_parser = crate::reconcile::calendar::Calendar::parse)]
     pub default_rollout_windows: Option<crate::reconcile::calendar::Calendar>,
 
-    /// The most writes (workload stamps, statuses, events) the controller has in flight to the
-    /// API server at once. A namespace alone may use them all; namespaces that compete take
-    /// them in turn, one write each, so one namespace's flood of changes cannot delay another's
-    /// rollout by more than a write.
+    /// The most writes (workload stamps, statuses, events) in flight to the API server at once.
+    ///
+    /// A namespace alone may use them all; namespaces that compete for them take them in
+    /// turn, one write each. So a namespace whose content changes without pause queues behind
+    /// its own writes (its changes coalesce, none is lost), while another namespace's writes
+    /// wait for at most one of each busy namespace's. Lower it to cap what a flood can ask of
+    /// a small API server; the book's page "A namespace that never stops changing" shows what
+    /// that costs a fan-out.
     #[arg(long, env = "CONSULBIND_MAX_CONCURRENT_WRITES", default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..))]
     pub max_concurrent_writes: u16,
 
-    /// A hard limit on each namespace's writes (workload stamps, statuses, events), as `N/span`
-    /// such as `100/1m`: a namespace may write N at once, then one every span/N. A namespace over
-    /// it shows `WriteLimited` on its bindings, with an event, and its changes wait, coalesced.
-    /// None by default: the fair sharing of `--max-concurrent-writes` is enough for most.
+    /// A hard limit on each namespace's writes, as `N/span` such as `100/1m` (N at least 1,
+    /// the span at most 24h).
+    ///
+    /// A namespace may write N at once, then one every span/N, counting every workload stamp,
+    /// status and event the controller writes there. A reconcile of a namespace over it writes
+    /// nothing but one status, `Ready=False` with reason `WriteLimited`, and one event (those
+    /// two take none of the limit, or the namespace could never be told); its changes wait,
+    /// coalesced, and the last one rolls once the namespace is within it.
+    /// `consulbind_writes_held_total{namespace}` counts the reconciles held. Unset, namespaces
+    /// are only shared fairly by `--max-concurrent-writes`.
     #[arg(long, env = "CONSULBIND_NAMESPACE_WRITE_LIMIT", value_parser = crate::writes::Rate::parse)]
     pub namespace_write_limit: Option<crate::writes::Rate>,
 
-    /// The most data keys a bound ConfigMap or Secret may have: the controller keeps a digest
-    /// of each. Past it, its bindings show `BindingTooLarge` and roll nothing.
+    /// The most data keys a bound ConfigMap or Secret may have.
+    ///
+    /// The controller keeps a 32-byte digest of each while some binding reads the object: the
+    /// digests go when the last binding that reads it stops, or the object goes. Past it the
+    /// bindings that read it show `BindingTooLarge`, naming it, and roll nothing.
     #[arg(long, env = "CONSULBIND_MAX_OBJECT_KEYS", default_value_t = 4096)]
     pub max_object_keys: usize,
 
-    /// Report what every binding would roll, and roll nothing, whatever `spec.rollout.mode`
-    /// says: for a first install in a production cluster.
+    /// Run every binding in `DryRun` mode, whatever its `spec.rollout.mode` says.
+    ///
+    /// No workload is patched; the status and events say what would have rolled. For a first
+    /// install in a production cluster. `--dry-run` alone means `--dry-run=true`.
     #[arg(long, env = "CONSULBIND_DRY_RUN", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub dry_run: bool,
 
-    /// Namespaces to serve, comma-separated. Empty serves every namespace.
+    /// Namespaces to serve, comma-separated; unset or empty, every namespace.
     #[arg(long, env = "CONSULBIND_NAMESPACES", value_delimiter = ',')]
     pub namespaces: Vec<String>,
 
-    /// Address of the HTTP server for /metrics, /livez and /readyz.
+    /// Address of the HTTP server for `/livez`, `/readyz` and `/metrics`.
     #[arg(long, env = "CONSULBIND_ADMIN_ADDR", default_value = "0.0.0.0:8080")]
     pub admin_addr: SocketAddr,
 
-    /// Address of the HTTP server for /debug/watches, which lists every tenant's keys and
-    /// bindings. Keep it on loopback; `none` turns it off.
+    /// Address of the HTTP server for `/debug/watches`; `none` turns it off.
+    ///
+    /// It lists every watched key with its bindings and the query that reads it, every
+    /// team's keys, so it has a listener of its own: keep it on loopback, and reach it with
+    /// `kubectl port-forward`.
     #[arg(long, env = "CONSULBIND_DEBUG_ADDR", default_value = "127.0.0.1:8081", value_parser = debug_addr)]
     pub debug_addr: DebugAddr,
 
-    /// Log format.
+    /// Log format: `text` or `json`.
+    ///
+    /// `RUST_LOG` sets the level (`info` when unset).
     #[arg(long, env = "CONSULBIND_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
 
-    /// The Secret that holds the key of every checksum, made on first start: `name` in the
-    /// controller's own namespace, or `namespace/name`. Back it up: without it, every bound
-    /// workload rolls once.
+    /// The Secret that holds the key of every checksum: `name` in the controller's own
+    /// namespace, or `namespace/name`.
+    ///
+    /// Made on first start. Back it up: without it, every bound workload rolls once.
     #[arg(long, env = "CONSULBIND_CHECKSUM_KEY_SECRET", default_value = "consulbind-checksum-key")]
     pub checksum_key_secret: String,
 
     /// Elect a leader through a Lease, so that only one replica acts.
+    ///
+    /// It takes a value: `--leader-elect=true`.
     #[arg(long, env = "CONSULBIND_LEADER_ELECT", default_value_t = false, action = clap::ArgAction::Set)]
     pub leader_elect: bool,
 
@@ -171,19 +239,27 @@ pub struct Config {
     #[arg(long, env = "CONSULBIND_LEASE_NAME", default_value = "consulbind-leader")]
     pub lease_name: String,
 
-    /// Namespace of the leader Lease. Defaults to the namespace the pod runs in.
+    /// Namespace of the leader Lease; unset, the controller's own namespace (the pod's, else
+    /// the kubeconfig's).
     #[arg(long, env = "CONSULBIND_LEASE_NAMESPACE")]
     pub lease_namespace: Option<String>,
 
-    /// How long a leader's claim lasts without renewal; a standby takes over after this.
+    /// How long a leader's claim lasts without renewal.
+    ///
+    /// A standby takes over at most this plus one `--lease-renew` period after the leader
+    /// stops renewing.
     #[arg(long, env = "CONSULBIND_LEASE_DURATION", default_value = "15s", value_parser = duration)]
     pub lease_duration: Duration,
 
-    /// How often the leader renews, and a standby retries.
+    /// How often the leader renews the Lease, and a standby tries to take it.
+    ///
+    /// Must be under two thirds of `--lease-duration` (checked with `--leader-elect`): a
+    /// leader that has not renewed for two thirds of it exits, counted from when its last
+    /// successful renewal was sent, however slowly that was answered.
     #[arg(long, env = "CONSULBIND_LEASE_RENEW", default_value = "5s", value_parser = duration)]
     pub lease_renew: Duration,
 
-    /// This replica's identity in the Lease. Defaults to the host name.
+    /// This replica's holder identity in the Lease; unset, the host name.
     #[arg(long, env = "POD_NAME")]
     pub identity: Option<String>,
 }
@@ -286,6 +362,63 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const PAGE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/src/reference/flags.md");
+
+    /// The book's page of flags, from clap: every visible flag, in clap's order, with its
+    /// environment variable, defaults and long help.
+    fn page() -> String {
+        let rows: String = Config::command()
+            .get_arguments()
+            .filter(|arg| !arg.is_hide_set() && !matches!(arg.get_id().as_str(), "help" | "version"))
+            .map(row)
+            .collect();
+        format!(
+            "<!-- Generated from the controller's flags (crates/consulbind/src/config.rs) by its unit test; \
+             CONSULBIND_WRITE_REFERENCE=1 cargo test -p consulbind --lib config writes it. Do not edit. -->\n\n\
+             # Controller flags and environment variables\n\n\
+             Every flag can also be set from the environment variable beside it.\n\n\
+             | Flag | Environment | Default | Meaning |\n| --- | --- | --- | --- |\n{rows}\n\
+             Kubernetes access comes from the in-cluster service account or `KUBECONFIG`.\n\n\
+             In a kustomize install, set a flag as its environment variable in the ConfigMap `consulbind-config` \
+             (see [On any cluster](../getting-started/cluster.md)); in a Helm install, through the \
+             [Helm values](helm-values.md).\n"
+        )
+    }
+
+    /// One flag's row: its long help (or help, whose last period clap drops) on one line.
+    fn row(arg: &clap::Arg) -> String {
+        let flag = arg.get_long().unwrap_or_else(|| panic!("{} has no long name", arg.get_id()));
+        let env = arg.get_env().map_or_else(|| "none".to_owned(), |env| format!("`{}`", env.to_string_lossy()));
+        let defaults: Vec<String> =
+            arg.get_default_values().iter().map(|value| format!("`{}`", value.to_string_lossy())).collect();
+        let defaults = if defaults.is_empty() { "none".to_owned() } else { defaults.join(", ") };
+        let help = match (arg.get_long_help(), arg.get_help()) {
+            (Some(long), _) => long.to_string(),
+            (None, Some(help)) => format!("{}.", help.to_string().trim_end_matches('.')),
+            (None, None) => panic!("--{flag} has no doc comment"),
+        };
+        let help = help.split_whitespace().collect::<Vec<_>>().join(" ");
+        assert!(!help.contains("]("), "--{flag}: a Markdown link would show in --help; name the book's page in words");
+        format!("| `--{flag}` | {env} | {defaults} | {} |\n", help.replace('|', "\\|"))
+    }
+
+    #[test]
+    fn the_books_page_of_flags_is_the_commands() {
+        let page = page();
+        if std::env::var("CONSULBIND_WRITE_REFERENCE").as_deref() == Ok("1") {
+            std::fs::write(PAGE, &page).unwrap();
+            return;
+        }
+        let committed = std::fs::read_to_string(PAGE).unwrap_or_default();
+        let first_difference = committed.lines().zip(page.lines()).find(|(old, new)| old != new);
+        assert!(
+            committed == page,
+            "docs/src/reference/flags.md is not what the flags' doc comments make of it (first difference: \
+             {first_difference:?}); run CONSULBIND_WRITE_REFERENCE=1 cargo test -p consulbind --lib config and \
+             commit the page"
+        );
+    }
 
     #[test]
     fn flags_parse_and_token_is_hidden() {

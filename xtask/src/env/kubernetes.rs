@@ -47,9 +47,10 @@ impl Env {
         controller_manager.ensure_started(
             Command::new(&tools.kube_controller_manager).args([
                 format!("--kubeconfig={}", self.kubeconfig().display()),
-                // Enough for Deployments to roll out as new ReplicaSets. Nothing schedules or runs pods.
+                // Enough for Deployments to roll out as new ReplicaSets, and for aggregated roles to
+                // reach the built-in ones. Nothing schedules or runs pods.
                 "--controllers=deployment,replicaset,statefulset,daemonset,garbagecollector,namespace,\
-             serviceaccount,serviceaccount-token"
+             serviceaccount,serviceaccount-token,clusterrole-aggregation"
                     .to_owned(),
                 format!("--service-account-private-key-file={}", pki.join("sa.key").display()),
                 format!("--root-ca-file={}", pki.join("apiserver.crt").display()),

@@ -7,12 +7,16 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use anyhow::anyhow;
+use consulbind_api::ConsulBinding;
 use k8s_openapi::api::{
     apps::v1::Deployment,
     core::v1::{ConfigMap, Secret},
-    rbac::v1::ClusterRoleBinding,
+    rbac::v1::{ClusterRoleBinding, RoleBinding},
 };
-use kube::{Api, Client};
+use kube::{
+    Api, Client,
+    api::{DeleteParams, PostParams},
+};
 use serde_json::json;
 
 use crate::rbac::{Start, assert_forbidden, scenario};
@@ -88,7 +92,54 @@ async fn the_chart_installs_and_its_rbac_serves_every_namespace() {
     assert_eq!(setting(&start, "CONSULBIND_NAMESPACES"), None, "{:?}", start.envs);
     scenario(&s, &start, "cluster").await.expect("the core path with the chart's settings and ServiceAccount");
     refused(&s, client_from(&kubeconfig).await, None).await;
+    namespace_editors_manage_bindings(&s).await;
     s.finish().await;
+}
+
+/// The chart's aggregated roles: a user given Kubernetes' own `edit` role in a namespace may
+/// create and delete bindings there, and one given `view` may read them but not create one.
+async fn namespace_editors_manage_bindings(s: &Scene) {
+    let grant = |user: &str, role: &str| -> RoleBinding {
+        serde_json::from_value(json!({"metadata": {"name": format!("{user}-{role}")},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]}))
+        .unwrap()
+    };
+    let role_bindings: Api<RoleBinding> = Api::namespaced(s.client.clone(), &s.ns);
+    for (user, role) in [("tenant-editor", "edit"), ("tenant-viewer", "view")] {
+        role_bindings.create(&PostParams::default(), &grant(user, role)).await.unwrap();
+    }
+    let as_user = |user: &'static str| async move {
+        let mut config = kube::Config::infer().await.unwrap();
+        config.auth_info.impersonate = Some(user.into());
+        Api::<ConsulBinding>::namespaced(Client::try_from(config).unwrap(), &s.ns)
+    };
+    let binding: ConsulBinding = serde_json::from_value(json!({"apiVersion": "consulbind.dev/v1alpha1",
+        "kind": "ConsulBinding", "metadata": {"name": "by-a-tenant"},
+        "spec": {"keys": [{"key": "tenant/config"}], "targets": [{"kind": "Deployment", "name": "web"}]}}))
+    .unwrap();
+    let (editor, viewer) = (as_user("tenant-editor").await, as_user("tenant-viewer").await);
+    // kube-controller-manager aggregates the rules into the built-in roles within seconds.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let created = loop {
+        match editor.create(&PostParams::default(), &binding).await {
+            Ok(created) => break created,
+            Err(error) if std::time::Instant::now() < deadline => {
+                assert_forbidden(&anyhow!(error), "create of a binding by an editor, before aggregation");
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            }
+            Err(error) => panic!("an editor of the namespace cannot create a binding: {error}"),
+        }
+    };
+    assert_eq!(created.metadata.name.as_deref(), Some("by-a-tenant"));
+    viewer.get("by-a-tenant").await.expect("a viewer reads bindings");
+    let other = ConsulBinding {
+        metadata: kube::core::ObjectMeta { name: Some("by-a-viewer".into()), ..Default::default() },
+        ..binding
+    };
+    let error = viewer.create(&PostParams::default(), &other).await.map(drop).err().map(|e| anyhow!(e));
+    assert_forbidden(&error.expect("a viewer created a binding"), "create of a binding by a viewer");
+    editor.delete("by-a-tenant", &DeleteParams::default()).await.expect("an editor deletes bindings");
 }
 
 #[tokio::test]

@@ -323,6 +323,26 @@ fn overrides(helm: &Path, defaults: &BTreeMap<String, String>) -> Result<()> {
     ensure!(deployment(&objects)?["spec"]["template"]["spec"]["serviceAccountName"] == "platform-sa");
     let subjects = &find(&objects, &format!("ClusterRoleBinding /{RELEASE}"))?["subjects"][0]["name"];
     ensure!(subjects == "platform-sa", "the ClusterRoleBinding names {subjects}");
+    let objects = render(&[])?;
+    let view = find(&objects, &format!("ClusterRole /{RELEASE}-view"))?;
+    let edit = find(&objects, &format!("ClusterRole /{RELEASE}-edit"))?;
+    ensure!(view["rules"][0]["verbs"] == json!(["get", "list", "watch"]), "the view role: {view}");
+    ensure!(edit["rules"][0]["verbs"].to_string().contains("delete"), "the edit role: {edit}");
+    let labels = |role: &str| -> Result<Value> {
+        let text = capture(
+            Command::new(helm)
+                .args(["template", RELEASE])
+                .arg(repo_root().join(CHART))
+                .args(["--show-only", "templates/aggregated-roles.yaml"]),
+        )?;
+        let docs = parse(&text)?;
+        let doc = docs.iter().find(|d| d["metadata"]["name"] == role).with_context(|| format!("no {role}"))?;
+        Ok(doc["metadata"]["labels"].clone())
+    };
+    ensure!(labels(&format!("{RELEASE}-view"))?["rbac.authorization.k8s.io/aggregate-to-view"] == "true");
+    ensure!(labels(&format!("{RELEASE}-edit"))?["rbac.authorization.k8s.io/aggregate-to-admin"] == "true");
+    let objects = render(&["rbac.aggregateToDefaultRoles=false"])?;
+    ensure!(!objects.keys().any(|k| k.ends_with("-view") || k.ends_with("-edit")), "roles made without the value");
     let objects = render(&["rbac.create=false"])?;
     ensure!(!objects.keys().any(|k| k.contains("Role")), "rbac.create=false made {:?}", objects.keys());
 
