@@ -57,8 +57,29 @@ impl Sim {
             .read
             .as_ref()
             .is_ok_and(|read| matches!(observed.input(read, None, false).consul, Consul::Ready(_)));
-        let mut port = Writes { sim: self, controller, spec: &spec, ready, desired: None, rolled: Vec::new() };
+        let mut port = Writes {
+            sim: self,
+            controller,
+            spec: &spec,
+            ready,
+            desired: None,
+            rolled: Vec::new(),
+            published: Vec::new(),
+        };
+        let first_record = observed.previous.applied_checksum.is_none();
         apply::apply(&mut port, &observed, decision).await.expect("the model takes every write");
+        let (rolled, published) = (port.rolled, port.published);
+        // What the binding's events tell a person, held to what happened: one RolledOut for a
+        // reconcile that changed workloads, none for one that did not, and a first record of
+        // the content without a rollout said to be a baseline.
+        let rolled_out = published.contains(&"RolledOut");
+        if rolled_out != !rolled.is_empty() {
+            self.fail(format_args!("rolled {rolled:?}, but the events were {published:?}"));
+        }
+        let recorded = self.status.applied_checksum.is_some();
+        if first_record && recorded && rolled.is_empty() && !published.contains(&"Baselined") {
+            self.fail(format_args!("the first record of the content was no baseline event, but {published:?}"));
+        }
     }
 
     /// What the controller's reads find: its watches' paths, the workloads as its caches hold
@@ -230,6 +251,8 @@ struct Writes<'s> {
     ready: bool,
     desired: Option<String>,
     rolled: Vec<Workload>,
+    /// The events this reconcile published, by kind.
+    published: Vec<&'static str>,
 }
 
 impl Port for Writes<'_> {
@@ -261,7 +284,16 @@ impl Port for Writes<'_> {
         self.controller.wake_at = at;
     }
 
-    fn publish(&mut self, _: Event, _: &Read, _: &ConsulBindingStatus, _: &Outcome) {}
+    fn publish(&mut self, event: Event, _: &Read, _: &ConsulBindingStatus, _: &Outcome) {
+        self.published.push(match event {
+            Event::RolledOut { .. } => "RolledOut",
+            Event::DryRun { .. } => "DryRun",
+            Event::Rebased(_) => "Rebased",
+            Event::Baselined(_) => "Baselined",
+            Event::Notice { .. } => "Notice",
+            Event::Warning { .. } => "Warning",
+        });
+    }
 
     async fn status(&mut self, _: &ConsulBindingStatus, status: &ConsulBindingStatus) -> Result<(), crate::Error> {
         let sim = &mut *self.sim;
