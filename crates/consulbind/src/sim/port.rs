@@ -73,7 +73,7 @@ impl Sim {
         // reconcile that changed workloads, none for one that did not, and a first record of
         // the content without a rollout said to be a baseline.
         let rolled_out = published.contains(&"RolledOut");
-        if rolled_out != !rolled.is_empty() {
+        if rolled_out == rolled.is_empty() {
             self.fail(format_args!("rolled {rolled:?}, but the events were {published:?}"));
         }
         let recorded = self.status.applied_checksum.is_some();
