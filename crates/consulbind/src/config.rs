@@ -363,8 +363,6 @@ impl Config {
 mod tests {
     use super::*;
 
-    const PAGE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/src/reference/flags.md");
-
     /// The book's page of flags, from clap: every visible flag, in clap's order, with its
     /// environment variable, defaults and long help.
     fn page() -> String {
@@ -405,19 +403,7 @@ mod tests {
 
     #[test]
     fn the_books_page_of_flags_is_the_commands() {
-        let page = page();
-        if std::env::var("CONSULBIND_WRITE_REFERENCE").as_deref() == Ok("1") {
-            std::fs::write(PAGE, &page).unwrap();
-            return;
-        }
-        let committed = std::fs::read_to_string(PAGE).unwrap_or_default();
-        let first_difference = committed.lines().zip(page.lines()).find(|(old, new)| old != new);
-        assert!(
-            committed == page,
-            "docs/src/reference/flags.md is not what the flags' doc comments make of it (first difference: \
-             {first_difference:?}); run CONSULBIND_WRITE_REFERENCE=1 cargo test -p consulbind --lib config and \
-             commit the page"
-        );
+        crate::reference::hold("docs/src/reference/flags.md", &page(), "config");
     }
 
     #[test]

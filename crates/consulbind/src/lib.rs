@@ -23,6 +23,8 @@ pub mod metrics;
 pub mod names;
 pub mod reconcile;
 #[cfg(test)]
+mod reference;
+#[cfg(test)]
 mod sim;
 pub mod watches;
 pub mod writes;
