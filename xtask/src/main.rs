@@ -81,12 +81,14 @@ enum Command {
     /// hours on 2 cores. Not part of `test`.
     Mutants {
         /// Simulator seeds per test run. Few make a quick first pass; the mutants it misses are
-        /// then tried again with many (`--seeds 200 -- --shard K/N --iterate`).
+        /// then tried again with more (`--seeds 60 --again K/N`).
         #[arg(long, default_value_t = 10)]
         seeds: u32,
-        /// Passed to cargo-mutants, e.g. `--list`, `--shard 1/8` for an eighth of the mutants
-        /// (each shard keeps its own report), or `--iterate` to try again only what a shard's
-        /// last run did not catch.
+        /// Try again exactly what shard K/N's first pass missed or timed out.
+        #[arg(long, value_name = "K/N")]
+        again: Option<String>,
+        /// Passed to cargo-mutants, e.g. `--list`, or `--shard 1/8` for an eighth of the
+        /// mutants (each shard keeps its own report).
         #[arg(last = true)]
         args: Vec<String>,
     },
@@ -301,7 +303,7 @@ fn run(command: Command) -> Result<()> {
         Command::Image => env::image::build(),
         Command::Demo => env::demo::run(&env),
         Command::Sim { seeds, seed } => check::test::sim(seeds, seed),
-        Command::Mutants { seeds, args } => check::mutants::run(seeds, &args),
+        Command::Mutants { seeds, again, args } => check::mutants::run(seeds, again.as_deref(), &args),
         Command::Bench { bench: Bench::Big { prefixes, values, value_bytes, changes } } => {
             bench::big::run(&env, bench::big::Sizes { prefixes, values, value_bytes, changes })
         }

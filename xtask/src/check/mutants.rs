@@ -7,7 +7,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, bail, ensure};
 
 use crate::common::{cache_dir, repo_root};
 use crate::process::{run as run_command, succeeds};
@@ -23,19 +23,26 @@ const FILES: &str = "crates/consulbind/src/reconcile/**";
 const EXCLUDE_FILES: &[&str] =
     &["crates/consulbind/src/reconcile/mod.rs", "crates/consulbind/src/reconcile/context.rs"];
 const EXCLUDE_RE: &[&str] = &["impl Port for Cluster"];
-/// Where the reports go: one folder per shard, `mutants.out/` inside each.
+/// Where the reports go: one folder per shard, `mutants.out/` inside each, and the second
+/// pass's in `again/` beside it.
 const OUTPUT: &str = "target/mutants";
 
 /// Installs cargo-mutants if needed, runs it with `seeds` simulator seeds per test run, and
-/// prints its counts, then the counts of every shard's report. `args` go to cargo-mutants.
-pub fn run(seeds: u32, args: &[String]) -> Result<()> {
+/// prints its counts, then the counts of every shard's report. With `again` (`K/N`), it tries
+/// again exactly the mutants that shard's first pass missed or timed out. `args` go to
+/// cargo-mutants.
+pub fn run(seeds: u32, again: Option<&str>, args: &[String]) -> Result<()> {
     let binary = install()?;
     let shard = args.iter().position(|a| a == "--shard").and_then(|i| args.get(i + 1));
-    let shard = args.iter().find_map(|a| a.strip_prefix("--shard=")).or(shard.map(String::as_str));
-    let output = repo_root().join(OUTPUT).join(match shard {
+    let shard = args.iter().find_map(|a| a.strip_prefix("--shard=")).or(shard.map(String::as_str)).or(again);
+    let folder = repo_root().join(OUTPUT).join(match shard {
         Some(shard) => format!("shard-{}", shard.replace('/', "-of-")),
         None => "all".to_owned(),
     });
+    let (output, wanted) = match again {
+        Some(_) => (folder.join("again"), Some(undecided(&folder.join("mutants.out"))?)),
+        None => (folder.clone(), None),
+    };
     fs::create_dir_all(&output)?;
     // Run as cargo runs a subcommand, but by its path: another cargo-mutants on PATH or in
     // ~/.cargo/bin may be another version.
@@ -47,6 +54,11 @@ pub fn run(seeds: u32, args: &[String]) -> Result<()> {
     }
     for re in EXCLUDE_RE {
         mutants.args(["--exclude-re", re]);
+    }
+    if let Some(wanted) = &wanted {
+        ensure!(!wanted.is_empty(), "the first pass of shard {} left nothing to try again", again.unwrap_or_default());
+        let names: Vec<String> = wanted.iter().map(|name| format!("^{}$", escape(name))).collect();
+        mutants.args(["--re", &names.join("|")]);
     }
     // A test run that takes this long is an endless loop: the unmutated tests take about
     // 4 s with 10 seeds and 21 s with 60 here, and a busy machine is slower.
@@ -71,20 +83,42 @@ pub fn run(seeds: u32, args: &[String]) -> Result<()> {
     if !written.is_ok_and(|at| at >= started) {
         return Ok(());
     }
-    println!(
-        "\nthis run's {}\nthe report: {} (missed.txt lists what no test caught)",
-        Counts::read(&report)?,
-        report.display()
-    );
+    println!("\nthe report: {} (missed.txt lists what no test caught)", report.display());
     let mut total = Counts::default();
     for entry in fs::read_dir(repo_root().join(OUTPUT))? {
-        let report = entry?.path().join("mutants.out");
-        if report.is_dir() {
-            total.add(&Counts::read(&report)?);
+        let shard = entry?.path();
+        if shard.join("mutants.out").is_dir() {
+            let counts = Counts::of_shard(&shard)?;
+            println!("{}: {counts}", shard.file_name().unwrap_or_default().to_string_lossy());
+            total.add(&counts);
         }
     }
-    println!("every report under {OUTPUT}/, {total}");
+    println!("every shard under {OUTPUT}/, {total}");
     Ok(())
+}
+
+/// What a first pass left undecided: the mutants it missed, and those that timed out.
+fn undecided(report: &Path) -> Result<Vec<String>> {
+    Ok([lines(report, "missed")?, lines(report, "timeout")?].concat())
+}
+
+fn lines(report: &Path, list: &str) -> Result<Vec<String>> {
+    let path = report.join(format!("{list}.txt"));
+    match fs::read_to_string(&path) {
+        Ok(text) => Ok(text.lines().filter(|l| !l.trim().is_empty()).map(str::to_owned).collect()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+    }
+}
+
+/// `name` as a regular expression that matches it alone.
+fn escape(name: &str) -> String {
+    name.chars()
+        .flat_map(|c| match c {
+            '\\' | '.' | '+' | '*' | '?' | '(' | ')' | '|' | '[' | ']' | '{' | '}' | '^' | '$' => vec!['\\', c],
+            _ => vec![c],
+        })
+        .collect()
 }
 
 /// `<cache>/cargo-mutants-<version>/bin/cargo-mutants`, installed from crates.io unless it is
@@ -117,19 +151,34 @@ struct Counts {
 
 impl Counts {
     fn read(report: &Path) -> Result<Self> {
-        let count = |name: &str| -> Result<usize> {
-            let path = report.join(format!("{name}.txt"));
-            match fs::read_to_string(&path) {
-                Ok(text) => Ok(text.lines().filter(|l| !l.trim().is_empty()).count()),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
-                Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
-            }
-        };
+        let count = |list: &str| lines(report, list).map(|l| l.len());
         Ok(Self {
             caught: count("caught")?,
             missed: count("missed")?,
             unviable: count("unviable")?,
             timeout: count("timeout")?,
+        })
+    }
+
+    /// A shard's counts: its first pass, with what the second decided of the undecided rest.
+    /// A second pass tries a few mutants more than asked (cargo-mutants' field deletions pass
+    /// any filter): only those asked count.
+    fn of_shard(shard: &Path) -> Result<Self> {
+        let first = Self::read(&shard.join("mutants.out"))?;
+        let again = shard.join("again/mutants.out");
+        if !again.is_dir() {
+            return Ok(first);
+        }
+        let asked = undecided(&shard.join("mutants.out"))?;
+        let decided = |list: &str| -> Result<usize> {
+            Ok(lines(&again, list)?.iter().filter(|name| asked.contains(name)).count())
+        };
+        // One asked but not tried again has left the files in scope.
+        Ok(Self {
+            caught: first.caught + decided("caught")?,
+            unviable: first.unviable + decided("unviable")?,
+            timeout: decided("timeout")?,
+            missed: decided("missed")?,
         })
     }
 
