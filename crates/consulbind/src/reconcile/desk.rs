@@ -339,7 +339,7 @@ mod tests {
         assert_eq!(*writes.locked(), [vec![stamp("a"), stamp("b")]]);
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_binding_that_plans_no_stamp_for_the_workload_ends_the_wait() {
         let desk = Arc::new(Desk::default());
         let b = binding("b");
@@ -356,11 +356,34 @@ mod tests {
         });
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert!(!lead.is_finished());
-        let started = Instant::now();
+        let started = tokio::time::Instant::now();
         desk.planned(&b);
         let written = tokio::time::timeout(Duration::from_secs(5), lead).await.unwrap().unwrap();
         assert_eq!(written, Ok(Version { uid: "u".into(), generation: 1 }), "one stamp, written alone");
-        assert!(started.elapsed() < GATHER, "waited for the gathering window after the other binding planned");
+        // The clock stands still while nothing waits on it: the plan ended the wait at once.
+        assert_eq!(
+            started.elapsed(),
+            Duration::ZERO,
+            "waited for the gathering window after the other binding planned"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reconcile_that_ends_without_a_plan_ends_the_wait() {
+        let desk = Arc::new(Desk::default());
+        let b = binding("b");
+        desk.woken(&b);
+        let turn = desk.submit(web(), stamp("a"), vec![b.clone()]);
+        let lead = tokio::spawn({
+            let desk = desk.clone();
+            async move { desk.run(turn, |_| async { Ok(version()) }).await.0 }
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let started = tokio::time::Instant::now();
+        // Its reconcile failed before it planned.
+        desk.done(&b);
+        assert_eq!(lead.await.unwrap(), Ok(version()));
+        assert_eq!(started.elapsed(), Duration::ZERO, "waited for the gathering window after the other run ended");
     }
 
     #[tokio::test(start_paused = true)]
