@@ -206,7 +206,7 @@ pub async fn observe<'a>(ctx: &Context, binding: &'a ConsulBinding, started: Ins
         window,
         key: ctx.checksum_key.scoped(&namespace, consul_scope),
         staging,
-        dry_run: ctx.dry_run || spec.rollout.as_ref().and_then(|r| r.mode) == Some(RolloutMode::DryRun),
+        dry_run: dry_run(ctx.dry_run, spec),
         restore_grace: ctx.restore_grace,
         consul,
         in_turns,
@@ -225,6 +225,12 @@ pub async fn observe<'a>(ctx: &Context, binding: &'a ConsulBinding, started: Ins
 }
 
 type ConsulRead = (Result<Vec<KeyState>, (&'static str, String)>, Vec<consul_kv::KvQuery>, Option<Duration>);
+
+/// Whether the binding only reports what it would roll: the controller's `--dry-run` (`forced`)
+/// or its own `rollout.mode`.
+pub fn dry_run(forced: bool, spec: &ConsulBindingSpec) -> bool {
+    forced || spec.rollout.as_ref().and_then(|r| r.mode) == Some(RolloutMode::DryRun)
+}
 
 /// What the binding's watches hold: subscribed, with the token, unless the keys cannot be read.
 async fn consul(ctx: &Context, binding: &ConsulBinding, oref: &BindingRef) -> Result<ConsulRead, Action> {

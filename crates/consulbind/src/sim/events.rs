@@ -131,11 +131,21 @@ impl Sim {
                 }
                 format!("spec edited (maxDelay {max})")
             }),
-            62..66 => Some({
+            62..64 => Some({
                 self.spec.suspend = !self.spec.suspend;
                 self.generation += 1;
                 self.mirror();
                 format!("suspend: {}", self.spec.suspend)
+            }),
+            64..66 => Some({
+                let mode = match dry_run(&self.spec) {
+                    true => RolloutMode::Rollout,
+                    false => RolloutMode::DryRun,
+                };
+                self.spec.rollout.get_or_insert_with(Default::default).mode = Some(mode);
+                self.generation += 1;
+                self.mirror();
+                format!("mode: {mode:?}")
             }),
             _ => None,
         }

@@ -30,7 +30,7 @@ use std::{collections::BTreeMap, fmt::Write as _, sync::Arc, time::Duration};
 
 use consul_kv::{KvEntry, KvQuery};
 use consulbind_api::{
-    ConsulBindingSpec, ConsulBindingStatus, KeySource, ObjectKind, RolloutPolicy, TargetRef, WorkloadKind,
+    ConsulBindingSpec, ConsulBindingStatus, KeySource, ObjectKind, RolloutMode, RolloutPolicy, TargetRef, WorkloadKind,
     conditions::{self, reason},
 };
 use k8s_openapi::jiff::Timestamp;
@@ -407,6 +407,7 @@ impl Sim {
             || !self.sees_cluster()
             || !self.readable()
             || self.spec.suspend
+            || dry_run(&self.spec)
             || !required
             || self.lost.contains(&true)
             || self.quiet_since.elapsed() < SETTLED
@@ -439,6 +440,11 @@ impl Sim {
     }
 }
 
+/// The binding reports what it would roll, and rolls nothing.
+pub(crate) fn dry_run(spec: &ConsulBindingSpec) -> bool {
+    spec.rollout.as_ref().and_then(|r| r.mode) == Some(RolloutMode::DryRun)
+}
+
 /// What the reads of a binding of `spec` find, with the controller's defaults for the rest.
 pub(crate) fn read_of(
     spec: &ConsulBindingSpec,
@@ -452,7 +458,7 @@ pub(crate) fn read_of(
         window: read::validate(spec).expect("a valid spec"),
         key,
         staging: crate::reconcile::staging::Staging::of(spec, &Default::default()).expect("valid staging"),
-        dry_run: false,
+        dry_run: crate::reconcile::observe::dry_run(false, spec),
         restore_grace: GRACE,
         consul: Ok(states),
         in_turns: None,

@@ -67,6 +67,7 @@ impl Sim {
             published: Vec::new(),
         };
         let first_record = observed.previous.applied_checksum.is_none();
+        let observed_dry_run = observed.previous.dry_run.clone();
         apply::apply(&mut port, &observed, decision).await.expect("the model takes every write");
         let (rolled, published) = (port.rolled, port.published);
         // What the binding's events tell a person, held to what happened: one RolledOut for a
@@ -75,6 +76,16 @@ impl Sim {
         let rolled_out = published.contains(&"RolledOut");
         if rolled_out == rolled.is_empty() {
             self.fail(format_args!("rolled {rolled:?}, but the events were {published:?}"));
+        }
+        // A DryRun event says what the status newly reports the binding would roll: never
+        // outside DryRun mode, never again for a report already shown, always for a new one.
+        let (shown, reported) = (&observed_dry_run, &self.status.dry_run.clone());
+        let would_roll = reported.as_ref().is_some_and(|r| !r.would_roll.is_empty());
+        match (published.contains(&"DryRun"), shown == reported) {
+            (true, _) if !dry_run(&spec) => self.fail(format_args!("a DryRun event outside DryRun mode")),
+            (true, true) => self.fail(format_args!("a DryRun event again for {reported:?}")),
+            (false, false) if would_roll => self.fail(format_args!("no DryRun event for {reported:?}")),
+            _ => {}
         }
         let recorded = self.status.applied_checksum.is_some();
         if first_record && recorded && rolled.is_empty() && !published.contains(&"Baselined") {
@@ -193,6 +204,9 @@ impl Sim {
             self.spec.keys.iter().zip(&self.lost).filter(|(_, l)| **l).map(|(k, _)| k.key.clone()).collect();
         if !lost.is_empty() {
             self.fail(format_args!("rolled {name} with {lost:?} lost and no go-ahead"));
+        }
+        if dry_run(&self.spec) {
+            self.fail(format_args!("rolled {name} in DryRun mode"));
         }
         let name = *self.works.keys().find(|n| **n == name).expect("a simulated workload");
         self.batch.entry(name).or_default().push((self.active, value));
