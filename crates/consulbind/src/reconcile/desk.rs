@@ -339,8 +339,9 @@ mod tests {
         assert_eq!(*writes.locked(), [vec![stamp("a"), stamp("b")]]);
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_binding_that_plans_no_stamp_for_the_workload_ends_the_wait() {
+    /// How long a stamp that waits for binding `b` still waits once `end` ends `b`'s run: no
+    /// time at all, on a clock that stands still while nothing waits on it.
+    async fn wait_after(end: impl FnOnce(&Desk, &BindingRef)) -> Duration {
         let desk = Arc::new(Desk::default());
         let b = binding("b");
         desk.woken(&b);
@@ -357,33 +358,20 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert!(!lead.is_finished());
         let started = tokio::time::Instant::now();
-        desk.planned(&b);
+        end(&desk, &b);
         let written = tokio::time::timeout(Duration::from_secs(5), lead).await.unwrap().unwrap();
         assert_eq!(written, Ok(Version { uid: "u".into(), generation: 1 }), "one stamp, written alone");
-        // The clock stands still while nothing waits on it: the plan ended the wait at once.
-        assert_eq!(
-            started.elapsed(),
-            Duration::ZERO,
-            "waited for the gathering window after the other binding planned"
-        );
+        started.elapsed()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_binding_that_plans_no_stamp_for_the_workload_ends_the_wait() {
+        assert_eq!(wait_after(Desk::planned).await, Duration::ZERO);
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_reconcile_that_ends_without_a_plan_ends_the_wait() {
-        let desk = Arc::new(Desk::default());
-        let b = binding("b");
-        desk.woken(&b);
-        let turn = desk.submit(web(), stamp("a"), vec![b.clone()]);
-        let lead = tokio::spawn({
-            let desk = desk.clone();
-            async move { desk.run(turn, |_| async { Ok(version()) }).await.0 }
-        });
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        let started = tokio::time::Instant::now();
-        // Its reconcile failed before it planned.
-        desk.done(&b);
-        assert_eq!(lead.await.unwrap(), Ok(version()));
-        assert_eq!(started.elapsed(), Duration::ZERO, "waited for the gathering window after the other run ended");
+        assert_eq!(wait_after(Desk::done).await, Duration::ZERO);
     }
 
     #[tokio::test(start_paused = true)]
