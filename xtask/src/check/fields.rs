@@ -56,26 +56,21 @@ fn walk(schema: &Value, path: &str, required: bool, rows: &mut Vec<String>, rule
         let description = cell(schema["description"].as_str().unwrap_or_default());
         rows.push(format!("| `{path}` | {} | {checks} | {description} |\n", type_of(schema)));
     }
+    inside(schema, path, rows, rules);
+    if schema["type"] == "array" {
+        inside(&schema["items"], &format!("{path}[]"), rows, rules);
+    }
+}
+
+/// The rules of the object `schema` at `path`, and the rows of its fields.
+fn inside(schema: &Value, path: &str, rows: &mut Vec<String>, rules: &mut Vec<(String, String)>) {
     for rule in schema["x-kubernetes-validations"].as_array().into_iter().flatten() {
         let message = rule["message"].as_str().or(rule["rule"].as_str()).unwrap_or_default();
         rules.push((path.to_owned(), message.to_owned()));
     }
     let needed: Vec<&str> = schema["required"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
-    if let Some(properties) = schema["properties"].as_object() {
-        for (name, property) in properties {
-            walk(property, &format!("{path}.{name}"), needed.contains(&name.as_str()), rows, rules);
-        }
-    }
-    if schema["type"] == "array" {
-        let items = &schema["items"];
-        for rule in items["x-kubernetes-validations"].as_array().into_iter().flatten() {
-            let message = rule["message"].as_str().or(rule["rule"].as_str()).unwrap_or_default();
-            rules.push((format!("{path}[]"), message.to_owned()));
-        }
-        let needed: Vec<&str> = items["required"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
-        for (name, property) in items["properties"].as_object().into_iter().flatten() {
-            walk(property, &format!("{path}[].{name}"), needed.contains(&name.as_str()), rows, rules);
-        }
+    for (name, property) in schema["properties"].as_object().into_iter().flatten() {
+        walk(property, &format!("{path}.{name}"), needed.contains(&name.as_str()), rows, rules);
     }
 }
 
