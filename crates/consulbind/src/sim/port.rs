@@ -79,9 +79,9 @@ impl Sim {
         }
         // A DryRun event says what the status newly reports the binding would roll: never
         // outside DryRun mode, never again for a report already shown, always for a new one.
-        let (shown, reported) = (&observed_dry_run, &self.status.dry_run.clone());
+        let reported = self.status.dry_run.clone();
         let would_roll = reported.as_ref().is_some_and(|r| !r.would_roll.is_empty());
-        match (published.contains(&"DryRun"), shown == reported) {
+        match (published.contains(&"DryRun"), observed_dry_run == reported) {
             (true, _) if !dry_run(&spec) => self.fail(format_args!("a DryRun event outside DryRun mode")),
             (true, true) => self.fail(format_args!("a DryRun event again for {reported:?}")),
             (false, false) if would_roll => self.fail(format_args!("no DryRun event for {reported:?}")),
