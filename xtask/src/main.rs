@@ -53,9 +53,10 @@ enum Command {
     Monitoring,
     /// Check the Helm chart in config/helm/: helm lint, the same objects as kustomize, every value, the values' schema.
     Helm {
-        /// Write values.schema.json from values.yaml first.
+        /// Write what the chart derives first: values.schema.json from values.yaml, files/ from
+        /// config/monitoring/, and the book's Helm values page.
         #[arg(long)]
-        write_schema: bool,
+        write: bool,
     },
     /// Build the book in docs/ with mdBook into target/book, failing on a warning or a broken link.
     Book,
@@ -298,7 +299,7 @@ fn run(command: Command) -> Result<()> {
         Command::Crdgen { check: only_check } => check::crdgen::run(only_check),
         Command::Explain => env.status().and_then(|()| check::explain::check(&env)),
         Command::Monitoring => check::monitoring::check(),
-        Command::Helm { write_schema } => check::helm::check(write_schema),
+        Command::Helm { write } => check::helm::check(write),
         Command::Book => check::book::check(),
         Command::Image => env::image::build(),
         Command::Demo => env::demo::run(&env),

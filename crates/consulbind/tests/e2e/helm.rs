@@ -88,7 +88,9 @@ async fn the_chart_installs_and_its_rbac_serves_every_namespace() {
     let _crd = ROLLOUT_CRD.lock().await;
     install_rollout_crd();
     let (release, namespace) = ("helm-e2e", "consulbind-helm");
-    let (kubeconfig, start) = install(&s, release, namespace, &["image.tag=e2e".into()]).await;
+    // The API server takes the optional NetworkPolicy as the chart writes it.
+    let sets = ["image.tag=e2e".into(), "networkPolicy.enabled=true".into()];
+    let (kubeconfig, start) = install(&s, release, namespace, &sets).await;
     assert_eq!(setting(&start, "CONSULBIND_NAMESPACES"), None, "{:?}", start.envs);
     scenario(&s, &start, "cluster").await.expect("the core path with the chart's settings and ServiceAccount");
     refused(&s, client_from(&kubeconfig).await, None).await;

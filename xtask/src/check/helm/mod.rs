@@ -16,6 +16,7 @@ use crate::common::repo_root;
 use crate::env::provision;
 use crate::process::{capture, run};
 
+mod page;
 mod schema;
 
 const CHART: &str = "config/helm/consulbind";
@@ -55,20 +56,18 @@ const FLAGS: &[(&str, &str, &str)] = &[
     ("metrics.port", "CONSULBIND_ADMIN_ADDR", "9090"),
 ];
 
-/// With `write_schema`, writes `values.schema.json` anew first; otherwise it must be current.
-pub fn check(write_schema: bool) -> Result<()> {
-    let schema = schema::generate()?;
-    if write_schema {
-        std::fs::write(schema::path(), &schema)?;
+/// With `write`, writes what the chart derives anew first; otherwise it must be current.
+pub fn check(write: bool) -> Result<()> {
+    let help = controller_help()?;
+    for (path, derived) in derived(&help)? {
+        if write {
+            std::fs::write(&path, &derived)?;
+        }
+        let written = std::fs::read_to_string(&path).unwrap_or_default();
+        ensure!(written == derived, "{} is not current; run cargo xtask helm --write", path.display());
     }
-    let written = std::fs::read_to_string(schema::path()).unwrap_or_default();
-    ensure!(
-        written == schema,
-        "{} is not what values.yaml makes; run cargo xtask helm --write-schema",
-        schema::path().display()
-    );
     let helm = provision::helm()?;
-    let defaults = controller_defaults()?;
+    let defaults = controller_defaults(&help)?;
     let chart = repo_root().join(CHART);
     for sets in [&[][..], &["namespaces={team-a,team-b}"], &["podDisruptionBudget.enabled=true"]] {
         for strict in [false, true] {
@@ -94,6 +93,19 @@ pub fn check(write_schema: bool) -> Result<()> {
     overrides(&helm, &defaults)?;
     values_are_the_defaults(&defaults)?;
     refused(&helm)
+}
+
+/// Each file the chart derives, and what it must hold: the values' schema, and the alerts and
+/// dashboard of config/monitoring/, which a chart cannot read from outside its own folder, and the
+/// book's page of the values.
+fn derived(help: &str) -> Result<Vec<(PathBuf, String)>> {
+    let mut files = vec![(schema::path(), schema::generate()?), (page::path(), page::generate(help)?)];
+    for name in ["prometheusrule.yaml", "consulbind-dashboard.json"] {
+        let source = repo_root().join("config/monitoring").join(name);
+        let text = std::fs::read_to_string(&source).with_context(|| format!("reading {}", source.display()))?;
+        files.push((repo_root().join(CHART).join("files").join(name), text));
+    }
+    Ok(files)
 }
 
 /// The schema refuses an unknown value and a value of the wrong type, naming it.
@@ -318,6 +330,65 @@ fn overrides(helm: &Path, defaults: &BTreeMap<String, String>) -> Result<()> {
     ensure!(budget["spec"]["minAvailable"] == 1, "the PodDisruptionBudget: {budget}");
     ensure!(!render(&[])?.keys().any(|k| k.starts_with("ServiceMonitor") || k.starts_with("PodDisruptionBudget")));
 
+    let labelled = |sets: &[&str], path: &str| -> Result<Value> {
+        let text = capture(
+            Command::new(helm)
+                .args(["template", RELEASE])
+                .arg(repo_root().join(CHART))
+                .args(["--namespace", NAMESPACE, "--show-only", path])
+                .args(sets.iter().flat_map(|s| ["--set", *s])),
+        )?;
+        parse(&text)?.into_iter().next().with_context(|| format!("{path} made nothing with {sets:?}"))
+    };
+    let grafana = labelled(
+        &["metrics.dashboard.enabled=true", "metrics.dashboard.namespace=grafana"],
+        "templates/monitoring.yaml",
+    )?;
+    ensure!(
+        grafana["metadata"]["labels"]["grafana_dashboard"] == "1" && grafana["metadata"]["namespace"] == "grafana",
+        "the dashboard's labels and namespace: {}",
+        grafana["metadata"]
+    );
+    let json = std::fs::read_to_string(repo_root().join("config/monitoring/consulbind-dashboard.json"))?;
+    ensure!(
+        grafana["data"]["consulbind-dashboard.json"].as_str().map(str::trim_end) == Some(json.trim_end()),
+        "the dashboard differs from config/monitoring's"
+    );
+    let rule = labelled(
+        &["metrics.prometheusRule.enabled=true", "metrics.prometheusRule.labels.release=prom"],
+        "templates/monitoring.yaml",
+    )?;
+    ensure!(rule["metadata"]["labels"]["release"] == "prom", "prometheusRule.labels: {}", rule["metadata"]);
+    let kustomized = parse(&std::fs::read_to_string(repo_root().join("config/monitoring/prometheusrule.yaml"))?)?;
+    ensure!(rule["spec"] == kustomized[0]["spec"], "the PrometheusRule differs from config/monitoring's");
+    render(&["metrics.prometheusRule.enabled=true", "metrics.dashboard.enabled=true"])?;
+    ensure!(!render(&[])?.keys().any(|k| k.starts_with("PrometheusRule") || k.ends_with("-dashboard")));
+
+    // The NetworkPolicy: the admin port in; DNS, the API server and Consul's port out.
+    let policy = |sets: &[&str]| -> Result<Value> {
+        let mut sets = sets.to_vec();
+        sets.push("networkPolicy.enabled=true");
+        render(&sets)?;
+        labelled(&sets, "templates/networkpolicy.yaml")
+    };
+    let ports = |policy: &Value, rule: usize| -> Vec<Value> {
+        let ports = policy["spec"]["egress"][rule]["ports"].as_array().cloned().unwrap_or_default();
+        ports.iter().map(|p| p["port"].clone()).collect()
+    };
+    let p = policy(&[])?;
+    ensure!(p["spec"]["ingress"] == json!([{"ports": [{"port": "admin", "protocol": "TCP"}]}]), "ingress: {p}");
+    ensure!(ports(&p, 0) == [json!(53), json!(53)] && ports(&p, 1) == [json!(443), json!(6443)], "egress: {p}");
+    ensure!(ports(&p, 2) == [json!(8500)], "Consul's port from consul.address: {p}");
+    ensure!(ports(&policy(&["consul.address=https://consul.example.com"])?, 2) == [json!(443)], "https's port");
+    let p = policy(&[
+        "networkPolicy.consulPorts={8501}",
+        "networkPolicy.metricsFrom[0].namespaceSelector.matchLabels.name=monitoring",
+        "networkPolicy.extraEgress[0].ports[0].port=3128",
+    ])?;
+    ensure!(ports(&p, 2) == [json!(8501)] && ports(&p, 3) == [json!(3128)], "consulPorts, extraEgress: {p}");
+    ensure!(p["spec"]["ingress"][0]["from"][0]["namespaceSelector"].is_object(), "metricsFrom: {p}");
+    ensure!(!render(&[])?.keys().any(|k| k.starts_with("NetworkPolicy")), "a NetworkPolicy by default");
+
     let objects = render(&["serviceAccount.create=false", "serviceAccount.name=platform-sa"])?;
     ensure!(!objects.keys().any(|k| k.starts_with("ServiceAccount")), "serviceAccount.create=false made one");
     ensure!(deployment(&objects)?["spec"]["template"]["spec"]["serviceAccountName"] == "platform-sa");
@@ -428,8 +499,8 @@ fn values_are_the_defaults(defaults: &BTreeMap<String, String>) -> Result<()> {
     Ok(())
 }
 
-/// Each environment variable of the controller and its default, from `consulbind --help`.
-fn controller_defaults() -> Result<BTreeMap<String, String>> {
+/// `consulbind -h`, whose short help keeps each flag's environment variable and default on one line.
+fn controller_help() -> Result<String> {
     run(Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into())).current_dir(repo_root()).args([
         "build",
         "--quiet",
@@ -439,8 +510,11 @@ fn controller_defaults() -> Result<BTreeMap<String, String>> {
         "consulbind",
     ]))?;
     let binary: PathBuf = repo_root().join("target/debug/consulbind");
-    // The short help keeps each flag's environment variable and default on one line.
-    let help = capture(Command::new(binary).arg("-h"))?;
+    capture(Command::new(binary).arg("-h"))
+}
+
+/// Each environment variable of the controller and its default, from its help.
+fn controller_defaults(help: &str) -> Result<BTreeMap<String, String>> {
     let mut defaults = BTreeMap::new();
     for line in help.lines() {
         let Some((_, env)) = line.split_once("[env: ") else { continue };

@@ -14,7 +14,7 @@ use super::CHART;
 use crate::common::repo_root;
 
 /// Values whose keys are the user's own: labels, annotations and Kubernetes' own objects.
-const OPEN: &[&str] = &[
+pub(super) const OPEN: &[&str] = &[
     "resources",
     "podSecurityContext",
     "securityContext",
@@ -25,6 +25,8 @@ const OPEN: &[&str] = &[
     "serviceAccount.annotations",
     "metrics.service.annotations",
     "metrics.serviceMonitor.labels",
+    "metrics.prometheusRule.labels",
+    "metrics.dashboard.labels",
 ];
 /// Values that take a count or a percentage.
 const COUNT_OR_PERCENT: &[&str] = &["podDisruptionBudget.minAvailable"];
@@ -40,8 +42,7 @@ pub fn generate() -> Result<String> {
     let values: serde_yaml::Value = serde_yaml::from_str(&text).with_context(|| format!("{}", path.display()))?;
     let mut schema = of(&values, "");
     schema["$schema"] = json!("http://json-schema.org/draft-07/schema#");
-    schema["title"] =
-        json!("Values of the consulbind chart (generated from values.yaml by cargo xtask helm --write-schema)");
+    schema["title"] = json!("Values of the consulbind chart (generated from values.yaml by cargo xtask helm --write)");
     Ok(serde_json::to_string_pretty(&schema)? + "\n")
 }
 
