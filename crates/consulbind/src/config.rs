@@ -9,7 +9,8 @@ use consul_kv::{ClientConfig, Token};
 #[command(
     name = "consulbind",
     version,
-    about = "Rolls Kubernetes workloads when the Consul KV content they read changes"
+    about = "Rolls Kubernetes workloads when the Consul KV content they read changes",
+    after_help = "From Reloader or Wave: `consulbind migrate --help` turns their annotations into ConsulBindings."
 )]
 pub struct Config {
     /// Consul HTTP address, with its scheme: `http://` or `https://`.

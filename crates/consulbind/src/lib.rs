@@ -20,6 +20,7 @@ pub mod config;
 pub mod controller;
 pub mod lease;
 pub mod metrics;
+pub mod migrate;
 pub mod names;
 pub mod reconcile;
 #[cfg(test)]

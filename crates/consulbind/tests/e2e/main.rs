@@ -8,6 +8,7 @@ mod gitops;
 mod grants;
 mod helm;
 mod image;
+mod migrate;
 mod operations;
 mod rbac;
 mod relist;
