@@ -77,5 +77,5 @@ Secrets (list, watch), and events.
   verbs: ["list", "watch"]
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]
-  verbs: ["create", "patch"]
+  verbs: ["create"]
 {{- end -}}

@@ -19,9 +19,7 @@ use crate::{
 
 pub struct Context {
     pub client: Client,
-    /// Who records the events. Each event gets a recorder of its own: kube's keeps every event
-    /// it sent for minutes, to count repeats, which at thousands of bindings is megabytes, and
-    /// the controller raises an event only when there is news.
+    /// Who records the events (see `report::publish`).
     pub reporter: Reporter,
     pub watches: Watches,
     pub workloads: Workloads,

@@ -190,6 +190,12 @@ fn changed_sources(applied: Option<&[u64]>, status: &ConsulBindingStatus) -> Vec
 
 /// Records an event without holding up the reconcile: the next change of this binding waits
 /// for the reconcile to end, and events are not part of the decision.
+///
+/// Not through kube's `Recorder`: it counts a repeat by object, type and reason alone and
+/// patches the first event's note into the series, so a second `RolledOut` within six minutes
+/// would show the sources the first named; it names the event after the object whatever its
+/// length, which the API server refuses past 253; and it keeps each event for minutes. The
+/// controller raises an event only on news, so there are few repeats to count.
 pub fn publish(ctx: &Context, reference: ObjectReference, type_: EventType, reason: &str, note: String) {
     let api: Api<Event> = Api::namespaced(ctx.client.clone(), reference.namespace.as_deref().unwrap_or("default"));
     let event = event(&ctx.reporter, reference, type_, reason, note, Timestamp::now());
