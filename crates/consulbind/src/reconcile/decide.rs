@@ -207,3 +207,197 @@ fn rebased(plan: &Plan) -> String {
 pub fn shown(act: &Act<'_>) -> bool {
     act.restored && act.read.objects.is_ok()
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use consulbind_api::{ConsulBindingSpec, TargetRef, WorkloadKind};
+    use k8s_openapi::jiff::Timestamp;
+
+    use super::*;
+    use crate::{
+        checksum,
+        cluster::{Live, Workload, workloads::Resolved},
+        reconcile::input::Step,
+    };
+
+    fn spec() -> ConsulBindingSpec {
+        ConsulBindingSpec {
+            include_target_references: true,
+            targets: vec![TargetRef { kind: WorkloadKind::Deployment, name: Some("web".into()), selector: None }],
+            ..Default::default()
+        }
+    }
+
+    fn read(spec: &ConsulBindingSpec) -> Read {
+        let key = checksum::Key::new([7; checksum::KEY_LEN]);
+        crate::sim::read_of(spec, key, Vec::new(), Resolved::default(), Vec::new(), Vec::new())
+    }
+
+    fn observed(spec: &ConsulBindingSpec, previous: ConsulBindingStatus, read: Read) -> Observed<'_> {
+        let clock: Timestamp = "2026-11-27T10:00:00Z".parse().unwrap();
+        Observed { spec, generation: Some(1), previous, started: Instant::now(), clock, read: Ok(read) }
+    }
+
+    fn web() -> Workload {
+        (WorkloadKind::Deployment, "web".to_owned())
+    }
+
+    /// What `conclude` reports for a plan, after a status `previous`, with `changed` the read's
+    /// change of it.
+    fn concluded(
+        previous: ConsulBindingStatus,
+        plan: Plan,
+        rolled: bool,
+        settled: Option<(&str, Vec<u64>)>,
+        change: impl FnOnce(&mut Read),
+    ) -> Report {
+        let spec = spec();
+        let mut read = read(&spec);
+        change(&mut read);
+        let observed = observed(&spec, previous, read);
+        let Ok(read) = &observed.read else { unreachable!() };
+        let act = Act { read, plan, upgraded: None, restore: None, restored: false };
+        let outcome = Outcome { rolled: if rolled { vec![web()] } else { Vec::new() }, failed: Vec::new() };
+        let settled = settled.map(|(checksum, fingerprints)| (checksum.to_owned(), fingerprints));
+        conclude(&observed, &act, &outcome, settled.as_ref())
+    }
+
+    fn names(report: &Report) -> Vec<&'static str> {
+        let name = |e: &Event| match e {
+            Event::RolledOut { .. } => "RolledOut",
+            Event::DryRun { .. } => "DryRun",
+            Event::Rebased(_) => "Rebased",
+            Event::Baselined(_) => "Baselined",
+            Event::Warning { .. } => "Warning",
+            Event::Notice { .. } => "Notice",
+        };
+        report.events.iter().map(name).collect()
+    }
+
+    fn applied(checksum: &str) -> ConsulBindingStatus {
+        ConsulBindingStatus { applied_checksum: Some(checksum.into()), ..Default::default() }
+    }
+
+    #[test]
+    fn an_upgraded_status_and_stamps_stand_in_for_those_read() {
+        let spec = spec();
+        let observed = observed(&spec, applied("old"), read(&spec));
+        let Ok(read) = &observed.read else { unreachable!() };
+        let mut act = Act { read, plan: Plan::default(), upgraded: None, restore: None, restored: false };
+        assert_eq!(act.input(&observed).previous.applied_checksum.as_deref(), Some("old"));
+        let live = BTreeMap::from([(web(), Live { value: "new".into(), owned: true })]);
+        act.upgraded = Some(Upgraded { previous: applied("new"), live });
+        let input = act.input(&observed);
+        assert_eq!(input.previous.applied_checksum.as_deref(), Some("new"));
+        assert_eq!(input.live.get(&web()).map(|l| l.value.as_str()), Some("new"));
+    }
+
+    #[test]
+    fn a_rollout_names_what_changed_only_from_a_record_of_the_content_the_targets_carried() {
+        let applied_of =
+            |settled: &str| match concluded(applied("a"), Plan::default(), true, Some((settled, vec![1, 2])), |_| {})
+                .events
+                .as_slice()
+            {
+                [Event::RolledOut { applied }] => applied.clone(),
+                _ => panic!("one RolledOut event"),
+            };
+        assert_eq!(applied_of("a"), Some(vec![1, 2]));
+        assert_eq!(applied_of("b"), None, "a record of other content names nothing");
+    }
+
+    #[test]
+    fn a_dry_run_event_needs_workloads_that_would_roll_and_a_report_not_shown_yet() {
+        let plan = |would_roll: Vec<Workload>| Plan {
+            desired: Some("c".into()),
+            would_roll,
+            hold: Some(("DryRun", "would roll".into())),
+            ..Plan::default()
+        };
+        let dry = |read: &mut Read| read.dry_run = true;
+        let first = concluded(ConsulBindingStatus::default(), plan(vec![web()]), false, None, dry);
+        assert_eq!(names(&first), ["DryRun"]);
+        let shown = || ConsulBindingStatus { dry_run: first.status.dry_run.clone(), ..Default::default() };
+        assert!(names(&concluded(shown(), plan(vec![web()]), false, None, dry)).is_empty(), "shown already");
+        let report = concluded(shown(), Plan { baseline: true, ..plan(Vec::new()) }, false, None, dry);
+        assert_eq!(names(&report), ["Baselined"], "nothing would roll: the baseline is told");
+    }
+
+    #[test]
+    fn a_baseline_is_told_only_for_the_first_record() {
+        let baseline = || Plan { baseline: true, ..Plan::default() };
+        let first = concluded(ConsulBindingStatus::default(), baseline(), false, None, |_| {});
+        assert_eq!(names(&first), ["Baselined"]);
+        assert!(names(&concluded(applied("a"), baseline(), false, None, |_| {})).is_empty());
+    }
+
+    #[test]
+    fn a_roll_outside_the_windows_is_noted_only_when_the_annotation_let_a_rollout_through() {
+        let plan =
+            |let_through: bool| Plan { staged: Some(Step { let_through, ..Step::default() }), ..Plan::default() };
+        let noted = |let_through, rolled| {
+            names(&concluded(applied("a"), plan(let_through), rolled, None, |_| {})).contains(&"Notice")
+        };
+        assert!(noted(true, true));
+        assert!(!noted(true, false), "nothing rolled");
+        assert!(!noted(false, true), "rolled inside a window");
+    }
+
+    #[test]
+    fn a_spec_warning_is_a_condition_and_an_event_when_its_message_is_new() {
+        let caution = |read: &mut Read| read.caution = Some("maxDelay below quietPeriod".into());
+        let report = concluded(ConsulBindingStatus::default(), Plan::default(), false, None, caution);
+        assert_eq!(names(&report), ["Warning"]);
+        let warning = report.status.conditions.iter().find(|c| c.type_ == conditions::SPEC_WARNING).cloned();
+        let warning = warning.expect("a SpecWarning condition");
+        assert_eq!((warning.status.as_str(), warning.message.as_str()), ("True", "maxDelay below quietPeriod"));
+
+        let shown = |message: &str, type_: &str| {
+            let mut condition = warning.clone();
+            (condition.message, condition.type_) = (message.into(), type_.into());
+            ConsulBindingStatus { conditions: vec![condition], ..Default::default() }
+        };
+        let again = concluded(
+            shown("maxDelay below quietPeriod", conditions::SPEC_WARNING),
+            Plan::default(),
+            false,
+            None,
+            caution,
+        );
+        assert!(names(&again).is_empty(), "the same warning again");
+        let other =
+            concluded(shown("an older warning", conditions::SPEC_WARNING), Plan::default(), false, None, caution);
+        assert_eq!(names(&other), ["Warning"], "a new message");
+        let elsewhere =
+            concluded(shown("maxDelay below quietPeriod", conditions::READY), Plan::default(), false, None, caution);
+        assert_eq!(names(&elsewhere), ["Warning"], "the message in another condition");
+        let none = concluded(ConsulBindingStatus::default(), Plan::default(), false, None, |_| {});
+        assert!(none.status.conditions.iter().all(|c| c.type_ != conditions::SPEC_WARNING));
+    }
+
+    #[test]
+    fn a_restore_is_shown_only_by_a_read_of_consul_and_the_objects() {
+        let spec = spec();
+        let decided = |consul_ready: bool, objects_read: bool| {
+            let mut read = read(&spec);
+            read.found_restored = Some(true);
+            if !consul_ready {
+                read.consul = Err(("ConsulUnreachable", "down".into()));
+            }
+            if !objects_read {
+                read.objects = Err(("ObjectUnreadable", "forbidden".into()));
+            }
+            let observed = observed(&spec, ConsulBindingStatus::default(), read);
+            let mut record = Record::default();
+            match decide(&observed, &mut record, Instant::now()) {
+                Decision::Act(act) => (act.restored, shown(&act)),
+                _ => panic!("an act"),
+            }
+        };
+        assert_eq!(decided(true, true), (true, true));
+        assert_eq!(decided(false, true), (false, false), "Consul unread");
+        assert_eq!(decided(true, false), (true, false), "the objects unread");
+    }
+}

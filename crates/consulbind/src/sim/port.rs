@@ -88,8 +88,12 @@ impl Sim {
             _ => {}
         }
         let recorded = self.status.applied_checksum.is_some();
-        if first_record && recorded && rolled.is_empty() && !published.contains(&"Baselined") {
+        let baseline = first_record && recorded && rolled.is_empty();
+        if baseline && !published.contains(&"Baselined") {
             self.fail(format_args!("the first record of the content was no baseline event, but {published:?}"));
+        }
+        if !baseline && published.contains(&"Baselined") {
+            self.fail(format_args!("a Baselined event, but the content was recorded before or rolled"));
         }
     }
 
