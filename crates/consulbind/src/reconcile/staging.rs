@@ -58,7 +58,7 @@ impl Budget {
 }
 
 fn budget(max: u32, per: &str, field: &str) -> Result<Budget, String> {
-    bounded(max, duration(per, field)?.unwrap_or_default(), field)
+    bounded(max, duration(per, field)?, field)
 }
 
 fn bounded(max: u32, per: Duration, field: &str) -> Result<Budget, String> {
@@ -74,10 +74,10 @@ fn bounded(max: u32, per: Duration, field: &str) -> Result<Budget, String> {
     Ok(Budget { max, per })
 }
 
-fn duration(text: &str, field: &str) -> Result<Option<Duration>, String> {
+fn duration(text: &str, field: &str) -> Result<Duration, String> {
     let value = parse_duration(text).map_err(|e| format!("{field}: {e}"))?;
     match value <= MAX_WAIT {
-        true => Ok(Some(value)),
+        true => Ok(value),
         false => Err(format!("{field} is {text}; at most 24h is allowed")),
     }
 }
@@ -109,14 +109,14 @@ impl Staging {
                 },
             };
             let pause = match &wave.pause {
-                Some(text) => duration(text, &format!("{field}.pause"))?.unwrap_or_default(),
+                Some(text) => duration(text, &format!("{field}.pause"))?,
                 None => Duration::ZERO,
             };
             let (kind, name, max_parallel) = (wave.kind, wave.name.clone(), wave.max_parallel);
             waves.push(WaveRule { kind, name, selector, max_parallel, pause });
         }
         let health_timeout = match &rollout.health_timeout {
-            Some(text) => duration(text, "spec.rollout.healthTimeout")?.unwrap_or(DEFAULT_HEALTH_TIMEOUT),
+            Some(text) => duration(text, "spec.rollout.healthTimeout")?,
             None => DEFAULT_HEALTH_TIMEOUT,
         };
         let budget = match &rollout.budget {
