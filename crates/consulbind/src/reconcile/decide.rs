@@ -193,12 +193,12 @@ fn rebased(plan: &Plan) -> String {
     let one = list.len() == 1;
     format!(
         "the ConfigMaps and Secrets that {} reference{} changed (a template change, or includeTargetReferences set); \
-         recorded what {} now read as the content {} run with, and restarted nothing: a template change rolls its \
-         workload itself",
+         recorded what {} now read as the content {}, and restarted nothing: a template change rolls its workload \
+         itself",
         list.join(", "),
         if one { "s" } else { "" },
         if one { "it" } else { "they" },
-        if one { "it" } else { "they" },
+        if one { "it runs with" } else { "they run with" },
     )
 }
 
@@ -323,6 +323,32 @@ mod tests {
         assert!(names(&concluded(shown(), plan(vec![web()]), false, None, dry)).is_empty(), "shown already");
         let report = concluded(shown(), Plan { baseline: true, ..plan(Vec::new()) }, false, None, dry);
         assert_eq!(names(&report), ["Baselined"], "nothing would roll: the baseline is told");
+    }
+
+    #[test]
+    fn a_rebase_names_the_workloads_in_a_sentence_that_agrees_with_their_number() {
+        let told = |rebased: Vec<Workload>| match concluded(
+            applied("a"),
+            Plan { rebased, ..Plan::default() },
+            false,
+            None,
+            |_| {},
+        )
+        .events
+        .as_slice()
+        {
+            [Event::Rebased(message)] => message.clone(),
+            _ => panic!("one Rebased event"),
+        };
+        let one = told(vec![web()]);
+        assert!(one.starts_with("the ConfigMaps and Secrets that Deployment/web references changed"), "{one}");
+        assert!(one.contains("recorded what it now read as the content it runs with"), "{one}");
+        let two = told(vec![web(), (WorkloadKind::StatefulSet, "db".into())]);
+        assert!(
+            two.starts_with("the ConfigMaps and Secrets that Deployment/web, StatefulSet/db reference changed"),
+            "{two}"
+        );
+        assert!(two.contains("recorded what they now read as the content they run with"), "{two}");
     }
 
     #[test]
