@@ -22,6 +22,7 @@ pub mod lease;
 pub mod metrics;
 pub mod migrate;
 pub mod names;
+pub mod probe;
 pub mod reconcile;
 #[cfg(test)]
 mod reference;

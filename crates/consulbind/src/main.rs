@@ -6,10 +6,18 @@ use tracing_subscriber::EnvFilter;
 fn main() {
     limit_malloc_arenas();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
-    if std::env::args_os().nth(1).is_some_and(|a| a == "migrate") {
-        use clap::Parser;
-        let args = consulbind::migrate::Args::parse_from(std::env::args_os().skip(1));
-        std::process::exit(runtime.block_on(consulbind::migrate::run(args)));
+    // The other commands, before the controller's flags are parsed.
+    use clap::Parser;
+    match std::env::args_os().nth(1).as_ref().and_then(|a| a.to_str()) {
+        Some("migrate") => {
+            let args = consulbind::migrate::Args::parse_from(std::env::args_os().skip(1));
+            std::process::exit(runtime.block_on(consulbind::migrate::run(args)));
+        }
+        Some("probe") => {
+            let args = consulbind::probe::Args::parse_from(std::env::args_os().skip(1));
+            std::process::exit(runtime.block_on(consulbind::probe::run(args)));
+        }
+        _ => {}
     }
     runtime.block_on(run());
 }

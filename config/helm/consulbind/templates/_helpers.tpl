@@ -22,6 +22,12 @@ app.kubernetes.io/name: {{ include "consulbind.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
+{{/* The `helm test` pod's: not the controller's, so that no Service, budget or policy of the controller takes it for one. */}}
+{{- define "consulbind.testSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "consulbind.name" . }}-test
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
 {{- define "consulbind.labels" -}}
 {{ include "consulbind.selectorLabels" . }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}

@@ -14,10 +14,10 @@ const GRACE: &str = "--consul-failure-grace=6s";
 const RESTORE_GRACE: Duration = Duration::from_secs(8);
 
 /// The tests here restart and wipe one agent: one at a time.
-static AGENT: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+pub(crate) static AGENT: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// `cargo xtask env consul-restart` on the fault tests' own agent.
-fn restart(empty: bool, down: Duration) {
+pub(crate) fn restart(empty: bool, down: Duration) {
     let down = format!("--down={}", down.as_secs());
     let mut args = vec!["consul-restart", down.as_str()];
     if empty {
@@ -31,7 +31,7 @@ fn xtask(args: &[&str]) {
     crate::support::xtask_env(&[args, &["--agent=consul-faults"]].concat());
 }
 
-async fn faults_consul() -> Consul {
+pub(crate) async fn faults_consul() -> Consul {
     let addr = std::env::var("CONSULBIND_E2E_FAULTS_ADDR")
         .expect("CONSULBIND_E2E_FAULTS_ADDR must be set; run `cargo xtask e2e`");
     Consul::new(ClientConfig { address: addr, ..ClientConfig::default() }).await.unwrap()
@@ -219,7 +219,7 @@ async fn consul_blips_restarts_and_data_loss_roll_nothing_and_show_within_second
     s.finish().await;
 }
 
-fn faults_addr() -> String {
+pub(crate) fn faults_addr() -> String {
     format!("--consul-http-addr={}", std::env::var("CONSULBIND_E2E_FAULTS_ADDR").unwrap())
 }
 
@@ -337,7 +337,7 @@ async fn write_past(consul: &Consul, s: &Scene, own: u64) -> u64 {
 }
 
 /// Writes elsewhere, to lift the agent's index well above where a rebuilt agent starts.
-async fn lift_index(consul: &Consul, s: &Scene) {
+pub(crate) async fn lift_index(consul: &Consul, s: &Scene) {
     for i in 0..60 {
         consul.put(&s.key("elsewhere"), i.to_string().as_bytes(), None).await.unwrap();
     }

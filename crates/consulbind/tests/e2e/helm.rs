@@ -20,7 +20,7 @@ use kube::{
 use serde_json::json;
 
 use crate::rbac::{Start, assert_forbidden, scenario};
-use crate::support::{ROLLOUT_CRD, Scene, client_from, install_rollout_crd, kubeconfig_in};
+use crate::support::{Controller, ROLLOUT_CRD, Scene, client_from, install_rollout_crd, kubeconfig_in};
 
 /// Installs (or upgrades) `release` into `namespace` with `sets`, and returns the path of a
 /// kubeconfig for the ServiceAccount it made and how to start the controller as the chart would:
@@ -95,7 +95,33 @@ async fn the_chart_installs_and_its_rbac_serves_every_namespace() {
     scenario(&s, &start, "cluster").await.expect("the core path with the chart's settings and ServiceAccount");
     refused(&s, client_from(&kubeconfig).await, None).await;
     namespace_editors_manage_bindings(&s).await;
+    probe_as_the_helm_test_does(&s, &kubeconfig, &start).await;
     s.finish().await;
+}
+
+/// What the chart's `helm test` pod runs, `consulbind probe`, as the chart's ServiceAccount: it
+/// passes against the controller the chart configures, and fails, naming what, when the
+/// controller does not answer. The bed has no kubelet to run the pod itself.
+async fn probe_as_the_helm_test_does(s: &Scene, kubeconfig: &std::path::Path, start: &Start) {
+    let envs: Vec<(&str, &str)> = start.envs.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let controller = Controller::start_with_env(&s.ns, &[], &envs).await.unwrap();
+    let probe = |url: String, within: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_consulbind"))
+            .args(["probe", &format!("--url={url}"), &format!("--within={within}")])
+            .env("KUBECONFIG", kubeconfig)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)),
+        )
+    };
+    let (passed, said) = probe(format!("http://{}/readyz", controller.admin), "30s");
+    assert!(passed && said.contains("serves consulbindings.consulbind.dev/v1alpha1"), "{said}");
+    let closed = crate::support::free_port();
+    let (passed, said) = probe(format!("http://{closed}/readyz"), "1s");
+    assert!(!passed && said.contains(&closed.to_string()), "{said}");
+    controller.stop().await;
 }
 
 /// The chart's aggregated roles: a user given Kubernetes' own `edit` role in a namespace may

@@ -2,6 +2,7 @@
 //! with the real controller binary. Each test has its own namespace and controller.
 
 mod admission;
+mod captures;
 mod cronjobs;
 mod faults;
 mod gitops;

@@ -31,19 +31,19 @@ fn reading_extra(mut deployment: Value) -> Value {
     deployment
 }
 
-fn staged(key: &str, rollout: Value) -> Value {
+pub(crate) fn staged(key: &str, rollout: Value) -> Value {
     let mut rollout = rollout;
     rollout["quietPeriod"] = json!("0s");
     json!({"keys": [{"key": key}], "targets": [{"kind": "Deployment", "selector": {"matchLabels": {}}}],
         "rollout": rollout})
 }
 
-fn canary_first(pause: &str) -> Value {
+pub(crate) fn canary_first(pause: &str) -> Value {
     json!({"waves": [{"selector": {"matchLabels": {"track": "canary"}}, "pause": pause}, {}]})
 }
 
 impl Scene {
-    async fn deployments(&self, list: &[(&str, i32, &str)]) {
+    pub(crate) async fn deployments(&self, list: &[(&str, i32, &str)]) {
         for (name, replicas, track) in list {
             self.apply(deployment(name, *replicas, track)).await.unwrap();
         }

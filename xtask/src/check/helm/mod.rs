@@ -91,6 +91,7 @@ pub fn check(write: bool) -> Result<()> {
     same(&["image.tag=latest", "namespaces={team-a,team-b}"], "config/overlays/namespaced")?;
 
     overrides(&helm, &defaults)?;
+    probe(&helm)?;
     values_are_the_defaults(&defaults)?;
     refused(&helm)
 }
@@ -125,7 +126,8 @@ fn refused(helm: &Path) -> Result<()> {
 fn template(helm: &Path, sets: &[&str]) -> Result<Vec<Value>> {
     let mut cmd = Command::new(helm);
     cmd.args(["template", RELEASE]).arg(repo_root().join(CHART));
-    cmd.args(["--namespace", NAMESPACE, "--include-crds"]);
+    // The `helm test` pod is checked on its own ([`probe`]).
+    cmd.args(["--namespace", NAMESPACE, "--include-crds", "--skip-tests"]);
     parse(&capture(cmd.args(sets.iter().flat_map(|s| ["--set", *s])))?)
 }
 
@@ -463,6 +465,47 @@ fn overrides(helm: &Path, defaults: &BTreeMap<String, String>) -> Result<()> {
         "a template makes the CRD, which `helm uninstall` would delete"
     );
     println!("every value of the chart reaches what it sets ({} flags)", FLAGS.len());
+    Ok(())
+}
+
+/// The `helm test` pod runs the controller's image as `consulbind probe` against the metrics
+/// Service, as the controller's ServiceAccount; no Service or NetworkPolicy takes it for the
+/// controller, and a policy that limits who reaches the admin port lets it in.
+fn probe(helm: &Path) -> Result<()> {
+    let shown = |path: &str, sets: &[&str]| -> Result<Value> {
+        let mut cmd = Command::new(helm);
+        cmd.args(["template", RELEASE]).arg(repo_root().join(CHART)).args(["--namespace", NAMESPACE]);
+        let text = capture(cmd.args(["--show-only", path]).args(sets.iter().flat_map(|s| ["--set", *s])))?;
+        parse(&text)?.into_iter().next().with_context(|| format!("{path} made nothing with {sets:?}"))
+    };
+    let pod = shown("templates/tests/probe.yaml", &["metrics.port=9090"])?;
+    let deployment = shown("templates/deployment.yaml", &[])?;
+    let controller = &deployment["spec"]["template"]["spec"];
+    ensure!(pod["metadata"]["annotations"]["helm.sh/hook"] == "test", "the probe is no test hook: {pod}");
+    let container = &pod["spec"]["containers"][0];
+    let url = format!("--url=http://{RELEASE}-metrics.{NAMESPACE}.svc:9090/readyz");
+    ensure!(container["args"] == json!(["probe", url]), "the probe's args: {}", container["args"]);
+    ensure!(container["image"] == controller["containers"][0]["image"], "the probe's image: {}", container["image"]);
+    ensure!(pod["spec"]["serviceAccountName"] == controller["serviceAccountName"], "the probe's account");
+    let labels = pod["metadata"]["labels"].as_object().context("the probe's labels")?;
+    let service = shown("templates/service.yaml", &[])?;
+    let selects =
+        |selector: &Value| selector.as_object().is_some_and(|s| s.iter().all(|(k, v)| labels.get(k) == Some(v)));
+    ensure!(!selects(&service["spec"]["selector"]), "the metrics Service selects the probe pod");
+    let policy = shown(
+        "templates/networkpolicy.yaml",
+        &["networkPolicy.enabled=true", "networkPolicy.metricsFrom[0].namespaceSelector.matchLabels.name=monitoring"],
+    )?;
+    ensure!(!selects(&policy["spec"]["podSelector"]["matchLabels"]), "the NetworkPolicy selects the probe pod");
+    let from = policy["spec"]["ingress"][0]["from"].as_array().cloned().unwrap_or_default();
+    ensure!(from.iter().any(|peer| selects(&peer["podSelector"]["matchLabels"])), "the policy keeps the probe out");
+    let without = Command::new(helm)
+        .args(["template", RELEASE])
+        .arg(repo_root().join(CHART))
+        .args(["--show-only", "templates/tests/probe.yaml", "--set", "metrics.service.enabled=false"])
+        .output()?;
+    ensure!(!without.status.success(), "a probe without the metrics Service to ask");
+    println!("the helm test pod probes the controller through its Service");
     Ok(())
 }
 
