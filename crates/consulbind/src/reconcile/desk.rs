@@ -407,6 +407,23 @@ mod tests {
         assert!(matches!(desk.submit(web(), stamp("a"), vec![soon, later]), Turn::Alone(..)));
     }
 
+    #[test]
+    fn bindings_that_never_plan_are_forgotten_once_stale() {
+        let desk = Desk::default();
+        let start = Instant::now();
+        desk.woken(&binding("gone"));
+        desk.due(&binding("deleted"), Some(start + Duration::from_secs(1)));
+        let kept_at = |after: Duration| {
+            let mut inner = desk.inner.locked();
+            inner.sweep(start + after);
+            let mut names: Vec<String> = inner.flight.keys().chain(inner.due.keys()).map(|b| b.name.clone()).collect();
+            names.sort();
+            names
+        };
+        assert_eq!(kept_at(STALE / 2), ["deleted", "gone"], "none stale yet");
+        assert!(kept_at(STALE * 3).is_empty(), "both stale");
+    }
+
     fn held(name: &str, value: &str) -> (Target, Stamp) {
         (web(), Stamp { value: value.into(), ..stamp(name) })
     }
