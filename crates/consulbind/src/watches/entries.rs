@@ -42,6 +42,13 @@ impl Entries {
         }
         inner.held.len()
     }
+
+    /// Forgets the entries no path holds any more; returns how many are held.
+    pub fn sweep(&self) -> usize {
+        let mut inner = self.inner.locked();
+        inner.sweep();
+        inner.held.len()
+    }
 }
 
 impl Inner {

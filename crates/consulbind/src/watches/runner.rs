@@ -11,7 +11,7 @@ mod tables;
 use std::{
     sync::{
         Arc,
-        atomic::{AtomicUsize, Ordering},
+        atomic::{AtomicBool, AtomicUsize, Ordering},
     },
     time::Duration,
 };
@@ -43,6 +43,9 @@ use crate::{Lock, metrics::Metrics};
 
 /// How soon a prefix found too large is read again: it rarely shrinks by itself.
 const TOO_LARGE_RETRY: Duration = Duration::from_secs(60);
+/// How long after a group stops its entries are swept: one sweep serves every group that a
+/// re-plan or a tenant's leaving stops at once.
+const RETIRED_SWEEP: Duration = Duration::from_secs(5);
 /// The longest a path that Consul refused, missing from its shared read, goes without being read
 /// alone again: its policy may have been granted, and the key need not exist for that to show.
 /// Its group's blocking query waits less meanwhile, so that an answer comes in time; and it is
@@ -80,6 +83,8 @@ pub struct Runner {
     tables: Tables,
     /// One copy of each entry across every answer.
     entries: super::entries::Entries,
+    /// A sweep of `entries` is scheduled.
+    sweep_due: AtomicBool,
     /// Held to apply an answer to its paths, and to read paths: a reading sees an answer on
     /// all of its paths or on none.
     pub answers: std::sync::RwLock<()>,
@@ -103,6 +108,15 @@ struct GroupState {
     agent: watch::Receiver<Option<Error>>,
     /// A group with a slot of its own keeps it, and the source's lease, across its queries.
     own_slot: Option<(OwnedSemaphorePermit, Option<consul_kv::Lease>)>,
+}
+
+/// Tells the runner when a group's task ends, retired or aborted.
+struct Retired(Arc<Runner>);
+
+impl Drop for Retired {
+    fn drop(&mut self) {
+        self.0.retired();
+    }
 }
 
 /// How one request of a group's query ended.
@@ -131,6 +145,7 @@ impl Runner {
             answered_at: Default::default(),
             tables: Default::default(),
             entries: Default::default(),
+            sweep_due: AtomicBool::new(false),
             answers: Default::default(),
         }
     }
@@ -155,6 +170,7 @@ impl Runner {
     /// sender dropped), and hands each path its part of every answer. The group's key never
     /// changes, so any answer covers whatever paths the roster holds when it arrives.
     pub async fn run_group(self: Arc<Self>, query: KvQuery, mut roster: watch::Receiver<Arc<Roster>>) {
+        let _retired = Retired(self.clone());
         let mut group = GroupState {
             table: scope(&query),
             query,
@@ -205,6 +221,23 @@ impl Runner {
                 Err(error) => self.failed(&mut group, &members, error).await,
             }
         }
+    }
+
+    /// A group stopped: the entries only it held can go, a while later, so that one sweep
+    /// serves every group stopped with it. Without this, the store would stay at its peak once
+    /// a tenant leaves, as answers that grow it are what sweep it otherwise.
+    fn retired(self: &Arc<Self>) {
+        if self.sweep_due.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        let runner = self.clone();
+        runtime.spawn(async move {
+            tokio::time::sleep(RETIRED_SWEEP).await;
+            runner.sweep_due.store(false, Ordering::Relaxed);
+            let held = runner.entries.sweep();
+            runner.metrics.consul_entries.set(held as i64);
+        });
     }
 
     /// Sends the group's next request at `index`, and while a blocking one waits, reads the

@@ -775,6 +775,7 @@ async fn deleting_a_binding_stops_its_watch_and_leaves_the_workload() {
         .await
         .unwrap();
     assert_eq!(s.controller().metric("consulbind_consul_watches").await, Some(1.0), "the twin's watch stopped too");
+    assert_eq!(s.controller().metric("consulbind_consul_entries").await, Some(1.0), "the key's one entry");
     let metrics = s.controller().get("/metrics").await;
     assert!(!metrics.contains(r#"binding="cfg""#), "the deleted binding's series stayed:\n{metrics}");
     assert!(metrics.contains(r#"binding="twin""#), "{metrics}");
@@ -785,6 +786,12 @@ async fn deleting_a_binding_stops_its_watch_and_leaves_the_workload() {
     .await
     .unwrap();
     assert_eq!(s.controller().get("/debug/watches").await, "[]");
+    // And the entry it held goes too, not left at the peak.
+    support::wait("the entry to be forgotten", || async {
+        Ok(s.controller().metric("consulbind_consul_entries").await == Some(0.0))
+    })
+    .await
+    .unwrap();
 
     s.put(&key, "v3").await;
     tokio::time::sleep(SETTLE).await;

@@ -17,7 +17,7 @@ use tokio::{
     time::Instant,
 };
 
-use super::{DENIED_RECHECK, KvSource, Lane, Limits, ROTATION_WAIT, Roster, Runner};
+use super::{DENIED_RECHECK, KvSource, Lane, Limits, RETIRED_SWEEP, ROTATION_WAIT, Roster, Runner};
 use crate::{
     BindingRef, Lock,
     metrics::Metrics,
@@ -509,6 +509,26 @@ async fn a_retired_group_finishes_its_request_and_tells_no_one() {
     tokio::time::timeout(Duration::from_secs(1), &mut group.task).await.expect("still running").unwrap();
     assert!(group.woken().is_empty(), "a retired group woke a binding");
     assert_eq!(group.content(0), [("app/a".to_owned(), "1".to_owned())]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_entries_of_a_tenant_that_left_are_forgotten_soon_after_its_group_stops() {
+    let mut group = start(KvQuery::prefix("app/"), &[("app/", true, &["one"])], no_limits());
+    let entries: Vec<(String, &str, u64)> = (0..50).map(|i| (format!("app/k{i}"), "v", i + 1)).collect();
+    let entries: Vec<(&str, &str, u64)> = entries.iter().map(|(k, v, i)| (k.as_str(), *v, *i)).collect();
+    group.request().await.reply(60, &entries);
+    let blocking = group.request().await;
+    assert_eq!(group.runner.metrics.consul_entries.get(), 50);
+    // The tenant leaves: its paths go, and the planner retires the group.
+    group.cells.clear();
+    group.roster = None;
+    blocking.reply(61, &entries);
+    tokio::time::timeout(Duration::from_secs(1), &mut group.task).await.expect("still running").unwrap();
+    tokio::time::sleep(RETIRED_SWEEP / 2).await;
+    assert_eq!(group.runner.metrics.consul_entries.get(), 50, "swept before the others retired with it could be");
+    tokio::time::sleep(RETIRED_SWEEP).await;
+    group.settle().await;
+    assert_eq!(group.runner.metrics.consul_entries.get(), 0, "the entries no path holds stay");
 }
 
 #[test]
