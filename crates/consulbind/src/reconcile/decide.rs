@@ -352,6 +352,29 @@ mod tests {
     }
 
     #[test]
+    fn a_report_is_healthy_only_when_consul_the_objects_and_every_stamp_went_well() {
+        let healthy = |consul: bool, objects: bool, failed: bool| {
+            let spec = spec();
+            let mut read = read(&spec);
+            if !consul {
+                read.consul = Err(("ConsulUnreachable", "down".into()));
+            }
+            if !objects {
+                read.objects = Err(("ObjectUnreadable", "forbidden".into()));
+            }
+            let observed = observed(&spec, applied("a"), read);
+            let Ok(read) = &observed.read else { unreachable!() };
+            let act = Act { read, plan: Plan::default(), upgraded: None, restore: None, restored: false };
+            let failed = if failed { vec![(web(), "conflict".to_owned())] } else { Vec::new() };
+            conclude(&observed, &act, &Outcome { rolled: Vec::new(), failed }, None).healthy
+        };
+        assert!(healthy(true, true, false));
+        assert!(!healthy(false, true, false), "Consul unread");
+        assert!(!healthy(true, false, false), "the objects unread");
+        assert!(!healthy(true, true, true), "a stamp failed");
+    }
+
+    #[test]
     fn a_baseline_is_told_only_for_the_first_record() {
         let baseline = || Plan { baseline: true, ..Plan::default() };
         let first = concluded(ConsulBindingStatus::default(), baseline(), false, None, |_| {});
