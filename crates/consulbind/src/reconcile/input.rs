@@ -215,3 +215,24 @@ pub fn source<'a>(content: &KeyContent<'a>) -> Source<'a> {
 pub fn quoted(keys: &[&str]) -> String {
     keys.iter().map(|k| format!("{k:?}")).collect::<Vec<_>>().join(", ")
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn a_step_asks_to_look_again_after_its_wait_at_least_50_ms_on_and_the_sooner_of_two() {
+        let now = Instant::now();
+        let wake_at = |before: Option<Duration>, wait: Duration| {
+            let mut plan = Plan { wake_at: before.map(|b| now + b), ..Plan::default() };
+            plan.stage(Step { wake: Some(wait), ..Step::default() }, now);
+            plan.wake_at.map(|at| at - now)
+        };
+        assert_eq!(wake_at(None, Duration::from_secs(3)), Some(Duration::from_secs(3)));
+        assert_eq!(wake_at(None, Duration::ZERO), Some(Duration::from_millis(50)));
+        assert_eq!(wake_at(Some(Duration::from_secs(1)), Duration::from_secs(3)), Some(Duration::from_secs(1)));
+        assert_eq!(wake_at(Some(Duration::from_secs(5)), Duration::from_secs(3)), Some(Duration::from_secs(3)));
+    }
+}

@@ -182,3 +182,77 @@ fn ready_says_lost(status: &ConsulBindingStatus) -> bool {
 pub(super) fn recorded<'s>(status: &'s ConsulBindingStatus, content: &KeyContent<'_>) -> Option<&'s KeyStatus> {
     status.keys.iter().find(|k| k.key == content.source.key && k.recurse == content.source.recurse)
 }
+
+#[cfg(test)]
+mod tests {
+    use consulbind_api::{TargetRef, WorkloadKind};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use tokio::time::Instant;
+
+    use super::*;
+    use crate::{
+        checksum,
+        cluster::workloads::Resolved,
+        reconcile::{observe::Observed, status},
+    };
+
+    fn spec(suspend: bool) -> ConsulBindingSpec {
+        ConsulBindingSpec {
+            include_target_references: true,
+            targets: vec![TargetRef { kind: WorkloadKind::Deployment, name: Some("web".into()), selector: None }],
+            suspend,
+            ..Default::default()
+        }
+    }
+
+    fn ready(reason: &'static str) -> ConsulBindingStatus {
+        let time = Time("2026-11-27T10:00:00Z".parse().unwrap());
+        let ready = status::condition(&[], conditions::READY, Some(false), reason, "held".into(), Some(1), &time);
+        ConsulBindingStatus { conditions: vec![ready], ..Default::default() }
+    }
+
+    #[test]
+    fn a_hold_for_lost_content_is_read_from_the_keys_or_an_unmarked_ready_reason() {
+        assert!(!held_for_lost_content(&ConsulBindingStatus::default()));
+        let lost = KeyStatus { key: "app/a".into(), lost: true, ..Default::default() };
+        let kept = KeyStatus { key: "app/b".into(), ..Default::default() };
+        let marked = ConsulBindingStatus { keys: vec![kept.clone(), lost], ..Default::default() };
+        assert!(held_for_lost_content(&marked));
+        assert!(!held_for_lost_content(&ConsulBindingStatus { keys: vec![kept], ..Default::default() }));
+        assert!(held_for_lost_content(&ready(reason::CONSUL_INDEX_RESET)), "a status from before the marks");
+        assert!(!held_for_lost_content(&ready(reason::KEY_MISSING)));
+    }
+
+    /// Whether a reconcile of `spec` at `generation`, after `previous`, is the go-ahead.
+    fn go_ahead_of(spec: &ConsulBindingSpec, generation: Option<i64>, previous: ConsulBindingStatus) -> bool {
+        let key = checksum::Key::new([7; checksum::KEY_LEN]);
+        let read = crate::sim::read_of(spec, key, Vec::new(), Resolved::default(), Vec::new(), Vec::new());
+        let clock = "2026-11-27T10:00:00Z".parse().unwrap();
+        let observed = Observed { spec, generation, previous, started: Instant::now(), clock, read: Ok(read) };
+        let Ok(read) = &observed.read else { unreachable!() };
+        go_ahead(&observed.input(read, None, false))
+    }
+
+    #[test]
+    fn the_go_ahead_is_a_spec_change_other_than_suspend_made_while_not_suspended() {
+        let seen = |spec: &ConsulBindingSpec| ConsulBindingStatus {
+            observed_spec: Some(spec_digest(spec)),
+            observed_generation: Some(1),
+            ..Default::default()
+        };
+        let (running, suspended) = (spec(false), spec(true));
+        assert!(!go_ahead_of(&running, Some(2), seen(&running)), "only resumed, or nothing changed");
+        assert_eq!(spec_digest(&running), spec_digest(&suspended), "suspend is not part of the digest");
+        let mut edited = spec(false);
+        edited.rollout = Some(Default::default());
+        assert!(go_ahead_of(&edited, Some(2), seen(&running)));
+        edited.suspend = true;
+        assert!(!go_ahead_of(&edited, Some(2), seen(&running)), "an edit while suspended");
+
+        // A status from before observedSpec compares generations.
+        let old = ConsulBindingStatus { observed_generation: Some(2), ..Default::default() };
+        assert!(!go_ahead_of(&running, Some(2), old.clone()));
+        assert!(go_ahead_of(&running, Some(3), old.clone()));
+        assert!(go_ahead_of(&running, None, old));
+    }
+}
