@@ -381,7 +381,10 @@ mod tests {
              Kubernetes access comes from the in-cluster service account or `KUBECONFIG`.\n\n\
              In a kustomize install, set a flag as its environment variable in the ConfigMap `consulbind-config` \
              (see [On any cluster](../getting-started/cluster.md)); in a Helm install, through the \
-             [Helm values](helm-values.md).\n"
+             [Helm values](helm-values.md).\n\n\
+             The binary has two other commands, each with its own `--help`: `consulbind migrate` writes \
+             ConsulBindings from Reloader's and Wave's annotations (see [Migration](../migration.md)), and \
+             `consulbind probe` is what the Helm chart's `helm test` pod runs.\n"
         )
     }
 
