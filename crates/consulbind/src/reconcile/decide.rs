@@ -126,6 +126,21 @@ pub enum Event {
     Notice { reason: &'static str, message: String },
 }
 
+#[cfg(test)]
+impl Event {
+    /// The variant's name, for tests to list what was told.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Event::RolledOut { .. } => "RolledOut",
+            Event::DryRun { .. } => "DryRun",
+            Event::Rebased(_) => "Rebased",
+            Event::Baselined(_) => "Baselined",
+            Event::Warning { .. } => "Warning",
+            Event::Notice { .. } => "Notice",
+        }
+    }
+}
+
 /// The status and the event that report `act` with what its stamps did. `settled`: the record's
 /// [`Written::settled`](super::state::Written::settled).
 pub fn conclude(
@@ -265,15 +280,7 @@ mod tests {
     }
 
     fn names(report: &Report) -> Vec<&'static str> {
-        let name = |e: &Event| match e {
-            Event::RolledOut { .. } => "RolledOut",
-            Event::DryRun { .. } => "DryRun",
-            Event::Rebased(_) => "Rebased",
-            Event::Baselined(_) => "Baselined",
-            Event::Warning { .. } => "Warning",
-            Event::Notice { .. } => "Notice",
-        };
-        report.events.iter().map(name).collect()
+        report.events.iter().map(Event::kind).collect()
     }
 
     fn applied(checksum: &str) -> ConsulBindingStatus {

@@ -303,14 +303,7 @@ impl Port for Writes<'_> {
     }
 
     fn publish(&mut self, event: Event, _: &Read, _: &ConsulBindingStatus, _: &Outcome) {
-        self.published.push(match event {
-            Event::RolledOut { .. } => "RolledOut",
-            Event::DryRun { .. } => "DryRun",
-            Event::Rebased(_) => "Rebased",
-            Event::Baselined(_) => "Baselined",
-            Event::Notice { .. } => "Notice",
-            Event::Warning { .. } => "Warning",
-        });
+        self.published.push(event.kind());
     }
 
     async fn status(&mut self, _: &ConsulBindingStatus, status: &ConsulBindingStatus) -> Result<(), crate::Error> {
