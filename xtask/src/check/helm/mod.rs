@@ -332,19 +332,10 @@ fn overrides(helm: &Path, defaults: &BTreeMap<String, String>) -> Result<()> {
     ensure!(budget["spec"]["minAvailable"] == 1, "the PodDisruptionBudget: {budget}");
     ensure!(!render(&[])?.keys().any(|k| k.starts_with("ServiceMonitor") || k.starts_with("PodDisruptionBudget")));
 
-    let labelled = |sets: &[&str], path: &str| -> Result<Value> {
-        let text = capture(
-            Command::new(helm)
-                .args(["template", RELEASE])
-                .arg(repo_root().join(CHART))
-                .args(["--namespace", NAMESPACE, "--show-only", path])
-                .args(sets.iter().flat_map(|s| ["--set", *s])),
-        )?;
-        parse(&text)?.into_iter().next().with_context(|| format!("{path} made nothing with {sets:?}"))
-    };
-    let grafana = labelled(
-        &["metrics.dashboard.enabled=true", "metrics.dashboard.namespace=grafana"],
+    let grafana = shown(
+        helm,
         "templates/monitoring.yaml",
+        &["metrics.dashboard.enabled=true", "metrics.dashboard.namespace=grafana"],
     )?;
     ensure!(
         grafana["metadata"]["labels"]["grafana_dashboard"] == "1" && grafana["metadata"]["namespace"] == "grafana",
@@ -356,9 +347,10 @@ fn overrides(helm: &Path, defaults: &BTreeMap<String, String>) -> Result<()> {
         grafana["data"]["consulbind-dashboard.json"].as_str().map(str::trim_end) == Some(json.trim_end()),
         "the dashboard differs from config/monitoring's"
     );
-    let rule = labelled(
-        &["metrics.prometheusRule.enabled=true", "metrics.prometheusRule.labels.release=prom"],
+    let rule = shown(
+        helm,
         "templates/monitoring.yaml",
+        &["metrics.prometheusRule.enabled=true", "metrics.prometheusRule.labels.release=prom"],
     )?;
     ensure!(rule["metadata"]["labels"]["release"] == "prom", "prometheusRule.labels: {}", rule["metadata"]);
     let kustomized = parse(&std::fs::read_to_string(repo_root().join("config/monitoring/prometheusrule.yaml"))?)?;
@@ -371,7 +363,7 @@ fn overrides(helm: &Path, defaults: &BTreeMap<String, String>) -> Result<()> {
         let mut sets = sets.to_vec();
         sets.push("networkPolicy.enabled=true");
         render(&sets)?;
-        labelled(&sets, "templates/networkpolicy.yaml")
+        shown(helm, "templates/networkpolicy.yaml", &sets)
     };
     let ports = |policy: &Value, rule: usize| -> Vec<Value> {
         let ports = policy["spec"]["egress"][rule]["ports"].as_array().cloned().unwrap_or_default();
@@ -472,14 +464,8 @@ fn overrides(helm: &Path, defaults: &BTreeMap<String, String>) -> Result<()> {
 /// Service, as the controller's ServiceAccount; no Service or NetworkPolicy takes it for the
 /// controller, and a policy that limits who reaches the admin port lets it in.
 fn probe(helm: &Path) -> Result<()> {
-    let shown = |path: &str, sets: &[&str]| -> Result<Value> {
-        let mut cmd = Command::new(helm);
-        cmd.args(["template", RELEASE]).arg(repo_root().join(CHART)).args(["--namespace", NAMESPACE]);
-        let text = capture(cmd.args(["--show-only", path]).args(sets.iter().flat_map(|s| ["--set", *s])))?;
-        parse(&text)?.into_iter().next().with_context(|| format!("{path} made nothing with {sets:?}"))
-    };
-    let pod = shown("templates/tests/probe.yaml", &["metrics.port=9090"])?;
-    let deployment = shown("templates/deployment.yaml", &[])?;
+    let pod = shown(helm, "templates/tests/probe.yaml", &["metrics.port=9090"])?;
+    let deployment = shown(helm, "templates/deployment.yaml", &[])?;
     let controller = &deployment["spec"]["template"]["spec"];
     ensure!(pod["metadata"]["annotations"]["helm.sh/hook"] == "test", "the probe is no test hook: {pod}");
     let container = &pod["spec"]["containers"][0];
@@ -488,11 +474,12 @@ fn probe(helm: &Path) -> Result<()> {
     ensure!(container["image"] == controller["containers"][0]["image"], "the probe's image: {}", container["image"]);
     ensure!(pod["spec"]["serviceAccountName"] == controller["serviceAccountName"], "the probe's account");
     let labels = pod["metadata"]["labels"].as_object().context("the probe's labels")?;
-    let service = shown("templates/service.yaml", &[])?;
+    let service = shown(helm, "templates/service.yaml", &[])?;
     let selects =
         |selector: &Value| selector.as_object().is_some_and(|s| s.iter().all(|(k, v)| labels.get(k) == Some(v)));
     ensure!(!selects(&service["spec"]["selector"]), "the metrics Service selects the probe pod");
     let policy = shown(
+        helm,
         "templates/networkpolicy.yaml",
         &["networkPolicy.enabled=true", "networkPolicy.metricsFrom[0].namespaceSelector.matchLabels.name=monitoring"],
     )?;
@@ -507,6 +494,14 @@ fn probe(helm: &Path) -> Result<()> {
     ensure!(!without.status.success(), "a probe without the metrics Service to ask");
     println!("the helm test pod probes the controller through its Service");
     Ok(())
+}
+
+/// The first object `helm template` makes of one template, with `sets`.
+fn shown(helm: &Path, path: &str, sets: &[&str]) -> Result<Value> {
+    let mut cmd = Command::new(helm);
+    cmd.args(["template", RELEASE]).arg(repo_root().join(CHART)).args(["--namespace", NAMESPACE]);
+    let text = capture(cmd.args(["--show-only", path]).args(sets.iter().flat_map(|s| ["--set", *s])))?;
+    parse(&text)?.into_iter().next().with_context(|| format!("{path} made nothing with {sets:?}"))
 }
 
 /// values.yaml's defaults are the controller's: each flag the chart sets by default, set to
