@@ -82,12 +82,17 @@ enum Command {
     /// hours on 2 cores. Not part of `test`.
     Mutants {
         /// Simulator seeds per test run. Few make a quick first pass; the mutants it misses are
-        /// then tried again with more (`--seeds 60 --again K/N`).
+        /// then tried again with more (`--seeds 60 --again`).
         #[arg(long, default_value_t = 10)]
         seeds: u32,
-        /// Try again exactly what shard K/N's first pass missed or timed out.
-        #[arg(long, value_name = "K/N")]
-        again: Option<String>,
+        /// Try again the mutants in scope whose newest outcome in target/mutants/ is missed or
+        /// timed out.
+        #[arg(long, conflicts_with = "rest")]
+        again: bool,
+        /// Try the mutants in scope that no report in target/mutants/ has an outcome for (new
+        /// code, moved lines, parts not run yet).
+        #[arg(long)]
+        rest: bool,
         /// Passed to cargo-mutants, e.g. `--list`, or `--shard 1/8` for an eighth of the
         /// mutants (each shard keeps its own report).
         #[arg(last = true)]
@@ -304,7 +309,14 @@ fn run(command: Command) -> Result<()> {
         Command::Image => env::image::build(),
         Command::Demo => env::demo::run(&env),
         Command::Sim { seeds, seed } => check::test::sim(seeds, seed),
-        Command::Mutants { seeds, again, args } => check::mutants::run(seeds, again.as_deref(), &args),
+        Command::Mutants { seeds, again, rest, args } => {
+            let pick = match (again, rest) {
+                (true, _) => check::mutants::Pick::Again,
+                (false, true) => check::mutants::Pick::Rest,
+                (false, false) => check::mutants::Pick::Args,
+            };
+            check::mutants::run(seeds, pick, &args)
+        }
         Command::Bench { bench: Bench::Big { prefixes, values, value_bytes, changes } } => {
             bench::big::run(&env, bench::big::Sizes { prefixes, values, value_bytes, changes })
         }

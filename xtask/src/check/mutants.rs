@@ -3,6 +3,7 @@
 //! one mutant at a time and runs the package's unit tests against each: a mutant they pass is a
 //! decision no test pins down.
 
+use std::collections::HashMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -18,47 +19,69 @@ const VERSION: &str = "27.1.0";
 const FILES: &str = "crates/consulbind/src/reconcile/**";
 /// What is left out, and why: the wiring that hands a reconcile to kube-runtime and catches its
 /// panics (`mod.rs`), the shared context that ties the caches and watches to a client
-/// (`context.rs`), and the port that writes to the API server, which only the end-to-end tests
-/// reach. The simulators drive every stage between them.
+/// (`context.rs`), the port that writes to the API server, and the reads of `observe` through
+/// that context (the caches, the watches, Consul): only the end-to-end tests reach them. The
+/// simulators drive every stage between them, and the pure parts of those reads have unit cases
+/// where they live.
 const EXCLUDE_FILES: &[&str] =
     &["crates/consulbind/src/reconcile/mod.rs", "crates/consulbind/src/reconcile/context.rs"];
-const EXCLUDE_RE: &[&str] = &["impl Port for Cluster"];
-/// Where the reports go: one folder per shard, `mutants.out/` inside each, and the second
-/// pass's in `again/` beside it.
+const EXCLUDE_RE: &[&str] = &[
+    "impl Port for Cluster",
+    r"reconcile/observe\.rs:\d+:\d+: (replace (observe|consul|objects|first_read|older_values) -> .*|.* in (observe|consul|objects|first_read|older_values))$",
+];
+/// Where the reports go: one folder per run, `mutants.out/` inside each.
 const OUTPUT: &str = "target/mutants";
 
-/// Installs cargo-mutants if needed, runs it with `seeds` simulator seeds per test run, and
-/// prints its counts, then the counts of every shard's report. With `again` (`K/N`), it tries
-/// again exactly the mutants that shard's first pass missed or timed out. `args` go to
-/// cargo-mutants.
-pub fn run(seeds: u32, again: Option<&str>, args: &[String]) -> Result<()> {
+/// Which mutants a run tries.
+pub enum Pick {
+    /// Those cargo-mutants picks from `args` (all of them, or a `--shard`).
+    Args,
+    /// Those whose newest outcome is missed or timed out, to try with more seeds.
+    Again,
+    /// Those in scope that no report has an outcome for.
+    Rest,
+}
+
+/// Installs cargo-mutants if needed, runs it with `seeds` simulator seeds per test run on the
+/// mutants `pick` names, and prints its counts, then the totals over every report. `args` go
+/// to cargo-mutants.
+pub fn run(seeds: u32, pick: Pick, args: &[String]) -> Result<()> {
     let binary = install()?;
     let shard = args.iter().position(|a| a == "--shard").and_then(|i| args.get(i + 1));
-    let shard = args.iter().find_map(|a| a.strip_prefix("--shard=")).or(shard.map(String::as_str)).or(again);
-    let folder = repo_root().join(OUTPUT).join(match shard {
-        Some(shard) => format!("shard-{}", shard.replace('/', "-of-")),
-        None => "all".to_owned(),
+    let shard = args.iter().find_map(|a| a.strip_prefix("--shard=")).or(shard.map(String::as_str));
+    let shard = shard.map(|s| format!("-{}", s.replace('/', "-of-"))).unwrap_or_default();
+    // A run that picks by the earlier outcomes has a folder of its own, so that none of them
+    // is replaced.
+    let at = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs();
+    let output = repo_root().join(OUTPUT).join(match pick {
+        Pick::Args if shard.is_empty() => "all".to_owned(),
+        Pick::Args => format!("shard{shard}"),
+        Pick::Again => format!("again{shard}-{at}"),
+        Pick::Rest => format!("rest{shard}-{at}"),
     });
-    let (output, wanted) = match again {
-        Some(_) => (folder.join("again"), Some(undecided(&folder.join("mutants.out"))?)),
-        None => (folder.clone(), None),
+    let wanted = match pick {
+        Pick::Args => None,
+        Pick::Again | Pick::Rest => {
+            let tried = outcomes()?;
+            let wanted: Vec<String> = in_scope(&binary)?
+                .into_iter()
+                .filter(|name| match (&pick, tried.get(name)) {
+                    (Pick::Again, Some(outcome)) => matches!(*outcome, "missed" | "timeout"),
+                    (_, outcome) => outcome.is_none(),
+                })
+                .collect();
+            ensure!(!wanted.is_empty(), "no mutant in scope is left to try so");
+            println!("==> {} mutants to try", wanted.len());
+            Some(wanted)
+        }
     };
     fs::create_dir_all(&output)?;
-    // Run as cargo runs a subcommand, but by its path: another cargo-mutants on PATH or in
-    // ~/.cargo/bin may be another version.
-    let mut mutants = Command::new(binary);
-    mutants.arg("mutants").current_dir(repo_root()).env("CARGO", env!("CARGO"));
-    mutants.args(["--package", "consulbind", "--file", FILES]);
-    for file in EXCLUDE_FILES {
-        mutants.args(["--exclude", file]);
-    }
-    for re in EXCLUDE_RE {
-        mutants.args(["--exclude-re", re]);
-    }
+    let mut mutants = cargo_mutants(&binary);
     if let Some(wanted) = &wanted {
-        ensure!(!wanted.is_empty(), "the first pass of shard {} left nothing to try again", again.unwrap_or_default());
-        let names: Vec<String> = wanted.iter().map(|name| format!("^{}$", escape(name))).collect();
-        mutants.args(["--re", &names.join("|")]);
+        // One pattern each: a single one of hundreds would pass the limit of one argument.
+        for name in wanted {
+            mutants.arg("--re").arg(format!("^{}$", escape(name)));
+        }
     }
     // A test run that takes this long is an endless loop: the unmutated tests take about
     // 4 s with 10 seeds and 21 s with 60 here, and a busy machine is slower.
@@ -83,24 +106,78 @@ pub fn run(seeds: u32, again: Option<&str>, args: &[String]) -> Result<()> {
     if !written.is_ok_and(|at| at >= started) {
         return Ok(());
     }
-    println!("\nthe report: {} (missed.txt lists what no test caught)", report.display());
+    println!("\nthis run: {} ({}; missed.txt lists what no test caught)", Counts::read(&report)?, report.display());
+    let outcomes = outcomes()?;
+    let scope = in_scope(&binary)?;
     let mut total = Counts::default();
-    for entry in fs::read_dir(repo_root().join(OUTPUT))? {
-        let shard = entry?.path();
-        if shard.join("mutants.out").is_dir() {
-            let counts = Counts::of_shard(&shard)?;
-            println!("{}: {counts}", shard.file_name().unwrap_or_default().to_string_lossy());
-            total.add(&counts);
+    for name in &scope {
+        if let Some(outcome) = outcomes.get(name) {
+            total.count(outcome);
         }
     }
-    println!("every shard under {OUTPUT}/, {total}");
+    let untried = scope.len() - total.tried();
+    println!("every report under {OUTPUT}/, over the {} mutants in scope: {total}; {untried} not tried", scope.len());
     Ok(())
 }
 
-/// What a first pass left undecided: the mutants it missed, and those that timed out.
-fn undecided(report: &Path) -> Result<Vec<String>> {
-    Ok([lines(report, "missed")?, lines(report, "timeout")?].concat())
+/// cargo-mutants over the files in scope, run as cargo runs a subcommand but by its path:
+/// another cargo-mutants on PATH or in ~/.cargo/bin may be another version.
+fn cargo_mutants(binary: &Path) -> Command {
+    let mut mutants = Command::new(binary);
+    mutants.arg("mutants").current_dir(repo_root()).env("CARGO", env!("CARGO"));
+    // One target directory for every run: each copy of the tree then rebuilds only the
+    // workspace's own crates, not every dependency (about 4 minutes a run on 2 cores).
+    mutants.env("CARGO_TARGET_DIR", repo_root().join("target/mutants-build"));
+    mutants.args(["--package", "consulbind", "--file", FILES]);
+    for file in EXCLUDE_FILES {
+        mutants.args(["--exclude", file]);
+    }
+    for re in EXCLUDE_RE {
+        mutants.args(["--exclude-re", re]);
+    }
+    mutants
 }
+
+/// The names of the mutants in scope now. A name holds its line and column, so a mutant whose
+/// code moved is a new one, to be tried again.
+fn in_scope(binary: &Path) -> Result<Vec<String>> {
+    let listed = crate::process::capture(cargo_mutants(binary).arg("--list"))?;
+    Ok(listed.lines().filter(|l| !l.trim().is_empty()).map(str::to_owned).collect())
+}
+
+/// The outcome of each mutant tried, from every report under the output folder, the newest
+/// report's where several tried one.
+fn outcomes() -> Result<HashMap<String, &'static str>> {
+    let mut reports = Vec::new();
+    let mut folders = vec![repo_root().join(OUTPUT)];
+    while let Some(folder) = folders.pop() {
+        let Ok(entries) = fs::read_dir(&folder) else { continue };
+        for entry in entries {
+            let path = entry?.path();
+            if path.file_name().is_some_and(|n| n == "mutants.out") {
+                let at = fs::metadata(path.join("outcomes.json")).and_then(|m| m.modified());
+                if let Ok(at) = at {
+                    reports.push((at, path));
+                }
+            } else if path.is_dir() && path.file_name().is_some_and(|n| n != "mutants.out.old") {
+                folders.push(path);
+            }
+        }
+    }
+    reports.sort();
+    let mut outcomes = HashMap::new();
+    for (_, report) in reports {
+        for outcome in OUTCOMES {
+            for name in lines(&report, outcome)? {
+                outcomes.insert(name, outcome);
+            }
+        }
+    }
+    Ok(outcomes)
+}
+
+/// The lists of a report, one per outcome.
+const OUTCOMES: [&str; 4] = ["caught", "missed", "unviable", "timeout"];
 
 fn lines(report: &Path, list: &str) -> Result<Vec<String>> {
     let path = report.join(format!("{list}.txt"));
@@ -139,8 +216,7 @@ fn install() -> Result<PathBuf> {
     Ok(binary)
 }
 
-/// What became of the mutants, from the report's lists, which also hold what earlier runs
-/// found when a run was `--iterate`d.
+/// What became of the mutants.
 #[derive(Default)]
 struct Counts {
     caught: usize,
@@ -151,42 +227,26 @@ struct Counts {
 
 impl Counts {
     fn read(report: &Path) -> Result<Self> {
-        let count = |list: &str| lines(report, list).map(|l| l.len());
-        Ok(Self {
-            caught: count("caught")?,
-            missed: count("missed")?,
-            unviable: count("unviable")?,
-            timeout: count("timeout")?,
-        })
-    }
-
-    /// A shard's counts: its first pass, with what the second decided of the undecided rest.
-    /// A second pass tries a few mutants more than asked (cargo-mutants' field deletions pass
-    /// any filter): only those asked count.
-    fn of_shard(shard: &Path) -> Result<Self> {
-        let first = Self::read(&shard.join("mutants.out"))?;
-        let again = shard.join("again/mutants.out");
-        if !again.is_dir() {
-            return Ok(first);
+        let mut counts = Self::default();
+        for outcome in OUTCOMES {
+            for _ in lines(report, outcome)? {
+                counts.count(outcome);
+            }
         }
-        let asked = undecided(&shard.join("mutants.out"))?;
-        let decided = |list: &str| -> Result<usize> {
-            Ok(lines(&again, list)?.iter().filter(|name| asked.contains(name)).count())
-        };
-        // One asked but not tried again has left the files in scope.
-        Ok(Self {
-            caught: first.caught + decided("caught")?,
-            unviable: first.unviable + decided("unviable")?,
-            timeout: decided("timeout")?,
-            missed: decided("missed")?,
-        })
+        Ok(counts)
     }
 
-    fn add(&mut self, other: &Self) {
-        self.caught += other.caught;
-        self.missed += other.missed;
-        self.unviable += other.unviable;
-        self.timeout += other.timeout;
+    fn count(&mut self, outcome: &str) {
+        match outcome {
+            "caught" => self.caught += 1,
+            "missed" => self.missed += 1,
+            "unviable" => self.unviable += 1,
+            _ => self.timeout += 1,
+        }
+    }
+
+    fn tried(&self) -> usize {
+        self.caught + self.missed + self.unviable + self.timeout
     }
 }
 
@@ -217,7 +277,7 @@ mod tests {
         fs::remove_dir_all(&report).unwrap();
         let mut total = counts.unwrap();
         assert_eq!(total.to_string(), "mutants: 3 caught, 1 missed (25% of the viable), 2 unviable, 0 timeout");
-        total.add(&Counts { caught: 1, missed: 0, unviable: 0, timeout: 0 });
+        total.count("caught");
         assert_eq!(total.to_string(), "mutants: 4 caught, 1 missed (20% of the viable), 2 unviable, 0 timeout");
     }
 }

@@ -322,6 +322,37 @@ mod tests {
     }
 
     #[test]
+    fn malformed_input_is_an_error_that_names_the_file_and_empty_input_is_no_binding() {
+        let folder = std::env::temp_dir().join(format!("consulbind-migrate-{}", std::process::id()));
+        std::fs::create_dir_all(&folder).unwrap();
+        let read = |file: &str, text: &str| {
+            let path = folder.join(file);
+            std::fs::write(&path, text).unwrap();
+            let args = Args { files: vec![path], namespace: Some("shop".into()), all_namespaces: false };
+            from_files(&args).map(|(workloads, objects)| write(&workloads, &objects).2)
+        };
+        let broken = read("broken.yaml", "kind: [Deployment\n");
+        let template = read(
+            "template.yaml",
+            "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web}\n\
+             spec: {template: {spec: {containers: not-a-list}}}\n",
+        );
+        let empty = read("empty.yaml", "");
+        let list = read("list.yaml", "apiVersion: v1\nkind: List\nitems: []\n");
+        std::fs::remove_dir_all(&folder).unwrap();
+
+        let broken = broken.unwrap_err();
+        assert!(broken.contains("broken.yaml"), "{broken}");
+        let template = template.unwrap_err();
+        assert!(
+            template.contains("template.yaml") && template.contains("Deployment web: its pod template"),
+            "{template}"
+        );
+        assert_eq!(empty, Ok(0));
+        assert_eq!(list, Ok(0));
+    }
+
+    #[test]
     fn reloaders_annotations_as_its_readme_gives_them() {
         let (bindings, notes) = migrated("reloader.yaml");
         assert_eq!(bindings.keys().collect::<Vec<_>>(), ["auto", "ignoring", "named", "search"]);

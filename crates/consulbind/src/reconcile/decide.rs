@@ -235,6 +235,7 @@ mod tests {
         checksum,
         cluster::{Live, Workload, workloads::Resolved},
         reconcile::input::Step,
+        watches::{Content, KeyState},
     };
 
     fn spec() -> ConsulBindingSpec {
@@ -455,5 +456,30 @@ mod tests {
         assert_eq!(decided(true, true), (true, true));
         assert_eq!(decided(false, true), (false, false), "Consul unread");
         assert_eq!(decided(true, false), (true, false), "the objects unread");
+    }
+
+    #[test]
+    fn an_index_reset_in_the_contents_gives_the_restore_grace() {
+        let spec = spec();
+        let restore = |reset_at: Option<Instant>| {
+            let mut read = read(&spec);
+            let content = Content {
+                entries: (&[][..]).into(),
+                changed_at: Instant::now(),
+                reset_hold: false,
+                reset_at,
+                index: None,
+            };
+            read.consul = Ok(vec![KeyState::Ready(content)]);
+            let grace = read.restore_grace;
+            let observed = observed(&spec, ConsulBindingStatus::default(), read);
+            match decide(&observed, &mut Record::default(), Instant::now()) {
+                Decision::Act(act) => (act.restore, grace),
+                _ => panic!("an act"),
+            }
+        };
+        let (after_reset, grace) = restore(Some(Instant::now()));
+        assert_eq!(after_reset, Some(grace));
+        assert_eq!(restore(None).0, None, "no reset, no grace");
     }
 }
