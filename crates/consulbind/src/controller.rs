@@ -3,6 +3,7 @@
 use std::{
     collections::{BTreeMap, HashMap},
     sync::{Arc, Mutex, atomic::Ordering},
+    time::Duration,
 };
 
 use consulbind_api::ConsulBinding;
@@ -295,31 +296,35 @@ async fn run_scope(
     let _ = ready.send(());
 
     let forget = ctx.clone();
+    let seen = ctx.clone();
     let express_ctx = ctx.clone();
     let drain = ctx.clone();
     let not_found = ctx.clone();
     let store = reader.clone();
     let in_scope = move |b: &BindingRef| scope.is_none() || b.namespace == scope;
-    // kubectl's last-applied copy and the managed fields are most of a binding's size; of the
-    // annotations, the controller reads one.
-    let events = watcher(api, watcher::Config::default()).default_backoff().modify(|binding: &mut ConsulBinding| {
-        binding.metadata.managed_fields = None;
-        let annotations = binding.metadata.annotations.take().unwrap_or_default();
-        let kept: BTreeMap<String, String> =
-            annotations.into_iter().filter(|(k, _)| k == consulbind_api::ROLL_OUTSIDE_WINDOW).collect();
-        binding.metadata.annotations = (!kept.is_empty()).then_some(kept);
-    });
+    // kubectl's last-applied copy, the managed fields and the status are most of a binding's
+    // size; of the annotations, the controller reads one. The status moves to the binding's
+    // record, compact.
+    let cache = ctx.clone();
+    let events =
+        watcher(api, watcher::Config::default()).default_backoff().modify(move |binding: &mut ConsulBinding| {
+            cache.states.cache(binding);
+            binding.metadata.managed_fields = None;
+            let annotations = binding.metadata.annotations.take().unwrap_or_default();
+            let kept: BTreeMap<String, String> =
+                annotations.into_iter().filter(|(k, _)| k == consulbind_api::ROLL_OUTSIDE_WINDOW).collect();
+            binding.metadata.annotations = (!kept.is_empty()).then_some(kept);
+        });
     let bindings = reflector::reflector(writer, events)
         .inspect_ok(move |event| match event {
             watcher::Event::Delete(binding) => forget.forget(&ObjectRef::from_obj(binding)),
-            watcher::Event::Apply(binding) => forget.states.apply(binding),
             // A relist can hide deletions; drop whatever the fresh list no longer has.
             watcher::Event::InitDone => forget.retain(|b| !in_scope(b) || store.get(b).is_some()),
             _ => {}
         })
         .applied_objects()
         // A new spec, or a checksum let through outside the rollout windows.
-        .predicate_filter(spec_or_let_through, Default::default());
+        .try_filter(move |binding| futures::future::ready(seen.states.spec_changed(binding)));
 
     let stop = {
         let mut shutdown = shutdown.clone();
@@ -331,6 +336,7 @@ async fn run_scope(
         .with_config(ControllerConfig::default().concurrency(RECONCILE_CONCURRENCY))
         .reconcile_on(wakes.inspect(move |binding| reconcile::express(&express_ctx, binding)))
         .reconcile_on(touched_rx)
+        .reconcile_on(resync(ctx.bindings.clone()))
         .graceful_shutdown_on(stop)
         .run(reconcile::reconcile, reconcile::error_policy, ctx)
         .for_each(|result| {
@@ -365,9 +371,74 @@ async fn run_scope(
     Ok(())
 }
 
-fn spec_or_let_through(binding: &ConsulBinding) -> Option<u64> {
-    use std::hash::{Hash, Hasher};
-    let mut hasher = std::hash::DefaultHasher::new();
-    (binding.metadata.generation, &binding.metadata.annotations).hash(&mut hasher);
-    Some(hasher.finish())
+/// How often each binding is looked at again, as a safety net: Consul, the workloads, the
+/// objects and the token Secrets all wake it when they change, and such a reconcile writes
+/// nothing unless something changed.
+const RESYNC: Duration = Duration::from_secs(600);
+/// The resync's tick: each binding comes due at one tick of each round, by its name.
+const RESYNC_TICK: Duration = Duration::from_secs(1);
+
+/// Every binding in `store`, once each [`RESYNC`], spread over it by a hash of its name. One
+/// timer serves them all, where a requeue of each would keep an entry per binding in the
+/// controller's queue.
+fn resync(store: reflector::Store<ConsulBinding>) -> mpsc::UnboundedReceiver<BindingRef> {
+    let (tx, rx) = mpsc::unbounded();
+    let ticks = (RESYNC.as_millis() / RESYNC_TICK.as_millis()) as u64;
+    tokio::spawn(async move {
+        // The first round starts a round after the start, whose reconciles look at every binding.
+        let mut interval = tokio::time::interval_at(tokio::time::Instant::now() + RESYNC, RESYNC_TICK);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        for tick in (0..ticks).cycle() {
+            interval.tick().await;
+            for binding in store.state() {
+                let binding = ObjectRef::from_obj(&*binding);
+                if resync_tick(&binding, ticks) == tick && tx.unbounded_send(binding).is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    rx
+}
+
+/// The tick of each round at which `binding` comes due.
+fn resync_tick(binding: &BindingRef, ticks: u64) -> u64 {
+    use std::hash::{BuildHasher, BuildHasherDefault};
+    BuildHasherDefault::<std::hash::DefaultHasher>::default().hash_one((&binding.namespace, &binding.name)) % ticks
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn binding(name: &str) -> ConsulBinding {
+        let mut binding = ConsulBinding::new(name, Default::default());
+        binding.metadata.namespace = Some("team".into());
+        binding
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_resync_round_wakes_every_binding_once() {
+        let (store, mut writer) = reflector::store::<ConsulBinding>();
+        let names: Vec<String> = (0..50).map(|i| format!("b{i}")).collect();
+        for name in &names {
+            writer.apply_watcher_event(&watcher::Event::Apply(binding(name)));
+        }
+        let mut woken = resync(store);
+        let half_tick = RESYNC_TICK / 2;
+        tokio::time::sleep(RESYNC - half_tick).await;
+        assert!(woken.try_recv().is_err(), "none in the round after the start");
+        let end = tokio::time::Instant::now() + RESYNC;
+        let mut seen = Vec::new();
+        while let Ok(Some(binding)) = tokio::time::timeout_at(end, woken.next()).await {
+            seen.push(binding.name);
+        }
+        seen.sort();
+        let mut expected = names.clone();
+        expected.sort();
+        assert_eq!(seen, expected, "each once in a round");
+        let ticks: std::collections::BTreeSet<u64> =
+            names.iter().map(|n| resync_tick(&ObjectRef::from_obj(&binding(n)), 600)).collect();
+        assert!(ticks.len() > 25, "spread over the round: {} ticks for 50 bindings", ticks.len());
+    }
 }

@@ -3,7 +3,6 @@
 
 use std::time::Duration;
 
-use consul_kv::jitter;
 use consulbind_api::{ConsulBinding, ConsulBindingStatus};
 use kube::{
     Resource,
@@ -21,11 +20,6 @@ use super::{
     state::Record,
 };
 use crate::{BindingRef, Error, binding_ref};
-
-/// How often a settled binding is looked at again, as a safety net: Consul, the workloads and
-/// the token Secrets all wake it when they change. Such a reconcile writes nothing unless
-/// something changed, and jitter keeps many bindings from coming due together.
-const RESYNC: Duration = Duration::from_secs(600);
 
 /// Where a reconcile's writes go.
 #[allow(async_fn_in_trait)]
@@ -75,9 +69,10 @@ pub async fn apply(port: &mut impl Port, observed: &Observed<'_>, decision: Deci
     port.record(|record| record.wrote(shown, act.plan.desired.as_deref(), &status, observed.started));
     // A Consul failure retries on its own, but a binding that is not healthy is looked at soon:
     // an object unreadable for want of a rule changes nothing the watches see once it is granted.
+    // A healthy one waits for a wake, or for the resync that looks at every binding in turn.
     Ok(match wake_at {
         Some(at) => Action::requeue(at.saturating_duration_since(Instant::now()).max(Duration::from_millis(50))),
-        None if healthy => Action::requeue(jitter(RESYNC, 0.2)),
+        None if healthy => Action::await_change(),
         None => Action::requeue(RETRY),
     })
 }

@@ -98,7 +98,7 @@ async fn panicked(ctx: &Context, binding: &ConsulBinding, panic: Box<dyn Any + S
     };
     let oref = binding_ref(binding);
     error!(binding = %oref, %message, "reconcile panicked; other bindings are not affected, and this one is retried");
-    let previous = read::last_status(ctx, binding, &oref);
+    let previous = ctx.states.last_status(binding);
     let note = format!("the controller failed on this binding ({message}); it retries, please report this as a bug");
     let now = Time(Timestamp::now());
     let reason = conditions::reason::CONTROLLER_ERROR;

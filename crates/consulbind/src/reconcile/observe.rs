@@ -5,7 +5,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-use consul_kv::{KvEntry, jitter};
+use consul_kv::KvEntry;
 use consulbind_api::{ConsulBinding, ConsulBindingSpec, ConsulBindingStatus, RolloutMode, conditions::reason};
 use k8s_openapi::jiff::Timestamp;
 use kube::{ResourceExt, runtime::controller::Action};
@@ -30,10 +30,6 @@ use crate::{
     names,
     watches::KeyState,
 };
-
-/// How long a binding whose keys hold more than it may bind watches nothing before it reads
-/// them again, unless its spec changes.
-const REFUSED_FOR: Duration = Duration::from_secs(300);
 
 /// One binding as a reconcile found it.
 pub struct Observed<'a> {
@@ -150,7 +146,7 @@ pub async fn observe<'a>(ctx: &Context, binding: &'a ConsulBinding, started: Ins
     let observed = |read| Observed {
         spec,
         generation: binding.metadata.generation,
-        previous: read::last_status(ctx, binding, &oref),
+        previous: ctx.states.last_status(binding),
         started,
         clock: Timestamp::now(),
         read,
@@ -256,10 +252,7 @@ async fn consul(ctx: &Context, binding: &ConsulBinding, oref: &BindingRef) -> Re
     // Refused as too large: it holds nothing, and its status says why, until it is due to look
     // again.
     let generation = binding.metadata.generation;
-    let refused = ctx
-        .states
-        .update(oref, |r| r.backoffs.refused.filter(|(g, until)| *g == generation && Instant::now() < *until));
-    if let Some((_, until)) = refused {
+    if let Some(until) = ctx.states.update(oref, |r| r.backoffs.refused_until(generation, Instant::now())) {
         ctx.watches.release(oref);
         return Err(Action::requeue(until.saturating_duration_since(Instant::now())));
     }
@@ -281,8 +274,7 @@ async fn consul(ctx: &Context, binding: &ConsulBinding, oref: &BindingRef) -> Re
     let consul = match read::consul_view(spec, &states, ctx.max_binding_bytes) {
         Some(Consul::Failed { reason: reason::BINDING_TOO_LARGE, message }) => {
             ctx.watches.release(oref);
-            let until = Instant::now() + jitter(REFUSED_FOR, 0.2);
-            ctx.states.update(oref, |r| r.backoffs.refused = Some((generation, until)));
+            ctx.states.update(oref, |r| r.backoffs.refuse(generation, Instant::now()));
             Err((reason::BINDING_TOO_LARGE, message))
         }
         Some(_) => Ok(()),

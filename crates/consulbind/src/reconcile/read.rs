@@ -5,8 +5,7 @@ use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use consul_kv::{KvQuery, Token};
 use consulbind_api::{
-    ConsulBinding, ConsulBindingSpec, ConsulBindingStatus, KeySource, MAX_DELAY, MAX_QUIET_PERIOD, ObjectKind,
-    ObjectSource, parse_duration,
+    ConsulBinding, ConsulBindingSpec, KeySource, MAX_DELAY, MAX_QUIET_PERIOD, ObjectKind, ObjectSource, parse_duration,
 };
 use kube::ResourceExt as _;
 
@@ -361,11 +360,6 @@ pub fn beyond_namespace_share(ctx: &Context, binding: &ConsulBinding) -> Option<
             ranks.len()
         )
     })
-}
-
-/// The binding's status: the one this replica last wrote for this very object, else the cached one.
-pub fn last_status(ctx: &Context, binding: &ConsulBinding, oref: &BindingRef) -> ConsulBindingStatus {
-    ctx.states.last_status(binding, || ctx.bindings.get(oref))
 }
 
 #[cfg(test)]

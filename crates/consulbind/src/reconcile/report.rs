@@ -72,12 +72,7 @@ pub async fn status(
     };
     api.patch_status(&binding.name_any(), &params, &Patch::<()>::Json(patch)).await.map_err(Error::Status)?;
     drop(slot);
-    ctx.states.update(&oref, |r| r.written.status = Some(Box::new((uid, status.clone()))));
-    // The watch event of this write may have come already: the copy goes now, not at the
-    // binding's next reconcile, minutes away.
-    if let Some(cached) = ctx.bindings.get(&oref) {
-        ctx.states.apply(&cached);
-    }
+    ctx.states.wrote_status(&oref, uid, status);
     Ok(())
 }
 

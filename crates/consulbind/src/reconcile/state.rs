@@ -5,6 +5,7 @@
 use std::{
     collections::{BTreeMap, HashMap},
     sync::{Arc, Mutex},
+    time::Duration,
 };
 
 use consulbind_api::{ConsulBinding, ConsulBindingStatus, WorkloadKind};
@@ -28,6 +29,25 @@ pub struct Record {
     pub stamps: BTreeMap<Workload, (Version, String)>,
     pub written: Written,
     pub backoffs: Backoffs,
+    /// A hash of the generation and annotations last let through to a reconcile.
+    seen: Option<u64>,
+    /// The status the binding cache last showed, as JSON, with the binding's uid. The cache
+    /// keeps no status: a status is most of a binding's size, and as JSON it takes a fraction.
+    cached: Option<(Box<str>, Box<[u8]>)>,
+}
+
+impl Record {
+    /// Drops the copy of a write once the cache shows it, so that the copies do not add up to
+    /// a second store of every status. Times reach the cache with whole seconds, and the JSON
+    /// of both has them so.
+    fn settle(&mut self) {
+        if let (Some(written), Some((uid, json))) = (self.written.status.as_deref(), &self.cached)
+            && written.0 == **uid
+            && serde_json::to_vec(&written.1).is_ok_and(|w| *w == **json)
+        {
+            self.written.status = None;
+        }
+    }
 }
 
 /// What this replica last wrote for the binding.
@@ -51,7 +71,25 @@ pub struct Backoffs {
     pub objects_failing_since: Option<Instant>,
     /// Refused as too large at this generation: it watches nothing until this time, or a spec
     /// change.
-    pub refused: Option<(Option<i64>, Instant)>,
+    refused: Option<(Option<i64>, Instant)>,
+}
+
+/// How long a binding whose keys hold more than it may bind watches nothing before it reads
+/// them again, unless its spec changes.
+const REFUSED_FOR: Duration = Duration::from_secs(300);
+
+impl Backoffs {
+    /// Until when the binding is refused as too large, if it still is at `generation`: a spec
+    /// change reads it again at once.
+    pub fn refused_until(&self, generation: Option<i64>, now: Instant) -> Option<Instant> {
+        self.refused.filter(|&(g, until)| g == generation && now < until).map(|(_, until)| until)
+    }
+
+    /// Refuses the binding as too large at `generation` for a while, jittered so that many
+    /// bindings refused at once are not read again at once.
+    pub fn refuse(&mut self, generation: Option<i64>, now: Instant) {
+        self.refused = Some((generation, now + consul_kv::jitter(REFUSED_FOR, 0.2)));
+    }
 }
 
 impl Record {
@@ -82,41 +120,49 @@ impl States {
         f(self.records.locked().entry(binding.clone()).or_default())
     }
 
-    /// The binding cache has a new version of the binding: once it shows the status this
-    /// replica wrote, the copy goes, so that the copies do not add up to a second store of
-    /// every status.
-    pub fn apply(&self, binding: &ConsulBinding) {
+    /// Whether the binding's generation or annotations (the one the binding cache keeps) are new
+    /// since the last version seen: only such a version reaches a reconcile from the watch.
+    pub fn spec_changed(&self, binding: &ConsulBinding) -> bool {
+        use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+        let hash = BuildHasherDefault::<DefaultHasher>::default()
+            .hash_one((binding.metadata.generation, &binding.metadata.annotations));
+        self.update(&binding_ref(binding), |record| record.seen.replace(hash) != Some(hash))
+    }
+
+    /// The binding watch has a new version of `binding`: its status moves into the record, and
+    /// the copy of a write goes once it shows it.
+    pub fn cache(&self, binding: &mut ConsulBinding) {
+        let json = binding.status.take().and_then(|status| serde_json::to_vec(&status).ok());
+        let uid = binding.uid().unwrap_or_default();
         let mut records = self.records.locked();
-        let Some(record) = records.get_mut(&binding_ref(binding)) else { return };
-        if let Some((uid, status)) = record.written.status.as_deref()
-            && binding.uid().as_ref() == Some(uid)
-            && same_as_stored(binding.status.as_ref(), status)
-        {
-            record.written.status = None;
-        }
+        let record = records.entry(binding_ref(binding)).or_default();
+        record.cached = Some((uid.into(), json.unwrap_or_default().into()));
+        record.settle();
+    }
+
+    /// This replica wrote `status` for the binding whose uid is `uid`. The watch event of the
+    /// write may have come already: then the copy goes at once.
+    pub fn wrote_status(&self, binding: &BindingRef, uid: String, status: &ConsulBindingStatus) {
+        self.update(binding, |record| {
+            record.written.status = Some(Box::new((uid, status.clone())));
+            record.settle();
+        });
     }
 
     /// The status last written for `binding`: this replica's copy of its last write, or else
-    /// the status in the cache. `cached` is read only after the copy was found gone: the copy
-    /// goes once the cache has the write, so a `binding` taken from the cache a moment before
-    /// may not have it yet.
-    pub fn last_status(
-        &self,
-        binding: &ConsulBinding,
-        cached: impl FnOnce() -> Option<Arc<ConsulBinding>>,
-    ) -> ConsulBindingStatus {
-        // The watch event of a write can come before the copy is kept; it goes here then.
-        self.apply(binding);
+    /// what the binding cache showed last, for this object (not another of the same name).
+    pub fn last_status(&self, binding: &ConsulBinding) -> ConsulBindingStatus {
         let uid = binding.uid().unwrap_or_default();
-        let written =
-            self.records.locked().get(&binding_ref(binding)).and_then(|r| match r.written.status.as_deref() {
-                Some((written_uid, status)) if *written_uid == uid => Some(status.clone()),
-                _ => None,
-            });
-        written.unwrap_or_else(|| {
-            let cached = cached().filter(|c| c.uid() == binding.uid());
-            cached.as_deref().unwrap_or(binding).status.clone().unwrap_or_default()
-        })
+        let json = {
+            let records = self.records.locked();
+            let Some(record) = records.get(&binding_ref(binding)) else { return ConsulBindingStatus::default() };
+            match (record.written.status.as_deref(), &record.cached) {
+                (Some((written_uid, status)), _) if *written_uid == uid => return status.clone(),
+                (_, Some((cached_uid, json))) if **cached_uid == uid && !json.is_empty() => json.clone(),
+                _ => return ConsulBindingStatus::default(),
+            }
+        };
+        serde_json::from_slice(&json).unwrap_or_default()
     }
 
     /// The binding is gone: its whole record goes, and its metric series.
@@ -170,13 +216,6 @@ impl States {
     }
 }
 
-/// Whether the cached status is the one written. Times reach the cache with whole seconds, so
-/// the two are compared as the API server stores them.
-fn same_as_stored(cached: Option<&ConsulBindingStatus>, written: &ConsulBindingStatus) -> bool {
-    let stored = |s: &ConsulBindingStatus| serde_json::to_value(s).ok();
-    cached.and_then(stored) == stored(written)
-}
-
 #[cfg(test)]
 mod tests {
     use consulbind_api::ConsulBindingSpec;
@@ -190,6 +229,20 @@ mod tests {
 
     fn gauge(states: &States, ready: &'static str) -> i64 {
         states.gauge(ready).get()
+    }
+
+    #[test]
+    fn a_refusal_holds_for_its_generation_until_it_ends() {
+        let now = Instant::now();
+        let mut backoffs = Backoffs::default();
+        assert_eq!(backoffs.refused_until(Some(1), now), None);
+        backoffs.refuse(Some(1), now);
+        let until = backoffs.refused_until(Some(1), now).expect("refused");
+        // Four to six minutes, jittered.
+        assert!(until >= now + Duration::from_secs(240) && until <= now + Duration::from_secs(360));
+        assert_eq!(backoffs.refused_until(Some(1), until - Duration::from_millis(1)), Some(until));
+        assert_eq!(backoffs.refused_until(Some(1), until), None, "ended");
+        assert_eq!(backoffs.refused_until(Some(2), now), None, "a spec change reads it again");
     }
 
     fn binding(name: &str, uid: &str, status: Option<ConsulBindingStatus>) -> ConsulBinding {
@@ -227,6 +280,23 @@ mod tests {
     }
 
     #[test]
+    fn only_a_new_generation_or_annotation_reaches_a_reconcile() {
+        let states = states();
+        let mut a = binding("a", "uid-1", None);
+        a.metadata.generation = Some(1);
+        assert!(states.spec_changed(&a), "the first sight");
+        a.status = Some(status("sum"));
+        assert!(!states.spec_changed(&a), "a status write");
+        a.metadata.generation = Some(2);
+        assert!(states.spec_changed(&a));
+        a.metadata.annotations = Some([(consulbind_api::ROLL_OUTSIDE_WINDOW.into(), "sum".into())].into());
+        assert!(states.spec_changed(&a));
+        assert!(!states.spec_changed(&a));
+        states.delete(&binding_ref(&a));
+        assert!(states.spec_changed(&a), "made again after a deletion");
+    }
+
+    #[test]
     fn the_ready_gauges_count_each_binding_once() {
         let states = states();
         let a = BindingRef::new("a").within("ns");
@@ -236,43 +306,49 @@ mod tests {
         assert_eq!((gauge(&states, "True"), gauge(&states, "False")), (1, 0));
     }
 
+    fn status(sum: &str) -> ConsulBindingStatus {
+        ConsulBindingStatus { applied_checksum: Some(sum.into()), ..Default::default() }
+    }
+
     #[test]
     fn the_written_copy_goes_once_the_cache_has_it_for_the_same_object() {
         let states = states();
-        let written = ConsulBindingStatus { applied_checksum: Some("sum".into()), ..Default::default() };
         let a = BindingRef::new("a").within("ns");
-        let keep = |states: &States| states.update(&a, |r| r.written.status.is_some());
-        states.update(&a, |r| r.written.status = Some(Box::new(("uid-1".into(), written.clone()))));
+        let kept = |states: &States| states.update(&a, |r| r.written.status.is_some());
+        states.wrote_status(&a, "uid-1".into(), &status("sum"));
+        assert!(kept(&states));
 
-        states.apply(&binding("a", "uid-1", None));
-        assert!(keep(&states), "the cache has not seen the write");
-        states.apply(&binding("a", "uid-2", Some(written.clone())));
-        assert!(keep(&states), "another object of the same name");
-        states.apply(&binding("a", "uid-1", Some(written)));
-        assert!(!keep(&states));
+        states.cache(&mut binding("a", "uid-1", None));
+        assert!(kept(&states), "the cache has not seen the write");
+        states.cache(&mut binding("a", "uid-2", Some(status("sum"))));
+        assert!(kept(&states), "another object of the same name");
+        states.cache(&mut binding("a", "uid-1", Some(status("sum"))));
+        assert!(!kept(&states));
+        states.wrote_status(&a, "uid-1".into(), &status("sum"));
+        assert!(!kept(&states), "a write whose watch event came first");
     }
 
     #[test]
     fn the_last_status_is_never_older_than_the_last_write() {
         let states = states();
-        let status = |sum: &str| ConsulBindingStatus { applied_checksum: Some(sum.into()), ..Default::default() };
         let a = BindingRef::new("a").within("ns");
-        let stale = binding("a", "uid-1", Some(status("old")));
-        let fresh = Arc::new(binding("a", "uid-1", Some(status("new"))));
-        let last = |held: &ConsulBinding, cached: Option<&Arc<ConsulBinding>>| {
-            states.last_status(held, || cached.cloned()).applied_checksum.unwrap()
-        };
-        assert_eq!(last(&stale, None), "old");
+        let mut held = binding("a", "uid-1", Some(status("old")));
+        states.cache(&mut held);
+        assert_eq!(held.status, None, "the cache keeps no status");
+        let last = |held: &ConsulBinding| states.last_status(held).applied_checksum;
+        assert_eq!(last(&held).as_deref(), Some("old"));
 
-        states.update(&a, |r| r.written.status = Some(Box::new(("uid-1".into(), status("new")))));
-        assert_eq!(last(&stale, Some(&fresh)), "new", "the copy of the write");
-        // The cache took the write just after the caller read its copy of the binding, and the
-        // copy went with it: the cache, read now, has the write.
-        states.apply(&fresh);
+        states.wrote_status(&a, "uid-1".into(), &status("new"));
+        assert_eq!(last(&held).as_deref(), Some("new"), "the copy of the write");
+        // A relist may bring the status from before the write.
+        states.cache(&mut binding("a", "uid-1", Some(status("old"))));
+        assert_eq!(last(&held).as_deref(), Some("new"));
+        states.cache(&mut binding("a", "uid-1", Some(status("new"))));
         assert!(!states.update(&a, |r| r.written.status.is_some()));
-        assert_eq!(last(&stale, Some(&fresh)), "new", "a status older than the last write");
-        // Another object of the same name in the cache says nothing of this one.
-        let other = Arc::new(binding("a", "uid-2", Some(status("other"))));
-        assert_eq!(last(&stale, Some(&other)), "old");
+        assert_eq!(last(&held).as_deref(), Some("new"), "from the cache");
+        // Another object of the same name says nothing of this one.
+        states.cache(&mut binding("a", "uid-2", Some(status("other"))));
+        assert_eq!(last(&held), None);
+        assert_eq!(last(&binding("a", "uid-2", None)).as_deref(), Some("other"));
     }
 }
