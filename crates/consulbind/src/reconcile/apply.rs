@@ -153,3 +153,69 @@ impl Port for Cluster<'_> {
         report::write_limited(self.ctx, self.binding, previous, free).await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use consulbind_api::{ConsulBindingSpec, TargetRef, WorkloadKind};
+    use k8s_openapi::jiff::Timestamp;
+
+    use super::*;
+    use crate::{checksum, cluster::workloads::Resolved};
+
+    /// A port whose writes all land, keeping nothing but the record.
+    #[derive(Default)]
+    struct Landing {
+        record: Record,
+    }
+
+    impl Port for Landing {
+        fn record<R>(&mut self, f: impl FnOnce(&mut Record) -> R) -> R {
+            f(&mut self.record)
+        }
+        fn hold(&mut self, _: &Plan) {}
+        async fn stamp(&mut self, _: &Read, plan: &Plan) -> Outcome {
+            Outcome { rolled: plan.roll.clone(), failed: Vec::new() }
+        }
+        fn due(&mut self, _: Option<Instant>) {}
+        fn publish(&mut self, _: Event, _: &Read, _: &ConsulBindingStatus, _: &Outcome) {}
+        async fn status(&mut self, _: &ConsulBindingStatus, _: &ConsulBindingStatus) -> Result<(), Error> {
+            Ok(())
+        }
+        async fn write_limited(&mut self, _: &ConsulBindingStatus, _: Instant) -> Result<Action, Error> {
+            Ok(Action::await_change())
+        }
+    }
+
+    /// When a reconcile of a settled binding says to look again, with its objects read or not.
+    async fn then(objects_read: bool) -> Action {
+        let spec = ConsulBindingSpec {
+            include_target_references: true,
+            targets: vec![TargetRef { kind: WorkloadKind::Deployment, name: Some("web".into()), selector: None }],
+            ..Default::default()
+        };
+        let key = checksum::Key::new([7; checksum::KEY_LEN]);
+        let mut read = crate::sim::read_of(&spec, key, Vec::new(), Resolved::default(), Vec::new(), Vec::new());
+        if !objects_read {
+            read.objects = Err(("ObjectUnreadable", "forbidden".into()));
+        }
+        let previous = ConsulBindingStatus::default();
+        let observed = Observed {
+            spec: &spec,
+            generation: Some(1),
+            previous,
+            started: Instant::now(),
+            clock: Timestamp::now(),
+            read: Ok(read),
+        };
+        let mut port = Landing::default();
+        let decision = decide::decide(&observed, &mut port.record, Instant::now());
+        apply(&mut port, &observed, decision).await.expect("every write lands")
+    }
+
+    #[tokio::test]
+    async fn a_healthy_binding_waits_for_a_wake_and_one_that_is_not_is_looked_at_soon() {
+        assert_eq!(then(true).await, Action::await_change());
+        // A rule granted later changes nothing the watches see.
+        assert_eq!(then(false).await, Action::requeue(RETRY));
+    }
+}

@@ -43,6 +43,8 @@ pub enum Gate {
     Closed(Option<Timestamp>),
 }
 
+/// For tests: the windows as given.
+#[cfg(test)]
 impl PartialEq for Calendar {
     fn eq(&self, other: &Self) -> bool {
         let same = |a: &Slot, b: &Slot| {
@@ -202,6 +204,12 @@ mod tests {
     }
 
     #[test]
+    fn a_window_once_a_year_is_found_months_ahead() {
+        let new_year = calendar(&[window(WindowKind::Allow, "0 0 1 1 *", "24h", None)]);
+        assert_eq!(new_year.gate(at("2026-02-01T00:00:00Z")), Gate::Closed(Some(at("2027-01-01T00:00:00Z"))));
+    }
+
+    #[test]
     fn a_deny_window_that_never_closes_leaves_no_opening() {
         let always = calendar(&[window(WindowKind::Deny, "* * * * *", "2m", None)]);
         assert_eq!(always.gate(at("2026-11-27T12:00:30Z")), Gate::Closed(None));
@@ -245,6 +253,8 @@ mod tests {
     fn the_flag_takes_a_json_list() {
         let flag = Calendar::parse(r#"[{"schedule": "0 22 * * *", "duration": "6h", "timeZone": "Asia/Tokyo"}]"#);
         assert_eq!(flag.unwrap(), calendar(&[window(WindowKind::Allow, "0 22 * * *", "6h", Some("Asia/Tokyo"))]));
+        let other = Calendar::parse(r#"[{"schedule": "0 22 * * *", "duration": "6h"}]"#).unwrap();
+        assert_ne!(other, calendar(&[window(WindowKind::Allow, "0 22 * * *", "6h", Some("Asia/Tokyo"))]));
         assert!(Calendar::parse("0 22 * * *").unwrap_err().contains("JSON list"));
     }
 }

@@ -14,7 +14,8 @@ pub const MAX_WAIT: Duration = Duration::from_secs(24 * 3600);
 /// `healthTimeout` when the spec sets none.
 pub const DEFAULT_HEALTH_TIMEOUT: Duration = Duration::from_secs(600);
 /// A binding's rules for staging its rollouts.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug)]
+#[cfg_attr(test, derive(PartialEq))]
 pub struct Staging {
     pub waves: Vec<WaveRule>,
     pub health_timeout: Duration,

@@ -1,7 +1,10 @@
 //! One kind's metadata cache, fed by a watch: what it keeps of each workload, and which
 //! events are news to the bindings.
 
-use std::hash::{Hash, Hasher};
+use std::{
+    collections::HashSet,
+    hash::{Hash, Hasher},
+};
 
 use consulbind_api::WorkloadKind;
 use futures::{StreamExt, TryStreamExt};
@@ -10,7 +13,7 @@ use kube::{
     core::PartialObjectMeta,
     runtime::{
         WatchStreamExt,
-        reflector::{self, ObjectRef, Store},
+        reflector::{self, ObjectRef, Store, store::Writer},
         watcher::{self, watcher},
     },
 };
@@ -62,7 +65,7 @@ where
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     };
-    let (reader, writer) = reflector::store();
+    let (reader, mut writer) = reflector::store();
     let mut news = News::<K>::new(kind);
     // Whole objects arrive, for the pod template's annotations; what is kept is their name,
     // labels and this controller's annotations, so memory stays small per workload.
@@ -81,14 +84,15 @@ where
     };
     let stream = stream.map_ok(|event| event_of(event, live_meta));
     let mut listing = Listing::default();
-    let stream = reflector::reflector(writer, stream)
+    let store = reader.clone();
+    let stream = stream
         .flat_map(move |event| {
             listing.event(&event);
             if let Some(served) = &served {
                 tell_served(served, kind, &event);
             }
             let touched: Vec<Touched> = match event {
-                Ok(event) => news.of(event),
+                Ok(event) => news.apply(&store, &mut writer, &event),
                 // An optional kind that is not installed is no news on every retry.
                 Err(error) if served.as_ref().is_some_and(|s| *s.borrow() == Served::NotInstalled) => {
                     tracing::debug!(%kind, %error, "kind not served; retrying");
@@ -128,56 +132,77 @@ fn tell_served<T>(
     }
 }
 
-/// Which of one kind's watch events are news to the bindings.
+/// Which of one kind's watch events are news to the bindings: judged against the store's
+/// version of the object before the event is applied, so that nothing else is kept per
+/// workload.
 struct News<K: Resource<DynamicType = ()>> {
     kind: WorkloadKind,
-    seen: Seen<PartialObjectMeta<K>>,
+    /// What a re-list has shown so far: what it never shows was deleted while the watch was
+    /// down, and gets no deletion event of its own.
+    relisted: Option<HashSet<ObjectRef<PartialObjectMeta<K>>>>,
     /// What a re-list found changed, held back until the store has swapped in what it listed.
-    relisted: Vec<Touched>,
+    held: Vec<Touched>,
 }
 
-impl<K: Resource<DynamicType = ()>> News<K> {
+impl<K: Resource<DynamicType = ()> + Clone> News<K> {
     fn new(kind: WorkloadKind) -> Self {
-        Self { kind, seen: Seen::default(), relisted: Vec::new() }
+        Self { kind, relisted: None, held: Vec::new() }
     }
 
-    /// The workloads `event` touched, once the store holds them.
-    fn of(&mut self, event: watcher::Event<PartialObjectMeta<K>>) -> Vec<Touched> {
-        let (kind, seen) = (self.kind, &mut self.seen);
+    /// Applies `event` to the store, and returns the workloads it touched, now that the store
+    /// holds them.
+    fn apply(
+        &mut self,
+        store: &Store<PartialObjectMeta<K>>,
+        writer: &mut Writer<PartialObjectMeta<K>>,
+        event: &watcher::Event<PartialObjectMeta<K>>,
+    ) -> Vec<Touched> {
+        let touched = self.of(store, event);
+        writer.apply_watcher_event(event);
+        touched
+    }
+
+    fn of(
+        &mut self,
+        store: &Store<PartialObjectMeta<K>>,
+        event: &watcher::Event<PartialObjectMeta<K>>,
+    ) -> Vec<Touched> {
+        let kind = self.kind;
         let touched = |obj: &PartialObjectMeta<K>| Touched {
             kind,
             namespace: obj.namespace().unwrap_or_default(),
             name: obj.name_any(),
             labels: obj.labels().clone(),
         };
+        // New, or its labels or annotations changed: a status update alone is no news.
+        let news = |obj: &PartialObjectMeta<K>| {
+            store.get(&ObjectRef::from_obj(obj)).is_none_or(|old| signature(&old) != signature(obj))
+        };
         match event {
             watcher::Event::Init => {
-                seen.relisting();
-                self.relisted.clear();
+                self.relisted = Some(HashSet::new());
+                self.held.clear();
+                Vec::new()
+            }
+            watcher::Event::InitApply(obj) => {
+                if news(obj) {
+                    self.held.push(touched(obj));
+                }
+                self.relisted.get_or_insert_default().insert(ObjectRef::from_obj(obj));
                 Vec::new()
             }
             watcher::Event::InitDone => {
-                let gone = seen.relisted().into_iter().map(|gone| {
-                    let namespace = gone.namespace.unwrap_or_default();
-                    Touched { kind, namespace, name: gone.name, labels: Default::default() }
-                });
-                std::mem::take(&mut self.relisted).into_iter().chain(gone).collect()
+                let listed = self.relisted.take().unwrap_or_default();
+                let gone = store.state().into_iter().filter(|old| !listed.contains(&ObjectRef::from_obj(&**old)));
+                let gone: Vec<Touched> =
+                    gone.map(|old| Touched { labels: Default::default(), ..touched(&old) }).collect();
+                std::mem::take(&mut self.held).into_iter().chain(gone).collect()
             }
-            watcher::Event::InitApply(obj) => {
-                let signature = signature(&obj);
-                if seen.applied(ObjectRef::from_obj(&obj), signature) {
-                    self.relisted.push(touched(&obj));
-                }
-                Vec::new()
-            }
-            watcher::Event::Apply(obj) => match seen.applied(ObjectRef::from_obj(&obj), signature(&obj)) {
-                true => vec![touched(&obj)],
+            watcher::Event::Apply(obj) => match news(obj) {
+                true => vec![touched(obj)],
                 false => Vec::new(),
             },
-            watcher::Event::Delete(obj) => {
-                seen.deleted(&ObjectRef::from_obj(&obj));
-                vec![touched(&obj)]
-            }
+            watcher::Event::Delete(obj) => vec![touched(obj)],
         }
     }
 }
@@ -217,57 +242,13 @@ impl<B: kube::runtime::utils::Backoff> kube::runtime::utils::Backoff for Patient
     }
 }
 
-/// A hash of what the bindings read of a workload's metadata: its labels and annotations. A
-/// hash, not a copy: [`Seen`] has an entry per workload in the cluster.
+/// A hash of what the bindings read of a workload's metadata: its labels and annotations.
 fn signature<K: Resource>(obj: &PartialObjectMeta<K>) -> u64 {
     let mut hasher = std::hash::DefaultHasher::new();
     // A health detail (replica counts) changes often; its verdict wakes the bindings.
     let annotations = obj.annotations().iter().filter(|(k, _)| *k != health::DETAIL);
     (obj.labels(), annotations.collect::<Vec<_>>()).hash(&mut hasher);
     hasher.finish()
-}
-
-/// What a cache has shown of each object: a hash of its labels and annotations, not a copy, since
-/// this has an entry per workload in the cluster. A status update alone is no news.
-struct Seen<K: Resource<DynamicType = ()>> {
-    signatures: std::collections::HashMap<ObjectRef<K>, u64>,
-    /// What a re-list has shown so far: what it never shows was deleted while the watch was
-    /// down, and gets no deletion event of its own.
-    relisted: Option<std::collections::HashSet<ObjectRef<K>>>,
-}
-
-impl<K: Resource<DynamicType = ()>> Default for Seen<K> {
-    fn default() -> Self {
-        Self { signatures: Default::default(), relisted: None }
-    }
-}
-
-impl<K: Resource<DynamicType = ()>> Seen<K> {
-    /// Returns whether the object is new or its labels or annotations changed.
-    fn applied(&mut self, object: ObjectRef<K>, signature: u64) -> bool {
-        if let Some(listed) = &mut self.relisted {
-            listed.insert(object.clone());
-        }
-        self.signatures.insert(object, signature) != Some(signature)
-    }
-
-    fn deleted(&mut self, object: &ObjectRef<K>) {
-        self.signatures.remove(object);
-    }
-
-    fn relisting(&mut self) {
-        self.relisted = Some(Default::default());
-    }
-
-    /// The list is complete: forgets and returns the objects it did not show.
-    fn relisted(&mut self) -> Vec<ObjectRef<K>> {
-        let Some(listed) = self.relisted.take() else { return Vec::new() };
-        let gone: Vec<ObjectRef<K>> = self.signatures.keys().filter(|k| !listed.contains(*k)).cloned().collect();
-        for k in &gone {
-            self.signatures.remove(k);
-        }
-        gone
-    }
 }
 
 /// What a failed list or watch says about whether the kind is served.
@@ -305,22 +286,32 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_relist_forgets_and_reports_what_was_deleted_while_the_watch_was_down() {
-        let deploy = |name: &str| ObjectRef::<Deployment>::new(name).within("ns");
-        let mut seen = Seen::<Deployment>::default();
-        assert!(seen.applied(deploy("a"), 1));
-        assert!(seen.applied(deploy("b"), 1));
-        assert!(!seen.applied(deploy("a"), 1), "a status update alone is no news");
-        assert!(seen.applied(deploy("a"), 2), "new labels or annotations are");
-        // The watch was down while b was deleted; the re-list shows only a and c.
-        seen.relisting();
-        assert!(!seen.applied(deploy("a"), 2));
-        assert!(seen.applied(deploy("c"), 1));
-        assert_eq!(seen.relisted(), [deploy("b")]);
-        assert_eq!(seen.signatures.len(), 2, "nothing is kept for b");
-        assert!(seen.relisted().is_empty(), "only a complete list says what is gone");
-        seen.deleted(&deploy("c"));
-        assert_eq!(seen.signatures.len(), 1);
+    fn only_news_is_told_and_a_relist_tells_what_was_deleted_while_the_watch_was_down() {
+        let (store, mut writer) = reflector::store::<PartialObjectMeta<Deployment>>();
+        let mut news = News::<Deployment>::new(WorkloadKind::Deployment);
+        let deploy = |name: &str, label: &str| {
+            let mut meta =
+                kube::core::ObjectMeta { name: Some(name.into()), namespace: Some("ns".into()), ..Default::default() };
+            meta.labels = Some([("app".to_owned(), label.to_owned())].into());
+            PartialObjectMeta::<Deployment> { types: None, metadata: meta, _phantom: Default::default() }
+        };
+        let mut apply = |event: watcher::Event<PartialObjectMeta<Deployment>>| -> Vec<String> {
+            news.apply(&store, &mut writer, &event).into_iter().map(|t| t.name).collect()
+        };
+        assert_eq!(apply(watcher::Event::Init), [] as [String; 0]);
+        assert_eq!(apply(watcher::Event::InitApply(deploy("a", "1"))), [] as [String; 0], "held back");
+        assert_eq!(apply(watcher::Event::InitApply(deploy("b", "1"))), [] as [String; 0]);
+        assert_eq!(apply(watcher::Event::InitDone), ["a", "b"]);
+        assert_eq!(apply(watcher::Event::Apply(deploy("a", "1"))), [] as [String; 0], "a status update alone");
+        assert_eq!(apply(watcher::Event::Apply(deploy("a", "2"))), ["a"], "new labels");
+        // The watch was down while b was deleted and c made; the re-list shows a and c.
+        assert_eq!(apply(watcher::Event::Init), [] as [String; 0]);
+        assert_eq!(apply(watcher::Event::InitApply(deploy("a", "2"))), [] as [String; 0]);
+        assert_eq!(apply(watcher::Event::InitApply(deploy("c", "1"))), [] as [String; 0]);
+        assert_eq!(apply(watcher::Event::InitDone), ["c", "b"]);
+        assert_eq!(store.state().len(), 2, "nothing is kept for b");
+        assert_eq!(apply(watcher::Event::Delete(deploy("c", "1"))), ["c"]);
+        assert_eq!(store.state().len(), 1);
     }
 
     fn api_error(code: u16) -> kube::Error {
