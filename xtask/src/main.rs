@@ -93,6 +93,10 @@ enum Command {
         /// code, moved lines, parts not run yet).
         #[arg(long)]
         rest: bool,
+        /// Only print the totals over every report in target/mutants/, for the mutants in
+        /// scope now.
+        #[arg(long, conflicts_with_all = ["again", "rest"])]
+        totals: bool,
         /// Passed to cargo-mutants, e.g. `--list`, or `--shard 1/8` for an eighth of the
         /// mutants (each shard keeps its own report).
         #[arg(last = true)]
@@ -309,7 +313,8 @@ fn run(command: Command) -> Result<()> {
         Command::Image => env::image::build(),
         Command::Demo => env::demo::run(&env),
         Command::Sim { seeds, seed } => check::test::sim(seeds, seed),
-        Command::Mutants { seeds, again, rest, args } => {
+        Command::Mutants { totals: true, .. } => check::mutants::totals(),
+        Command::Mutants { seeds, again, rest, args, .. } => {
             let pick = match (again, rest) {
                 (true, _) => check::mutants::Pick::Again,
                 (false, true) => check::mutants::Pick::Rest,

@@ -88,7 +88,13 @@ async fn measure(bench: &Bench, sizes: &Sizes) -> Result<()> {
     let deployments = bench.api::<Deployment>(&ns);
     let generations = Generations::watch(deployments.clone());
 
-    let args = [format!("--consul-max-connections={}", sizes.max_connections), "--default-token-prefixes=*".to_owned()];
+    // All in one namespace: its limits are raised to what the run binds.
+    let args = [
+        format!("--consul-max-connections={}", sizes.max_connections),
+        "--default-token-prefixes=*".to_owned(),
+        format!("--max-bindings-per-namespace={}", sizes.bindings.max(5000)),
+        format!("--max-watched-paths-per-namespace={}", sizes.keys.max(20_000)),
+    ];
     let mut env = vec![("CONSUL_HTTP_ADDR", controller_consul.as_str())];
     env.extend(ca.iter().map(|ca| ("CONSUL_CACERT", ca.as_str())));
     let release =

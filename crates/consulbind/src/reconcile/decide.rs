@@ -482,4 +482,25 @@ mod tests {
         assert_eq!(after_reset, Some(grace));
         assert_eq!(restore(None).0, None, "no reset, no grace");
     }
+
+    #[test]
+    fn a_binding_not_served_says_why_at_its_generation_and_keeps_what_it_recorded() {
+        let spec = spec();
+        let mut observed = observed(&spec, applied("sum"), read(&spec));
+        observed.generation = Some(2);
+        let then = Action::requeue(Duration::from_secs(15));
+        let message = "this namespace has too many ConsulBindings".to_owned();
+        observed.read =
+            Err(crate::reconcile::observe::Refused { reason: "TooManyBindings", message, then: then.clone() });
+        let Decision::Refused { status, then: after } = decide(&observed, &mut Record::default(), Instant::now())
+        else {
+            panic!("refused")
+        };
+        assert_eq!(after, then);
+        assert_eq!(status.observed_generation, Some(2));
+        assert_eq!(status.applied_checksum.as_deref(), Some("sum"), "what the targets run stays recorded");
+        let ready = status.conditions.iter().find(|c| c.type_ == conditions::READY).expect("Ready");
+        assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", "TooManyBindings"));
+        assert_eq!(ready.message, "this namespace has too many ConsulBindings");
+    }
 }

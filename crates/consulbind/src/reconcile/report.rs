@@ -2,7 +2,7 @@
 //! new, and events on the binding and the workloads. One of the two places that write to the
 //! cluster.
 
-use consulbind_api::{ConsulBinding, ConsulBindingStatus, conditions};
+use consulbind_api::{ConsulBinding, ConsulBindingStatus, WorkloadKind, conditions};
 use k8s_openapi::{
     api::{core::v1::ObjectReference, events::v1::Event},
     apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time},
@@ -164,13 +164,7 @@ pub fn rolled_out(
             .inc();
         let labels = WorkloadLabels { namespace: namespace.clone(), kind: kind.as_str(), workload: workload.clone() };
         ctx.metrics.workload_rollouts.get_or_create(&labels).inc();
-        let reference = ObjectReference {
-            api_version: Some(ctx.workloads.api_version(*kind).into()),
-            kind: Some(kind.as_str().into()),
-            namespace: Some(namespace.clone()),
-            name: Some(workload.clone()),
-            ..ObjectReference::default()
-        };
+        let reference = workload_reference(ctx.workloads.api_version(*kind), &namespace, *kind, workload);
         let row = status.targets.iter().find(|t| t.kind == *kind && t.name == *workload);
         let checksum = row.map_or(checksum.as_str(), |t| checksum::short(&t.checksum));
         let note = format!("ConsulBinding {name} changed the pod template annotation to {checksum}{because}");
@@ -180,6 +174,17 @@ pub fn rolled_out(
 
 /// The sources that differ from `applied` (fingerprints of when the targets last carried the
 /// content), for people to read: `Consul key "app/db"`, `ConfigMap "app"`.
+/// A workload, as the events of its rollout name it: `kubectl describe` lists them under it.
+fn workload_reference(api_version: &str, namespace: &str, kind: WorkloadKind, name: &str) -> ObjectReference {
+    ObjectReference {
+        api_version: Some(api_version.into()),
+        kind: Some(kind.as_str().into()),
+        namespace: Some(namespace.into()),
+        name: Some(name.into()),
+        ..ObjectReference::default()
+    }
+}
+
 fn changed_sources(applied: Option<&[u64]>, status: &ConsulBindingStatus) -> Vec<String> {
     let now = status::fingerprints(status);
     let Some(applied) = applied.filter(|a| a.len() == now.len()) else { return Vec::new() };
@@ -313,6 +318,40 @@ mod tests {
 
         let short = event_note(&reporter, reference("web".into()), "rolled out".into(), now);
         assert_eq!(short, ("web.".to_owned() + &format!("{:x}", now.as_nanosecond()), "rolled out".to_owned()));
+    }
+
+    #[test]
+    fn a_rollouts_event_on_a_workload_names_it_whole() {
+        let reference = workload_reference("apps/v1", "shop", WorkloadKind::StatefulSet, "db");
+        let named = [reference.api_version, reference.kind, reference.namespace, reference.name];
+        assert_eq!(named, ["apps/v1", "StatefulSet", "shop", "db"].map(|s| Some(s.to_owned())));
+    }
+
+    #[test]
+    fn an_event_says_who_reported_what_and_when_in_the_objects_namespace() {
+        let reporter = Reporter { controller: "consulbind".into(), instance: None };
+        let reference = ObjectReference { namespace: Some("ns".into()), name: Some("b".into()), ..Default::default() };
+        let now: Timestamp = "2026-11-24T10:00:00Z".parse().unwrap();
+        let event = event(&reporter, reference, EventType::Warning, "KeyMissing", "gone".into(), now);
+        let told = (
+            event.metadata.namespace.as_deref(),
+            event.action.as_deref(),
+            event.reason.as_deref(),
+            event.type_.as_deref(),
+            event.event_time.map(|t| t.0),
+            event.reporting_controller.as_deref(),
+            event.reporting_instance.as_deref(),
+        );
+        let expected = (
+            Some("ns"),
+            Some("Reconcile"),
+            Some("KeyMissing"),
+            Some("Warning"),
+            Some(now),
+            Some("consulbind"),
+            Some("consulbind"),
+        );
+        assert_eq!(told, expected);
     }
 
     fn event_note(reporter: &Reporter, reference: ObjectReference, note: String, now: Timestamp) -> (String, String) {
