@@ -301,7 +301,15 @@ impl Runner {
                     }
                     let members = roster.borrow_and_update().clone();
                     let Some((before, entries)) = last.take() else { break Asked::Again };
-                    match self.read_new_paths(query, &before, &members, entries).await {
+                    // The request goes on meanwhile: left unpolled, it could hold what the reads
+                    // wait for (one of the few readers of answer bodies), and neither would end.
+                    // Its answer, if it comes first, covers the new paths too.
+                    let reads = self.read_new_paths(query, &before, &members, entries);
+                    let read = tokio::select! {
+                        read = reads => read,
+                        result = &mut request => break Asked::Answered(result),
+                    };
+                    match read {
                         Some(entries) => *last = Some((members, entries)),
                         None => break Asked::Again,
                     }

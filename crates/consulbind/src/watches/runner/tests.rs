@@ -481,6 +481,24 @@ async fn a_new_path_is_read_alone_while_the_blocking_query_goes_on() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_blocking_answer_that_comes_while_new_paths_are_read_is_taken_at_once() {
+    // Left waiting on the reads, the request could hold what they need, and neither would end.
+    let mut group = start(KvQuery::prefix("app/"), &[("app/a", false, &["one"])], no_limits());
+    group.request().await.reply(10, &[("app/a", "1", 5), ("app/b", "2", 6)]);
+    let blocking = group.request().await;
+    group.woken();
+    group.add_paths(&[("app/b", false, &["two"])]);
+    let alone = group.request().await;
+    assert_eq!((alone.query.key.as_str(), alone.index), ("app/b", 0));
+    blocking.reply(12, &[("app/a", "1", 5), ("app/b", "2", 6)]);
+    let next = group.request().await;
+    assert_eq!((next.query.key.as_str(), next.index), ("app/", 12), "the answer was taken");
+    assert_eq!(group.content(1), [("app/b".to_owned(), "2".to_owned())], "it covers the new path");
+    assert_eq!(group.woken(), names(&["two"]));
+    drop(alone);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_new_path_that_cannot_be_read_alone_makes_the_group_read_afresh() {
     let mut group = start(KvQuery::prefix("app/"), &[("app/a", false, &["one"])], no_limits());
     group.request().await.reply(10, &[("app/a", "1", 5)]);
