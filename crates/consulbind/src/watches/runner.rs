@@ -301,9 +301,10 @@ impl Runner {
                     }
                     let members = roster.borrow_and_update().clone();
                     let Some((before, entries)) = last.take() else { break Asked::Again };
-                    // The request goes on meanwhile: left unpolled, it could hold what the reads
-                    // wait for (one of the few readers of answer bodies), and neither would end.
-                    // Its answer, if it comes first, covers the new paths too.
+                    // The request goes on meanwhile: left unpolled, it keeps what it holds (its
+                    // connection, perhaps one of the two readers of answer bodies) from reads
+                    // that wait for it, and neither ends. Its answer, if first, covers the new
+                    // paths too.
                     let reads = self.read_new_paths(query, &before, &members, entries);
                     let read = tokio::select! {
                         read = reads => read,
