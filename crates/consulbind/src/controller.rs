@@ -390,9 +390,12 @@ fn resync(store: reflector::Store<ConsulBinding>) -> mpsc::UnboundedReceiver<Bin
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         for tick in (0..ticks).cycle() {
             interval.tick().await;
+            // Only a binding due now is named: a reference copies its name, uid and version.
             for binding in store.state() {
-                let binding = ObjectRef::from_obj(&*binding);
-                if resync_tick(&binding, ticks) == tick && tx.unbounded_send(binding).is_err() {
+                let meta = &binding.metadata;
+                let due =
+                    resync_tick(meta.namespace.as_deref(), meta.name.as_deref().unwrap_or_default(), ticks) == tick;
+                if due && tx.unbounded_send(ObjectRef::from_obj(&*binding)).is_err() {
                     return;
                 }
             }
@@ -401,10 +404,10 @@ fn resync(store: reflector::Store<ConsulBinding>) -> mpsc::UnboundedReceiver<Bin
     rx
 }
 
-/// The tick of each round at which `binding` comes due.
-fn resync_tick(binding: &BindingRef, ticks: u64) -> u64 {
+/// The tick of each round at which the binding `namespace`/`name` comes due.
+fn resync_tick(namespace: Option<&str>, name: &str, ticks: u64) -> u64 {
     use std::hash::{BuildHasher, BuildHasherDefault};
-    BuildHasherDefault::<std::hash::DefaultHasher>::default().hash_one((&binding.namespace, &binding.name)) % ticks
+    BuildHasherDefault::<std::hash::DefaultHasher>::default().hash_one((namespace, name)) % ticks
 }
 
 #[cfg(test)]
@@ -437,8 +440,7 @@ mod tests {
         let mut expected = names.clone();
         expected.sort();
         assert_eq!(seen, expected, "each once in a round");
-        let ticks: std::collections::BTreeSet<u64> =
-            names.iter().map(|n| resync_tick(&ObjectRef::from_obj(&binding(n)), 600)).collect();
+        let ticks: std::collections::BTreeSet<u64> = names.iter().map(|n| resync_tick(Some("team"), n, 600)).collect();
         assert!(ticks.len() > 25, "spread over the round: {} ticks for 50 bindings", ticks.len());
     }
 }
