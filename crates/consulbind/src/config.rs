@@ -236,12 +236,27 @@ pub struct Config {
     #[arg(long, env = "CONSULBIND_LEADER_ELECT", default_value_t = false, action = clap::ArgAction::Set)]
     pub leader_elect: bool,
 
+    /// Share the namespaces between replicas, each holding a Lease of its own in the ring.
+    ///
+    /// Every namespace is served by one live replica, chosen by a hash of its name or pinned
+    /// with the namespace annotation `consulbind.dev/shard: <replica>`. A replica that joins,
+    /// leaves or dies moves only its own share, and no replica writes for a namespace until
+    /// the one before it has stopped. Not with `--leader-elect`. It takes a value:
+    /// `--sharding=true`.
+    #[arg(long, env = "CONSULBIND_SHARDING", default_value_t = false, action = clap::ArgAction::Set)]
+    pub sharding: bool,
+
+    /// Name of the shard ring: each replica's Lease is `<ring>-<identity>`, labelled
+    /// `consulbind.dev/ring=<ring>`.
+    #[arg(long, env = "CONSULBIND_SHARD_RING", default_value = "consulbind")]
+    pub shard_ring: String,
+
     /// Name of the leader Lease.
     #[arg(long, env = "CONSULBIND_LEASE_NAME", default_value = "consulbind-leader")]
     pub lease_name: String,
 
-    /// Namespace of the leader Lease; unset, the controller's own namespace (the pod's, else
-    /// the kubeconfig's).
+    /// Namespace of the leader Lease, or of the shard ring's Leases; unset, the controller's
+    /// own namespace (the pod's, else the kubeconfig's).
     #[arg(long, env = "CONSULBIND_LEASE_NAMESPACE")]
     pub lease_namespace: Option<String>,
 
@@ -312,7 +327,14 @@ impl Config {
     pub fn check(&self) -> Result<(), String> {
         // A leader that cannot renew stops at two thirds of the lease; renewing less often
         // than that would stop it between renewals.
-        if self.leader_elect && self.lease_renew.saturating_mul(3) >= self.lease_duration.saturating_mul(2) {
+        if self.leader_elect && self.sharding {
+            return Err("--sharding and --leader-elect exclude each other: with sharding every replica acts, each on \
+                        its own namespaces"
+                .into());
+        }
+        if (self.leader_elect || self.sharding)
+            && self.lease_renew.saturating_mul(3) >= self.lease_duration.saturating_mul(2)
+        {
             return Err(format!(
                 "--lease-renew ({:?}) must be under two thirds of --lease-duration ({:?}), so a leader that cannot \
                  renew stops before a standby takes over",

@@ -37,6 +37,7 @@ use crate::{
     lease,
     metrics::Metrics,
     reconcile::{self, Context, desk::Desk, state::States},
+    shards::{self, View},
     watches::{Limits, Wake, Watches},
 };
 
@@ -64,7 +65,6 @@ pub async fn run(config: Config, shutdown: signal::Receiver<bool>) -> Result<(),
         receivers.push(rx);
     }
     let serves_all = config.namespaces.is_empty();
-    let writes = crate::writes::Writes::new(usize::from(config.max_concurrent_writes), config.namespace_write_limit);
     let desk: Arc<Desk> = Arc::default();
     let woken = desk.clone();
     let wake: Wake = Arc::new(move |binding: BindingRef| {
@@ -88,6 +88,25 @@ pub async fn run(config: Config, shutdown: signal::Receiver<bool>) -> Result<(),
     }
 
     let mut shutdown = shutdown;
+    // Each scope's namespace cache adds its pins once started.
+    let pinned: Arc<Mutex<Vec<Policy>>> = Arc::default();
+    let shards = config.sharding.then(|| {
+        let settings = shards::Settings {
+            namespace: config.lease_namespace.clone().unwrap_or_else(|| crate::config::own_namespace(&client)),
+            ring: config.shard_ring.clone(),
+            identity: config.identity.clone().unwrap_or_else(lease::hostname),
+            duration: config.lease_duration,
+            renew: config.lease_renew,
+        };
+        let policies = pinned.clone();
+        let pins = move || policies.locked().iter().flat_map(Policy::pins).collect();
+        shards::join(&client, settings, pins, shutdown.clone())
+    });
+    let writes = crate::writes::Writes::new(
+        usize::from(config.max_concurrent_writes),
+        config.namespace_write_limit,
+        shards.as_ref().map(|s| s.gate.clone()),
+    );
     let leadership = if config.leader_elect {
         match lease::acquire(&client, &config, &metrics, &admin.ready, &mut shutdown).await {
             Some(leadership) => Some(leadership),
@@ -114,6 +133,7 @@ pub async fn run(config: Config, shutdown: signal::Receiver<bool>) -> Result<(),
         let (objects, objects_touched) =
             Objects::start(&client, scope.as_deref(), checksum_key.clone(), config.max_object_keys);
         let (policy, namespaces_touched) = Policy::start(&client, scope.as_deref(), default_prefixes.clone());
+        pinned.locked().push(policy.clone());
         let (reader, writer) = reflector::store::<ConsulBinding>();
         let ctx = Arc::new(Context {
             client: client.clone(),
@@ -141,6 +161,7 @@ pub async fn run(config: Config, shutdown: signal::Receiver<bool>) -> Result<(),
                 windows: config.default_rollout_windows.clone().unwrap_or_default(),
             },
             writes: writes.clone(),
+            shard: shards.as_ref().map(|s| s.gate.me().to_owned()),
         });
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
         caches_ready.push(ready_rx);
@@ -154,7 +175,8 @@ pub async fn run(config: Config, shutdown: signal::Receiver<bool>) -> Result<(),
             wakes,
             ready: ready_tx,
         };
-        scopes_started.push(tokio::spawn(run_scope(client.clone(), scope, ctx, shutdown.clone())));
+        let views = shards.as_ref().map(|s| s.views.clone());
+        scopes_started.push(tokio::spawn(run_scope(client.clone(), scope, ctx, views, shutdown.clone())));
     }
     // Ready once every scope's caches have listed; a scope that cannot list stays not ready.
     for ready in caches_ready {
@@ -271,6 +293,7 @@ async fn run_scope(
         impl futures::Stream<Item = String> + Send + 'static,
     >,
     ctx: Arc<Context>,
+    views: Option<signal::Receiver<Option<View>>>,
     mut shutdown: signal::Receiver<bool>,
 ) -> Result<(), Error> {
     let Scope { name: scope, writer, touched, secrets_touched, objects_touched, namespaces_touched, wakes, ready } =
@@ -306,15 +329,36 @@ async fn run_scope(
     // size; of the annotations, the controller reads one. The status moves to the binding's
     // record, compact.
     let cache = ctx.clone();
-    let events =
-        watcher(api, watcher::Config::default()).default_backoff().modify(move |binding: &mut ConsulBinding| {
-            cache.states.cache(binding);
-            binding.metadata.managed_fields = None;
-            let annotations = binding.metadata.annotations.take().unwrap_or_default();
-            let kept: BTreeMap<String, String> =
-                annotations.into_iter().filter(|(k, _)| k == consulbind_api::ROLL_OUTSIDE_WINDOW).collect();
-            binding.metadata.annotations = (!kept.is_empty()).then_some(kept);
-        });
+    let compact = move |binding: &mut ConsulBinding| {
+        cache.states.cache(binding);
+        binding.metadata.managed_fields = None;
+        let annotations = binding.metadata.annotations.take().unwrap_or_default();
+        let kept: BTreeMap<String, String> =
+            annotations.into_iter().filter(|(k, _)| k == consulbind_api::ROLL_OUTSIDE_WINDOW).collect();
+        binding.metadata.annotations = (!kept.is_empty()).then_some(kept);
+    };
+    let events = match (views, &ctx.shard) {
+        // A sharded replica lists the bindings again for each view it serves, and keeps those
+        // of its namespaces: the fresh list drops the rest, and gives the status of those gained.
+        (Some(views), Some(me)) => {
+            let me = me.clone();
+            shards::per_view(views, move |view: View| {
+                let me = me.clone();
+                let ours = move |event: &watcher::Event<ConsulBinding>| match event {
+                    watcher::Event::Apply(b) | watcher::Event::InitApply(b) => {
+                        view.owner(b.metadata.namespace.as_deref().unwrap_or_default()) == Some(me.as_str())
+                    }
+                    _ => true,
+                };
+                watcher(api.clone(), watcher::Config::default())
+                    .default_backoff()
+                    .try_filter(move |event| futures::future::ready(ours(event)))
+            })
+            .modify(compact)
+            .boxed()
+        }
+        _ => watcher(api, watcher::Config::default()).default_backoff().modify(compact).boxed(),
+    };
     let bindings = reflector::reflector(writer, events)
         .inspect_ok(move |event| match event {
             watcher::Event::Delete(binding) => forget.forget(&ObjectRef::from_obj(binding)),
@@ -326,6 +370,10 @@ async fn run_scope(
         // A new spec, or a checksum let through outside the rollout windows.
         .try_filter(move |binding| futures::future::ready(seen.states.spec_changed(binding)));
 
+    if let Some(shard) = ctx.shard.clone() {
+        let served = ctx.metrics.shard_bindings.get_or_create(&crate::metrics::ShardLabels { shard }).clone();
+        tokio::spawn(count_served(ctx.bindings.clone(), served));
+    }
     let stop = {
         let mut shutdown = shutdown.clone();
         async move {
@@ -369,6 +417,17 @@ async fn run_scope(
         warn!("express reconciles did not finish within {SHUTDOWN_GRACE:?} of shutdown; abandoning them");
     }
     Ok(())
+}
+
+/// Keeps `served` counting the bindings of `store`, as this scope's share of the gauge.
+async fn count_served(store: reflector::Store<ConsulBinding>, served: prometheus_client::metrics::gauge::Gauge) {
+    let mut counted = 0;
+    loop {
+        let now = store.state().len() as i64;
+        served.inc_by(now - counted);
+        counted = now;
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
 }
 
 /// How often each binding is looked at again, as a safety net: Consul, the workloads, the

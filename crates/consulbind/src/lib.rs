@@ -10,8 +10,8 @@
 //!   templates, report the status and events. Stamp and report are the only writes.
 //! - [`checksum`] is the keyed checksum of the content, and the Secret that holds its key.
 //!
-//! [`controller`] wires them together; [`lease`] elects a leader; [`admin`] serves health,
-//! metrics and the debug listing.
+//! [`controller`] wires them together; [`lease`] elects a leader, or [`shards`] shares the
+//! namespaces between replicas; [`admin`] serves health, metrics and the debug listing.
 
 pub mod admin;
 pub mod checksum;
@@ -26,6 +26,7 @@ pub mod probe;
 pub mod reconcile;
 #[cfg(test)]
 mod reference;
+pub mod shards;
 #[cfg(test)]
 mod sim;
 pub mod watches;
@@ -79,6 +80,8 @@ pub enum Error {
     Task(#[from] tokio::task::JoinError),
     #[error("the controller failed on this binding: {0}")]
     Panicked(String),
+    #[error(transparent)]
+    NotServed(#[from] shards::NotServed),
     #[error("a cache stopped before it was ready: {0}")]
     CacheStopped(#[from] kube::runtime::reflector::store::WriterDropped),
 }
@@ -97,6 +100,7 @@ impl Error {
             Error::Admin(_) => "admin_error",
             Error::Task(_) | Error::CacheStopped(_) => "task_error",
             Error::Panicked(_) => "panic",
+            Error::NotServed(_) => "not_served",
         }
     }
 }

@@ -34,6 +34,11 @@ pub struct WorkloadLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ShardLabels {
+    pub shard: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct NamespaceLabels {
     pub namespace: String,
 }
@@ -74,6 +79,7 @@ pub struct Metrics {
     pub change_to_rollout: Histogram,
     rollout_stages: Family<StageLabels, Histogram, fn() -> Histogram>,
     pub leader: Gauge,
+    pub shard_bindings: Family<ShardLabels, Gauge>,
     pub object_digests: Gauge,
     pub consul_entries: Gauge,
 }
@@ -97,6 +103,7 @@ impl Metrics {
             change_to_rollout: seconds(),
             rollout_stages: Family::new_with_constructor(fine_seconds as fn() -> Histogram),
             leader: Gauge::default(),
+            shard_bindings: Family::default(),
             object_digests: Gauge::default(),
             consul_entries: Gauge::default(),
         };
@@ -165,6 +172,11 @@ impl Metrics {
             metrics.rollout_stages.clone(),
         );
         r.register("leader", "1 when this replica holds the leader lease", metrics.leader.clone());
+        r.register(
+            "shard_bindings",
+            "With --sharding, the bindings this replica serves, labelled with its identity",
+            metrics.shard_bindings.clone(),
+        );
         metrics
     }
 
@@ -207,6 +219,7 @@ mod tests {
         metrics.consul_watch_groups_in_turns.get_or_create(&NamespaceLabels { namespace: namespace.clone() }).set(1);
         metrics.writes_held.get_or_create(&NamespaceLabels { namespace }).inc();
         metrics.bindings.get_or_create(&ReadyLabels { ready: "True" }).set(1);
+        metrics.shard_bindings.get_or_create(&ShardLabels { shard: String::new() }).set(1);
         let mut text = String::new();
         encode(&mut text, &registry).unwrap();
 

@@ -18,11 +18,16 @@ use std::{
 use consulbind_api::parse_rate;
 use tokio::{sync::oneshot, time::Instant};
 
-use crate::Lock;
+use crate::{
+    Lock,
+    shards::{Gate, NotServed, gate::Entry},
+};
 
 #[derive(Clone)]
 pub struct Writes {
     queue: Arc<Mutex<Queue>>,
+    /// A sharded replica's: each write goes ahead only in a namespace it serves.
+    gate: Option<Arc<Gate>>,
 }
 
 /// A namespace's write rate: at most `max` writes in any `per`, as `N/span` such as `100/1m`.
@@ -74,13 +79,14 @@ struct Queue {
 #[must_use]
 pub struct Permit {
     queue: Arc<Mutex<Queue>>,
+    _entry: Option<Entry>,
 }
 
 impl Writes {
-    pub fn new(slots: usize, rate: Option<Rate>) -> Self {
+    pub fn new(slots: usize, rate: Option<Rate>, gate: Option<Arc<Gate>>) -> Self {
         let queue =
             Queue { free: slots.max(1), rate, due: HashMap::new(), waiting: HashMap::new(), turns: VecDeque::new() };
-        Self { queue: Arc::new(Mutex::new(queue)) }
+        Self { queue: Arc::new(Mutex::new(queue)), gate }
     }
 
     /// The namespace's rate, if it has one.
@@ -97,18 +103,26 @@ impl Writes {
     }
 
     /// Waits for the namespace's rate, then for a slot, for a write in `namespace`.
-    pub async fn permit(&self, namespace: &str) -> Permit {
+    pub async fn permit(&self, namespace: &str) -> Result<Permit, NotServed> {
         let start = self.queue.locked().take_rate(namespace);
         if let Some(start) = start {
             tokio::time::sleep_until(start).await;
         }
-        self.slot(namespace).await
+        self.admit(self.slot(namespace).await, namespace)
     }
 
     /// A slot for the one write that tells a binding its namespace is over its rate: it takes
     /// none of the rate, or the namespace could never be told.
-    pub async fn notice(&self, namespace: &str) -> Permit {
-        self.slot(namespace).await
+    pub async fn notice(&self, namespace: &str) -> Result<Permit, NotServed> {
+        self.admit(self.slot(namespace).await, namespace)
+    }
+
+    /// Asks the gate last, once the write is about to go.
+    fn admit(&self, mut permit: Permit, namespace: &str) -> Result<Permit, NotServed> {
+        if let Some(gate) = &self.gate {
+            permit._entry = Some(gate.enter(namespace)?);
+        }
+        Ok(permit)
     }
 
     async fn slot(&self, namespace: &str) -> Permit {
@@ -116,7 +130,7 @@ impl Writes {
             let mut queue = self.queue.locked();
             if queue.free > 0 && queue.turns.is_empty() {
                 queue.free -= 1;
-                return Permit { queue: self.queue.clone() };
+                return Permit { queue: self.queue.clone(), _entry: None };
             }
             let (sender, receiver) = oneshot::channel();
             let waiting = queue.waiting.entry(namespace.to_owned()).or_default();
@@ -129,7 +143,7 @@ impl Writes {
         let mut waiting = Waiting { receiver, queue: self.queue.clone() };
         // The sender is only dropped after a slot was handed over, or with the queue.
         let _ = (&mut waiting.receiver).await;
-        Permit { queue: self.queue.clone() }
+        Permit { queue: self.queue.clone(), _entry: None }
     }
 
     /// Writes waiting for a slot.
@@ -198,8 +212,12 @@ mod tests {
 
     #[tokio::test]
     async fn a_namespace_alone_uses_every_slot() {
-        let writes = Writes::new(3, None);
-        let permits = [writes.permit("a").await, writes.permit("a").await, writes.permit("a").await];
+        let writes = Writes::new(3, None, None);
+        let permits = [
+            writes.permit("a").await.expect("no gate"),
+            writes.permit("a").await.expect("no gate"),
+            writes.permit("a").await.expect("no gate"),
+        ];
         assert_eq!(writes.queue.locked().free, 0);
         drop(permits);
         assert_eq!(writes.queue.locked().free, 3);
@@ -207,15 +225,15 @@ mod tests {
 
     #[tokio::test]
     async fn waiting_namespaces_take_freed_slots_in_turn_whatever_they_queued() {
-        let writes = Writes::new(1, None);
-        let first = writes.permit("flood").await;
+        let writes = Writes::new(1, None, None);
+        let first = writes.permit("flood").await.expect("no gate");
         let order = Arc::new(Mutex::new(Vec::new()));
         let mut tasks = Vec::new();
         // The flooding namespace queues ten writes before the quiet one queues its one.
         for (i, namespace) in std::iter::repeat_n("flood", 10).chain(["quiet"]).enumerate() {
             let (queued, order) = (writes.clone(), order.clone());
             tasks.push(tokio::spawn(async move {
-                let _permit = queued.permit(namespace).await;
+                let _permit = queued.permit(namespace).await.expect("no gate");
                 order.locked().push(namespace);
                 tokio::task::yield_now().await;
             }));
@@ -238,11 +256,11 @@ mod tests {
 
     #[tokio::test]
     async fn a_waiter_that_goes_away_takes_no_slot() {
-        let writes = Writes::new(1, None);
-        let held = writes.permit("a").await;
+        let writes = Writes::new(1, None, None);
+        let held = writes.permit("a").await.expect("no gate");
         let gone = tokio::spawn({
             let writes = writes.clone();
-            async move { writes.permit("b").await }
+            async move { writes.permit("b").await.expect("no gate") }
         });
         while writes.waiting() < 1 {
             tokio::task::yield_now().await;
@@ -251,24 +269,24 @@ mod tests {
         let _ = gone.await;
         drop(held);
         assert_eq!(writes.queue.locked().free, 1, "the slot came back");
-        let _again = writes.permit("c").await;
+        let _again = writes.permit("c").await.expect("no gate");
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_namespace_writes_its_burst_then_at_its_rate_and_others_are_not_held() {
         let rate = Rate::parse("3/3s").unwrap();
-        let writes = Writes::new(8, Some(rate));
+        let writes = Writes::new(8, Some(rate), None);
         let start = Instant::now();
         for _ in 0..3 {
-            drop(writes.permit("flood").await);
+            drop(writes.permit("flood").await.expect("no gate"));
         }
         assert_eq!(start.elapsed(), Duration::ZERO, "the burst goes at once");
         let free = writes.held("flood").expect("over its rate after its burst");
         assert_eq!(free - start, Duration::from_secs(1));
         assert_eq!(writes.held("quiet"), None, "another namespace has its own rate");
-        drop(writes.notice("flood").await);
+        drop(writes.notice("flood").await.expect("no gate"));
         assert_eq!(writes.held("flood"), Some(free), "the notice takes none of the rate");
-        drop(writes.permit("flood").await);
+        drop(writes.permit("flood").await.expect("no gate"));
         assert_eq!(start.elapsed(), Duration::from_secs(1), "the next write waits its turn");
         tokio::time::advance(Duration::from_secs(3)).await;
         assert_eq!(writes.held("flood"), None, "the rate refills");
@@ -284,9 +302,9 @@ mod tests {
 
     #[tokio::test]
     async fn without_a_rate_nothing_is_held() {
-        let writes = Writes::new(1, None);
+        let writes = Writes::new(1, None, None);
         for _ in 0..100 {
-            drop(writes.permit("a").await);
+            drop(writes.permit("a").await.expect("no gate"));
         }
         assert_eq!(writes.held("a"), None);
     }

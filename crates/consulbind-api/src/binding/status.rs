@@ -68,6 +68,10 @@ pub struct ConsulBindingStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dry_run: Option<DryRunStatus>,
 
+    /// With `--sharding`, the replica that serves the binding (its Lease's holder identity).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<String>,
+
     /// `Ready`, `ConsulSynced` and `TargetsUpdated`, each with a reason and message.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,

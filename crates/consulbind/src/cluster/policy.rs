@@ -2,6 +2,8 @@
 //! it on the namespace (an annotation tenants cannot edit) or for every namespace with a flag;
 //! with neither, a binding needs a token of its own.
 
+use std::collections::BTreeMap;
+
 use consulbind_api::ConsulBindingSpec;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Namespace;
@@ -14,6 +16,8 @@ use kube::{
         watcher::{self, watcher},
     },
 };
+
+use crate::shards::PIN_ANNOTATION;
 
 /// The namespace annotation that lists the key prefixes the default token may read there.
 pub const PREFIXES_ANNOTATION: &str = "consulbind.dev/default-token-prefixes";
@@ -90,6 +94,15 @@ impl Policy {
         self.namespaces.wait_until_ready().await
     }
 
+    /// The namespaces pinned to a shard, and the replica each is pinned to.
+    pub fn pins(&self) -> BTreeMap<String, String> {
+        self.namespaces
+            .state()
+            .iter()
+            .filter_map(|ns| Some((ns.name_any(), ns.annotations().get(PIN_ANNOTATION)?.clone())))
+            .collect()
+    }
+
     /// Whether the default token may read every key of `spec` for a binding in `namespace`,
     /// and if not, what a person should do about it.
     pub fn check(&self, namespace: &str, spec: &ConsulBindingSpec) -> Result<(), String> {
@@ -146,11 +159,13 @@ fn check(allowed: &Allowed, origin: Origin, namespace: &str, spec: &ConsulBindin
     ))
 }
 
-/// Keeps only the rule: other annotations (kubectl's last-applied copy among them), labels and
+/// Keeps only the rule and the shard pin: other annotations (kubectl's last-applied copy among them), labels and
 /// managed fields are most of a namespace's size.
 fn keep_rule(ns: &mut PartialObjectMeta<Namespace>) {
-    let rule = ns.metadata.annotations.as_mut().and_then(|a| a.remove(PREFIXES_ANNOTATION));
-    ns.metadata.annotations = rule.map(|rule| [(PREFIXES_ANNOTATION.to_owned(), rule)].into());
+    let annotations = ns.metadata.annotations.take().unwrap_or_default();
+    let kept: BTreeMap<String, String> =
+        annotations.into_iter().filter(|(k, _)| k == PREFIXES_ANNOTATION || k == PIN_ANNOTATION).collect();
+    ns.metadata.annotations = (!kept.is_empty()).then_some(kept);
     ns.metadata.labels = None;
     ns.metadata.managed_fields = None;
     ns.metadata.owner_references = None;

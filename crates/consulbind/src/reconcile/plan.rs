@@ -467,6 +467,25 @@ mod tests {
         }
     }
 
+    /// A row names its workload's uid, so that a workload made again under the same name is not
+    /// judged by the row of the one deleted; a cache without a uid leaves the row without one.
+    #[test]
+    fn a_row_carries_its_workloads_uid() {
+        let spec = spec(false);
+        let found = web();
+        let entries = entry("v1");
+        let previous = ConsulBindingStatus::default();
+        let uids = |uid: &str| -> BTreeMap<Workload, Version> {
+            [(found[0].clone(), Version { uid: uid.into(), generation: 1 })].into()
+        };
+        let versions = uids("u-1");
+        let (_, status) = plan_and_status(&Input { versions: &versions, ..input(&spec, &previous, &entries, &found) });
+        assert_eq!(status.targets[0].uid.as_deref(), Some("u-1"));
+        let versions = uids("");
+        let (_, status) = plan_and_status(&Input { versions: &versions, ..input(&spec, &previous, &entries, &found) });
+        assert_eq!(status.targets[0].uid, None);
+    }
+
     /// Any spec the API server accepts and any order of events, with windows past what
     /// validation allows: the plan and the debounce never panic, roll only found workloads,
     /// and roll nothing in a dry run.

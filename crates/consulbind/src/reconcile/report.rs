@@ -14,7 +14,7 @@ use kube::{
     runtime::events::{EventType, Reporter},
 };
 use serde_json::json;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::{context::Context, input::Outcome, read::latest_change, status};
 use crate::{
@@ -34,6 +34,15 @@ pub async fn status(
     status: &ConsulBindingStatus,
 ) -> Result<(), Error> {
     let oref = binding_ref(binding);
+    // The replica that serves the binding, written with the first status after a handover.
+    let sharded;
+    let status = match &ctx.shard {
+        Some(me) if status.shard.as_ref() != Some(me) => {
+            sharded = ConsulBindingStatus { shard: Some(me.clone()), ..status.clone() };
+            &sharded
+        }
+        _ => status,
+    };
     let ready = |s: &ConsulBindingStatus| s.conditions.iter().find(|c| c.type_ == conditions::READY).cloned();
     let (old, new) = (ready(previous), ready(status));
     if let Some(new) = &new {
@@ -69,7 +78,7 @@ pub async fn status(
     let slot = match ready(status).is_some_and(|c| c.reason == conditions::reason::WRITE_LIMITED) {
         true => ctx.writes.notice(&namespace).await,
         false => ctx.writes.permit(&namespace).await,
-    };
+    }?;
     api.patch_status(&binding.name_any(), &params, &Patch::<()>::Json(patch)).await.map_err(Error::Status)?;
     drop(slot);
     ctx.states.wrote_status(&oref, uid, status);
@@ -208,9 +217,13 @@ pub fn publish(ctx: &Context, reference: ObjectReference, type_: EventType, reas
     let (writes, namespace) = (ctx.writes.clone(), reference_namespace(&event));
     let notice = reason == conditions::reason::WRITE_LIMITED;
     tokio::spawn(async move {
-        let _slot = match notice {
+        let slot = match notice {
             true => writes.notice(&namespace).await,
             false => writes.permit(&namespace).await,
+        };
+        let _slot = match slot {
+            Ok(slot) => slot,
+            Err(error) => return debug!(%error, reason, "event not recorded"),
         };
         if let Err(error) = api.create(&PostParams::default(), &event).await {
             warn!(%error, reason, "could not record event");

@@ -64,7 +64,7 @@ pub async fn stamp_all(
             let (result, carried) = ctx
                 .desk
                 .run(turn, |stamps| async move {
-                    let _slot = ctx.writes.permit(namespace).await;
+                    let _slot = ctx.writes.permit(namespace).await.map_err(|e| e.to_string())?;
                     let api_version = ctx.workloads.api_version(target.0);
                     write(&ctx.client, namespace, target, api_version, uid, stamps).await
                 })

@@ -114,6 +114,8 @@ pub fn status(input: &Input<'_>, plan: &Plan, outcome: &Outcome, now: &Time) -> 
         last_sync_time: if desired.is_some() { Some(now.clone()) } else { previous.last_sync_time.clone() },
         last_change_time: if changed { Some(now.clone()) } else { previous.last_change_time.clone() },
         observed_spec: Some(loss::spec_digest(input.spec)),
+        // Named where the status is written, by the replica that writes it.
+        shard: None,
         former_targets: carried::former(previous, input.found),
         rollout: match &plan.staged {
             _ if input.staging.is_none() => None,

@@ -23,6 +23,7 @@ mod events;
 mod keys;
 mod objects;
 mod port;
+mod shards;
 mod shared;
 pub mod waves;
 
