@@ -15,6 +15,7 @@ mod rbac;
 mod relist;
 mod rollouts;
 mod scale;
+mod shards;
 mod sources;
 mod support;
 mod tenant;

@@ -443,6 +443,11 @@ impl Controller {
         body.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
     }
 
+    /// Waits for the process to exit by itself.
+    pub async fn wait_exit(mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        tokio::time::timeout(within, self.child.wait()).await.ok()?.ok()
+    }
+
     /// SIGTERM, and wait for a prompt exit.
     pub async fn stop(mut self) {
         if let Some(pid) = self.child.id() {
