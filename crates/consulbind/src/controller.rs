@@ -102,6 +102,17 @@ pub async fn run(config: Config, shutdown: signal::Receiver<bool>) -> Result<(),
         let pins = move || policies.locked().iter().flat_map(Policy::pins).collect();
         shards::join(&client, settings, pins, shutdown.clone())
     });
+    if let Some(shards) = &shards {
+        let (mut views, metrics) = (shards.views.clone(), metrics.clone());
+        tokio::spawn(async move {
+            loop {
+                metrics.leader.set(i64::from(views.borrow_and_update().is_some()));
+                if views.changed().await.is_err() {
+                    break;
+                }
+            }
+        });
+    }
     let writes = crate::writes::Writes::new(
         usize::from(config.max_concurrent_writes),
         config.namespace_write_limit,

@@ -171,7 +171,11 @@ impl Metrics {
              reconcile_to_patch (reconcile start to the first patch sent) and patch (one workload patch)",
             metrics.rollout_stages.clone(),
         );
-        r.register("leader", "1 when this replica holds the leader lease", metrics.leader.clone());
+        r.register(
+            "leader",
+            "1 when this replica acts: it holds the leader lease, or with --sharding serves its share of the ring",
+            metrics.leader.clone(),
+        );
         r.register(
             "shard_bindings",
             "With --sharding, the bindings this replica serves, labelled with its identity",

@@ -52,6 +52,8 @@ const FLAGS: &[(&str, &str, &str)] = &[
     ("leaderElection.leaseName", "CONSULBIND_LEASE_NAME", "other-lease"),
     ("leaderElection.leaseDuration", "CONSULBIND_LEASE_DURATION", "30s"),
     ("leaderElection.leaseRenew", "CONSULBIND_LEASE_RENEW", "10s"),
+    ("sharding.enabled", "CONSULBIND_SHARDING", "true"),
+    ("sharding.ring", "CONSULBIND_SHARD_RING", "other-ring"),
     ("namespaces", "CONSULBIND_NAMESPACES", "{team-a,team-b}"),
     ("metrics.port", "CONSULBIND_ADMIN_ADDR", "9090"),
 ];
