@@ -150,6 +150,20 @@ enum Bench {
         #[arg(long, default_value_t = 200)]
         burst: usize,
     },
+    /// The same bindings served by one sharded replica, then by three: change-to-rollout latency,
+    /// memory per replica, the ring's shares, and a handover under load (a replica SIGKILLed while
+    /// each of its bindings changes).
+    Shards {
+        /// Bindings, each with a key and a Deployment of its own.
+        #[arg(long, default_value_t = 3000)]
+        bindings: usize,
+        /// Namespaces the bindings are dealt round.
+        #[arg(long, default_value_t = 30)]
+        namespaces: usize,
+        /// Consul writes per run, one at a time.
+        #[arg(long, default_value_t = 100)]
+        changes: usize,
+    },
     /// One binding of large values: the controller's resident memory before it, once it is
     /// Ready, and after each change.
     Big {
@@ -337,6 +351,9 @@ fn run(command: Command) -> Result<()> {
                 &env,
                 bench::flood::Sizes { bindings, every, changes, write_limit: namespace_write_limit },
             )
+        }
+        Command::Bench { bench: Bench::Shards { bindings, namespaces, changes } } => {
+            bench::shards::run(&env, bench::shards::Sizes { bindings, namespaces, changes })
         }
         Command::Bench { bench: Bench::Rollout { bindings, rounds } } => bench::rollout::run(&env, bindings, rounds),
         Command::Bench { bench: Bench::Anchor { bindings, changes, rounds, gap_ms } } => {

@@ -37,7 +37,7 @@ use crate::{
     lease,
     metrics::Metrics,
     reconcile::{self, Context, desk::Desk, state::States},
-    shards::{self, View},
+    shards::{self, Served, View},
     watches::{Limits, Wake, Watches},
 };
 
@@ -304,7 +304,7 @@ async fn run_scope(
         impl futures::Stream<Item = String> + Send + 'static,
     >,
     ctx: Arc<Context>,
-    views: Option<signal::Receiver<Option<View>>>,
+    views: Option<signal::Receiver<Option<Served>>>,
     mut shutdown: signal::Receiver<bool>,
 ) -> Result<(), Error> {
     let Scope { name: scope, writer, touched, secrets_touched, objects_touched, namespaces_touched, wakes, ready } =
@@ -335,7 +335,12 @@ async fn run_scope(
     let drain = ctx.clone();
     let not_found = ctx.clone();
     let store = reader.clone();
+    let listed_scope = scope.clone();
     let in_scope = move |b: &BindingRef| scope.is_none() || b.namespace == scope;
+    let in_this_scope = in_scope.clone();
+    // The view whose list is under way, told to the gate once it is done.
+    let listing: Arc<Mutex<Option<View>>> = Arc::default();
+    let (listing_view, relisting) = (listing.clone(), ctx.clone());
     // kubectl's last-applied copy, the managed fields and the status are most of a binding's
     // size; of the annotations, the controller reads one. The status moves to the binding's
     // record, compact.
@@ -351,13 +356,16 @@ async fn run_scope(
     let events = match (views, &ctx.shard) {
         // A sharded replica lists the bindings again for each view it serves, and keeps those
         // of its namespaces: the fresh list drops the rest, and gives the status of those gained.
-        (Some(views), Some(me)) => {
-            let me = me.clone();
-            shards::per_view(views, move |view: View| {
-                let me = me.clone();
+        (Some(views), Some(_)) => {
+            shards::per_view(views, move |served: Served| {
+                // What this replica holds of a namespace another may have served meanwhile is
+                // stale: it goes, and the list gives it again from the status.
+                let namespace = |b: &BindingRef| b.namespace.clone().unwrap_or_default();
+                relisting.retain(|b| !in_this_scope(b) || served.continues(&namespace(b)));
+                *listing_view.locked() = Some(served.view.clone());
                 let ours = move |event: &watcher::Event<ConsulBinding>| match event {
                     watcher::Event::Apply(b) | watcher::Event::InitApply(b) => {
-                        view.owner(b.metadata.namespace.as_deref().unwrap_or_default()) == Some(me.as_str())
+                        served.owns(b.metadata.namespace.as_deref().unwrap_or_default())
                     }
                     _ => true,
                 };
@@ -370,14 +378,21 @@ async fn run_scope(
         }
         _ => watcher(api, watcher::Config::default()).default_backoff().modify(compact).boxed(),
     };
+    let mut listed = Listed { store: reader.clone(), pending: Vec::new() };
     let bindings = reflector::reflector(writer, events)
         .inspect_ok(move |event| match event {
             watcher::Event::Delete(binding) => forget.forget(&ObjectRef::from_obj(binding)),
             // A relist can hide deletions; drop whatever the fresh list no longer has.
-            watcher::Event::InitDone => forget.retain(|b| !in_scope(b) || store.get(b).is_some()),
+            watcher::Event::InitDone => {
+                forget.retain(|b| !in_scope(b) || store.get(b).is_some());
+                if let (Some(gate), Some(view)) = (forget.writes.gate(), listing.locked().as_ref()) {
+                    gate.listed(view, listed_scope.as_deref());
+                }
+            }
             _ => {}
         })
-        .applied_objects()
+        .map_ok(move |event| futures::stream::iter(listed.objects(event).into_iter().map(Ok)))
+        .try_flatten()
         // A new spec, or a checksum let through outside the rollout windows.
         .try_filter(move |binding| futures::future::ready(seen.states.spec_changed(binding)));
 
@@ -430,6 +445,35 @@ async fn run_scope(
     Ok(())
 }
 
+/// The bindings each watch event brings to the controller. Those of a list come once it is done,
+/// when the store holds them: a reconcile of one the store does not hold yet would find nothing,
+/// and a binding gained by a sharded replica, or made during a relist, would wait for the resync.
+struct Listed {
+    store: reflector::Store<ConsulBinding>,
+    pending: Vec<BindingRef>,
+}
+
+impl Listed {
+    fn objects(&mut self, event: watcher::Event<ConsulBinding>) -> Vec<ConsulBinding> {
+        match event {
+            watcher::Event::Apply(binding) => vec![binding],
+            watcher::Event::Init => {
+                self.pending.clear();
+                Vec::new()
+            }
+            watcher::Event::InitApply(binding) => {
+                self.pending.push(crate::binding_ref(&binding));
+                Vec::new()
+            }
+            watcher::Event::InitDone => {
+                let pending = std::mem::take(&mut self.pending);
+                pending.iter().filter_map(|b| self.store.get(b)).map(|b| (*b).clone()).collect()
+            }
+            watcher::Event::Delete(_) => Vec::new(),
+        }
+    }
+}
+
 /// Keeps `served` counting the bindings of `store`, as this scope's share of the gauge.
 async fn count_served(store: reflector::Store<ConsulBinding>, served: prometheus_client::metrics::gauge::Gauge) {
     let mut counted = 0;
@@ -437,7 +481,7 @@ async fn count_served(store: reflector::Store<ConsulBinding>, served: prometheus
         let now = store.state().len() as i64;
         served.inc_by(now - counted);
         counted = now;
-        tokio::time::sleep(Duration::from_secs(5)).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
 
@@ -482,12 +526,35 @@ fn resync_tick(namespace: Option<&str>, name: &str, ticks: u64) -> u64 {
 
 #[cfg(test)]
 mod tests {
+    use kube::ResourceExt;
+
     use super::*;
 
     fn binding(name: &str) -> ConsulBinding {
         let mut binding = ConsulBinding::new(name, Default::default());
         binding.metadata.namespace = Some("team".into());
         binding
+    }
+
+    /// A list's bindings reach the controller once the store holds them, in time to be found.
+    #[test]
+    fn the_bindings_of_a_list_come_once_the_store_holds_them() {
+        let (store, mut writer) = reflector::store::<ConsulBinding>();
+        let mut listed = Listed { store: store.clone(), pending: Vec::new() };
+        let names = |bindings: Vec<ConsulBinding>| bindings.iter().map(|b| b.name_any()).collect::<Vec<_>>();
+        for event in
+            [watcher::Event::Init, watcher::Event::InitApply(binding("a")), watcher::Event::InitApply(binding("b"))]
+        {
+            writer.apply_watcher_event(&event);
+            assert!(listed.objects(event).is_empty(), "before the list is done");
+        }
+        assert!(store.get(&ObjectRef::new("a").within("team")).is_none());
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        assert_eq!(names(listed.objects(watcher::Event::InitDone)), ["a", "b"]);
+        assert!(store.get(&ObjectRef::new("a").within("team")).is_some());
+        let apply = watcher::Event::Apply(binding("c"));
+        writer.apply_watcher_event(&apply);
+        assert_eq!(names(listed.objects(apply)), ["c"], "a watch event comes at once");
     }
 
     #[tokio::test(start_paused = true)]

@@ -89,6 +89,11 @@ impl Writes {
         Self { queue: Arc::new(Mutex::new(queue)), gate }
     }
 
+    /// A sharded replica's gate.
+    pub fn gate(&self) -> Option<&Arc<Gate>> {
+        self.gate.as_ref()
+    }
+
     /// The namespace's rate, if it has one.
     pub fn rate(&self) -> Option<Rate> {
         self.queue.locked().rate

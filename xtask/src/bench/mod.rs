@@ -9,4 +9,5 @@ pub mod objects;
 pub mod overlap;
 pub mod rollout;
 pub mod scale;
+pub mod shards;
 pub mod tenants;

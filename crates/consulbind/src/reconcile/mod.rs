@@ -39,6 +39,8 @@ use tracing::{debug, error, warn};
 pub use self::context::Context;
 use crate::{BindingRef, Error, binding_ref};
 
+/// How soon a sharded replica looks again at a binding it does not serve yet.
+const SHARD_WAIT: Duration = Duration::from_secs(1);
 /// How soon a binding that is not healthy is looked at again.
 const RETRY: Duration = Duration::from_secs(15);
 
@@ -74,6 +76,13 @@ pub fn error_policy(binding: Arc<ConsulBinding>, error: &Error, _ctx: Arc<Contex
 /// A reconcile by a caller that holds the binding's running mark. A panic ends this reconcile
 /// only: the binding says so, and is retried like any failure.
 async fn reconcile_marked(binding: Arc<ConsulBinding>, ctx: &Context) -> Result<Action, Error> {
+    // A sharded replica leaves alone a binding of a namespace it does not serve, or whose fresh
+    // list is still under way: it reads, decides and writes nothing of it.
+    if let Some(gate) = ctx.writes.gate()
+        && !gate.ready(binding.metadata.namespace.as_deref().unwrap_or_default())
+    {
+        return Ok(Action::requeue(SHARD_WAIT));
+    }
     let started = std::time::Instant::now();
     let result = match AssertUnwindSafe(reconcile_binding(&binding, ctx)).catch_unwind().await {
         Ok(result) => result,

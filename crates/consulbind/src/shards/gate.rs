@@ -1,16 +1,19 @@
 //! Every write of a sharded replica passes here: it goes ahead only for a namespace of the view
 //! the replica serves, and only while the replica's Lease is fresh. A drain waits for the
 //! writes let through, so that the next view is shown only once they are done.
+//!
+//! A namespace gained (or regained after another replica may have served it) is held until the
+//! bindings are listed afresh: until then what the replica holds of them is not their status.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     sync::{Arc, Mutex},
     time::Duration,
 };
 
 use tokio::{sync::Notify, time::Instant};
 
-use super::ring::View;
+use super::ring::{Served, View};
 use crate::Lock;
 
 pub struct Gate {
@@ -24,9 +27,12 @@ pub struct Gate {
 
 #[derive(Default)]
 struct State {
-    serving: Option<View>,
-    /// Whether each namespace asked about is this replica's in `serving`.
+    serving: Option<Served>,
+    /// Whether each namespace asked about is this replica's in `serving`, and ready.
     ours: HashMap<String, bool>,
+    /// The bindings were listed afresh since `serving` began: every namespace, or these.
+    listed_all: bool,
+    listed: HashSet<String>,
     renewed: Option<Instant>,
     in_flight: usize,
 }
@@ -57,12 +63,14 @@ impl Drop for Entry {
 }
 
 impl State {
-    fn ours(&mut self, me: &str, namespace: &str) -> bool {
-        let Some(view) = &self.serving else { return false };
+    /// Whether `namespace` is this replica's now, and its bindings' records are true.
+    fn ours(&mut self, namespace: &str) -> bool {
+        let Some(served) = &self.serving else { return false };
         if let Some(ours) = self.ours.get(namespace) {
             return *ours;
         }
-        let ours = view.owner(namespace) == Some(me);
+        let listed = self.listed_all || self.listed.contains(namespace);
+        let ours = served.owns(namespace) && (listed || served.continues(namespace));
         self.ours.insert(namespace.to_owned(), ours);
         ours
     }
@@ -83,7 +91,7 @@ impl Gate {
         if state.renewed.is_none_or(|at| at.elapsed() >= self.fence) {
             return Err(NotServed::Late);
         }
-        if !state.ours(&self.me, namespace) {
+        if !state.ours(namespace) {
             return Err(NotServed::Elsewhere(namespace.to_owned()));
         }
         state.in_flight += 1;
@@ -96,9 +104,28 @@ impl Gate {
         state.renewed = Some(state.renewed.map_or(at, |last| last.max(at)));
     }
 
-    pub fn serve(&self, view: View) {
+    pub fn serve(&self, served: Served) {
         let mut state = self.state.locked();
-        state.serving = Some(view);
+        *state =
+            State { serving: Some(served), in_flight: state.in_flight, renewed: state.renewed, ..State::default() };
+    }
+
+    /// Whether a reconcile of a binding in `namespace` may go on: it is this replica's, and what
+    /// the replica holds of it is true. Otherwise it waits, reading and deciding nothing.
+    pub fn ready(&self, namespace: &str) -> bool {
+        self.state.locked().ours(namespace)
+    }
+
+    /// The bindings of `scope` (every namespace when `None`) were listed afresh for `view`.
+    pub fn listed(&self, view: &View, scope: Option<&str>) {
+        let mut state = self.state.locked();
+        if state.serving.as_ref().is_none_or(|s| s.view != *view) {
+            return;
+        }
+        match scope {
+            None => state.listed_all = true,
+            Some(namespace) => drop(state.listed.insert(namespace.to_owned())),
+        }
         state.ours.clear();
     }
 
@@ -108,6 +135,8 @@ impl Gate {
             let mut state = self.state.locked();
             state.serving = None;
             state.ours.clear();
+            state.listed_all = false;
+            state.listed.clear();
         }
         loop {
             let idle = self.idle.notified();
@@ -129,16 +158,22 @@ mod tests {
         View::new(members.iter().map(|m| (m.to_string(), 0)), Default::default())
     }
 
+    /// `view` served by a, its bindings listed afresh.
+    fn listed(gate: &Gate, members: &[&str]) {
+        gate.serve(Served::new(view(members), "a", Vec::new()));
+        gate.listed(&view(members), None);
+    }
+
     #[tokio::test(start_paused = true)]
     async fn writes_go_ahead_only_for_served_namespaces_while_the_lease_is_fresh() {
         let gate = Gate::new("a".into(), Duration::from_secs(15));
-        gate.serve(view(&["a"]));
+        listed(&gate, &["a"]);
         assert_eq!(gate.enter("team").err(), Some(NotServed::Late), "never renewed");
         gate.renewed(Instant::now());
         assert!(gate.enter("team").is_ok());
-        gate.serve(view(&["b"]));
+        listed(&gate, &["b"]);
         assert_eq!(gate.enter("team").err(), Some(NotServed::Elsewhere("team".into())));
-        gate.serve(view(&["a"]));
+        listed(&gate, &["a"]);
         tokio::time::advance(Duration::from_secs(10)).await;
         assert_eq!(gate.enter("team").err(), Some(NotServed::Late), "fenced at two thirds of the lease");
         gate.renewed(Instant::now() - Duration::from_secs(20));
@@ -146,10 +181,28 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_namespace_gained_waits_until_its_bindings_are_listed_afresh_and_one_kept_does_not() {
+        let gate = Gate::new("a".into(), Duration::from_secs(15));
+        gate.renewed(Instant::now());
+        let (before, after) = (view(&["a", "b"]), view(&["a"]));
+        let kept = (0..50).map(|i| format!("team-{i}")).find(|ns| before.owner(ns) == Some("a")).unwrap();
+        let gained = (0..50).map(|i| format!("team-{i}")).find(|ns| before.owner(ns) == Some("b")).unwrap();
+        gate.serve(Served::new(after.clone(), "a", vec![before]));
+        assert!(gate.ready(&kept) && gate.enter(&kept).is_ok());
+        assert!(!gate.ready(&gained) && gate.enter(&gained).is_err());
+        gate.listed(&view(&["a", "c"]), None);
+        assert!(!gate.ready(&gained), "a list for another view counts for nothing");
+        gate.listed(&after, Some(&kept));
+        assert!(!gate.ready(&gained), "nor one of another namespace");
+        gate.listed(&after, Some(&gained));
+        assert!(gate.ready(&gained) && gate.enter(&gained).is_ok());
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_drain_refuses_new_writes_and_waits_for_those_let_through() {
         let gate = Gate::new("a".into(), Duration::from_secs(15));
         gate.renewed(Instant::now());
-        gate.serve(view(&["a"]));
+        listed(&gate, &["a"]);
         let entry = gate.enter("team").expect("served");
         let draining = tokio::spawn({
             let gate = gate.clone();

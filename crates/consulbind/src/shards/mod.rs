@@ -27,7 +27,7 @@ use tracing::{error, info, warn};
 use self::ring::{Ring, Seen, Step};
 pub use self::{
     gate::{Gate, NotServed},
-    ring::View,
+    ring::{Served, View},
 };
 
 /// The label that names a Lease's ring: `kubectl get leases -l consulbind.dev/ring`.
@@ -43,7 +43,7 @@ const LOOK: Duration = Duration::from_secs(1);
 #[derive(Clone)]
 pub struct Shards {
     pub gate: Arc<Gate>,
-    pub views: watch::Receiver<Option<View>>,
+    pub views: watch::Receiver<Option<Served>>,
 }
 
 /// Where the ring's Leases are and how long each lasts.
@@ -72,11 +72,11 @@ pub fn join(
 
 /// The stream `make` gives for the view served, made again whenever another is served. Between
 /// views (a drain) the last goes on: its writes are held at the gate.
-pub fn per_view<S, F>(views: watch::Receiver<Option<View>>, make: F) -> impl Stream<Item = S::Item> + Send
+pub fn per_view<S, F>(views: watch::Receiver<Option<Served>>, make: F) -> impl Stream<Item = S::Item> + Send
 where
     S: Stream + Send + 'static,
     S::Item: Send,
-    F: Fn(View) -> S + Send + Sync + 'static,
+    F: Fn(Served) -> S + Send + Sync + 'static,
 {
     let make = Arc::new(make);
     futures::stream::unfold((views, None::<Pin<Box<S>>>), move |(mut views, mut current)| {
@@ -109,7 +109,7 @@ async fn run(
     api: Api<Lease>,
     settings: Settings,
     gate: Arc<Gate>,
-    views: watch::Sender<Option<View>>,
+    views: watch::Sender<Option<Served>>,
     pins: impl Fn() -> BTreeMap<String, String>,
     mut shutdown: watch::Receiver<bool>,
 ) {
@@ -175,7 +175,7 @@ pub struct Replica {
     ring: Option<Ring>,
     incarnation: i32,
     gate: Arc<Gate>,
-    views: watch::Sender<Option<View>>,
+    views: watch::Sender<Option<Served>>,
     /// The digest this replica's Lease is to show.
     shown: Option<String>,
     last_sent: Option<Instant>,
@@ -184,7 +184,7 @@ pub struct Replica {
 }
 
 impl Replica {
-    pub fn new(settings: Settings, gate: Arc<Gate>, views: watch::Sender<Option<View>>) -> Self {
+    pub fn new(settings: Settings, gate: Arc<Gate>, views: watch::Sender<Option<Served>>) -> Self {
         let name = lease_name(&settings.ring, &settings.identity);
         let last_renewed = Instant::now();
         let wall = Box::new(Timestamp::now);
@@ -257,10 +257,11 @@ impl Replica {
                         Err(error) => warn!(%error, "could not renew this replica's shard Lease"),
                     }
                 }
-                if let Step::Serve(view) = step {
-                    info!(members = ?view.members().collect::<Vec<_>>(), "every replica agrees on the shard ring; serving its share");
-                    self.gate.serve(view.clone());
-                    let _ = self.views.send(Some(view));
+                if let Step::Serve(served) = step {
+                    let members: Vec<&str> = served.view.members().collect();
+                    info!(?members, "every replica agrees on the shard ring; serving its share");
+                    self.gate.serve(served.clone());
+                    let _ = self.views.send(Some(served));
                 }
             }
         }

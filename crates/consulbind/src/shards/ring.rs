@@ -90,6 +90,33 @@ pub struct Seen {
     pub view: Option<String>,
 }
 
+/// A view served, and whether each namespace was this replica's throughout since it last served.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Served {
+    pub view: View,
+    me: String,
+    /// The view served before, and each view shown since: while they were shown, another replica
+    /// may have served a namespace that any of them gave to it.
+    between: Vec<View>,
+}
+
+impl Served {
+    /// Whether `namespace` stayed this replica's, so that what it holds of it is still true; a
+    /// namespace gained or regained starts from its bindings' status, listed afresh.
+    pub fn continues(&self, namespace: &str) -> bool {
+        !self.between.is_empty() && self.between.iter().all(|v| v.owner(namespace) == Some(self.me.as_str()))
+    }
+
+    #[cfg(test)]
+    pub fn new(view: View, me: &str, between: Vec<View>) -> Self {
+        Self { view, me: me.into(), between }
+    }
+
+    pub fn owns(&self, namespace: &str) -> bool {
+        self.view.owner(namespace) == Some(self.me.as_str())
+    }
+}
+
 /// What to do after a look at the Leases.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Step {
@@ -99,7 +126,7 @@ pub enum Step {
     /// `digest` on this replica's Lease.
     Publish { drain: bool, digest: String },
     /// Every live replica shows this replica's view: serve it.
-    Serve(View),
+    Serve(Served),
 }
 
 /// One replica's side of the ring.
@@ -112,11 +139,14 @@ pub struct Ring {
     /// The digest this replica's Lease shows, once written.
     published: Option<String>,
     serving: Option<View>,
+    /// The view served last, and every view shown since, while serving none; empty before the
+    /// first view served.
+    between: Vec<View>,
 }
 
 impl Ring {
     pub fn new(me: String, incarnation: i32) -> Self {
-        Self { me, incarnation, heard: HashMap::new(), published: None, serving: None }
+        Self { me, incarnation, heard: HashMap::new(), published: None, serving: None, between: Vec::new() }
     }
 
     pub fn serving(&self) -> Option<&View> {
@@ -155,13 +185,20 @@ impl Ring {
         let view = View::new(live.iter().map(|(m, _)| m.clone()).chain([(self.me.clone(), self.incarnation)]), pins);
         let digest = view.digest();
         if self.published.as_ref() != Some(&digest) {
-            let drain = self.serving.take().is_some();
+            let served = self.serving.take();
+            let drain = served.is_some();
+            self.between.extend(served);
+            // Before the first view served there is nothing to continue.
+            if !self.between.is_empty() {
+                self.between.push(view);
+            }
             return Step::Publish { drain, digest };
         }
         let agreed = live.iter().all(|(_, shown)| *shown == Some(digest.as_str()));
         if agreed && self.serving.as_ref() != Some(&view) {
             self.serving = Some(view.clone());
-            return Step::Serve(view);
+            let between = std::mem::take(&mut self.between);
+            return Step::Serve(Served { view, me: self.me.clone(), between });
         }
         Step::Hold
     }

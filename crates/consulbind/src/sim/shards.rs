@@ -104,6 +104,7 @@ impl Leases for Port {
 /// A replica's process: it looks at the ring each second, as `shards::run` does.
 struct Process {
     task: tokio::task::JoinHandle<()>,
+    lister: tokio::task::JoinHandle<()>,
     gate: Arc<Gate>,
     stopped: Arc<Mutex<Option<Instant>>>,
     exited: Arc<Mutex<bool>>,
@@ -134,7 +135,7 @@ impl World {
             renew: RENEW,
         };
         let gate = Gate::new(settings.identity.clone(), LEASE);
-        let (views, _) = watch::channel(None);
+        let (views, mut served) = watch::channel(None);
         let (origin, wall) = self.start;
         let skew = self.skew[who];
         let mut replica = Replica::new(settings, gate.clone(), views).with_wall(move || {
@@ -146,6 +147,15 @@ impl World {
         let mut port =
             Port { api: self.api.clone(), who, rng: fastrand::Rng::with_seed(rng.u64(..)), stopped: stopped.clone() };
         let (pins, gone, pause) = (self.pins.clone(), exited.clone(), stopped.clone());
+        // The binding cache lists afresh for each view served, which takes a while.
+        let (listing, mut list_rng) = (gate.clone(), fastrand::Rng::with_seed(rng.u64(..)));
+        let lister = tokio::spawn(async move {
+            while served.changed().await.is_ok() {
+                let Some(view) = served.borrow_and_update().clone().map(|s| s.view) else { continue };
+                tokio::time::sleep(Duration::from_millis(list_rng.u64(0..3_000))).await;
+                listing.listed(&view, None);
+            }
+        });
         let task = tokio::spawn(async move {
             loop {
                 let until = *pause.locked();
@@ -161,13 +171,14 @@ impl World {
                 tokio::time::sleep_until(looked + LOOK).await;
             }
         });
-        self.replicas[who] = Some(Process { task, gate, stopped, exited });
+        self.replicas[who] = Some(Process { task, lister, gate, stopped, exited });
         self.down_until[who] = None;
     }
 
     fn crash(&mut self, who: usize, until: Option<Instant>) {
         if let Some(process) = self.replicas[who].take() {
             process.task.abort();
+            process.lister.abort();
         }
         self.down_until[who] = until;
     }
@@ -266,6 +277,7 @@ fn schedule(seed: u64) {
                     if let Some(process) = world.replicas[who].take() {
                         // A graceful stop: the process stops looking, drains, and deletes its Lease.
                         process.task.abort();
+                        process.lister.abort();
                         process.gate.drain().await;
                         world.api.locked().leases.remove(&format!("ring-r{who}"));
                         world.log.push(format!("{at:?} r{who} leaves"));

@@ -163,7 +163,7 @@ impl Bench {
     pub(crate) fn controller(&self, release: Release) -> Result<Controller> {
         let mut command = Command::new(repo_root().join("target/release/consulbind"));
         command
-            .arg(format!("--namespaces={}", release.namespaces))
+            .args((!release.namespaces.is_empty()).then(|| format!("--namespaces={}", release.namespaces)))
             .arg(format!("--admin-addr=127.0.0.1:{}", release.admin_port))
             // Its default port may be taken, and nothing here reads it.
             .arg("--debug-addr=none")
@@ -242,7 +242,7 @@ pub(crate) async fn consul_at(address: &str, token: Option<&str>) -> Result<Cons
 pub(crate) struct Release<'a> {
     /// Its daemon's name, which its log and pid files take.
     pub name: &'static str,
-    /// Its `--namespaces`.
+    /// Its `--namespaces`; empty, every namespace.
     pub namespaces: &'a str,
     pub admin_port: u16,
     pub args: &'a [String],
