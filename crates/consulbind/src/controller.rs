@@ -200,6 +200,12 @@ pub async fn run(config: Config, shutdown: signal::Receiver<bool>) -> Result<(),
     if let Some(leadership) = leadership {
         leadership.release().await;
     }
+    // The ring's task drains and deletes this replica's Lease, so the others take over at once.
+    if let Some(shards) = shards
+        && tokio::time::timeout(SHUTDOWN_GRACE, shards.task).await.is_err()
+    {
+        warn!("could not leave the shard ring within {SHUTDOWN_GRACE:?} of shutdown");
+    }
     info!("stopped");
     Ok(())
 }

@@ -47,6 +47,10 @@ pub enum Pick {
 /// mutants `pick` names, and prints its counts, then the totals over every report. `args` go
 /// to cargo-mutants.
 pub fn run(seeds: u32, pick: Pick, args: &[String]) -> Result<()> {
+    // Jobs would share the one target directory: cargo then judges each copy's build by the
+    // files of the copy that built last, and a job can test another's mutant, or none.
+    let jobs = args.iter().any(|a| a == "-j" || a.starts_with("--jobs") || (a.starts_with("-j") && a != "-j1"));
+    ensure!(!jobs, "one job at a time: the runs share target/mutants-build, where two jobs test each other's mutants");
     let binary = install()?;
     let shard = args.iter().position(|a| a == "--shard").and_then(|i| args.get(i + 1));
     let shard = args.iter().find_map(|a| a.strip_prefix("--shard=")).or(shard.map(String::as_str));

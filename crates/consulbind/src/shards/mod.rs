@@ -39,11 +39,12 @@ pub const PIN_ANNOTATION: &str = "consulbind.dev/shard";
 /// How often the ring is listed: a replica that died is noticed within its Lease and this.
 const LOOK: Duration = Duration::from_secs(1);
 
-/// A sharded replica's side of the ring: the gate of its writes, and the view it serves.
-#[derive(Clone)]
+/// A sharded replica's side of the ring: the gate of its writes, the view it serves, and the task
+/// that keeps its Lease, which deletes it on shutdown.
 pub struct Shards {
     pub gate: Arc<Gate>,
     pub views: watch::Receiver<Option<Served>>,
+    pub task: tokio::task::JoinHandle<()>,
 }
 
 /// Where the ring's Leases are and how long each lasts.
@@ -66,8 +67,8 @@ pub fn join(
     let gate = Gate::new(settings.identity.clone(), settings.duration);
     let (views_tx, views) = watch::channel(None);
     let api: Api<Lease> = Api::namespaced(client.clone(), &settings.namespace);
-    tokio::spawn(run(api, settings, gate.clone(), views_tx, pins, shutdown));
-    Shards { gate, views }
+    let task = tokio::spawn(run(api, settings, gate.clone(), views_tx, pins, shutdown));
+    Shards { gate, views, task }
 }
 
 /// The stream `make` gives for the view served, made again whenever another is served. Between

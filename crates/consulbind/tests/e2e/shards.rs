@@ -204,7 +204,10 @@ async fn sharded_replicas_hand_namespaces_over_on_a_crash_a_restart_and_a_partit
     for controller in replicas.into_iter().flatten() {
         controller.stop().await;
     }
+    // SIGTERM deletes a replica's Lease; the one that exited past its fence leaves its own.
     let listed = leases.list(&ListParams::default().labels(&selector)).await.unwrap();
+    let left: Vec<String> = listed.items.iter().filter_map(|l| l.spec.clone()?.holder_identity).collect();
+    assert_eq!(left, [names[cut]], "the replicas stopped with SIGTERM left the ring");
     for lease in listed.items {
         let _ = leases.delete(&lease.metadata.name.unwrap_or_default(), &DeleteParams::default()).await;
     }
