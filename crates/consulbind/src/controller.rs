@@ -77,42 +77,12 @@ pub async fn run(config: Config, shutdown: signal::Receiver<bool>) -> Result<(),
     let limits = Limits { entries: config.max_prefix_entries, bytes: config.max_prefix_bytes };
     let watches = Watches::new(consul, wake, metrics.clone(), config.consul_failure_grace, limits);
 
-    let admin = Arc::new(Admin { registry, ready: false.into(), watches: watches.clone() });
-    let listener = admin::bind(config.admin_addr).await.map_err(Error::Admin)?;
-    info!(addr = %listener.local_addr().map_err(Error::Admin)?, "admin server listening");
-    tokio::spawn(admin::serve(listener, admin.clone()));
-    if let Some(addr) = config.debug_addr.0 {
-        let listener = admin::bind(addr).await.map_err(Error::Admin)?;
-        info!(addr = %listener.local_addr().map_err(Error::Admin)?, "debug server listening");
-        tokio::spawn(admin::serve_debug(listener, admin.clone()));
-    }
+    let admin = serve_admin(&config, Admin { registry, ready: false.into(), watches: watches.clone() }).await?;
 
     let mut shutdown = shutdown;
     // Each scope's namespace cache adds its pins once started.
     let pinned: Arc<Mutex<Vec<Policy>>> = Arc::default();
-    let shards = config.sharding.then(|| {
-        let settings = shards::Settings {
-            namespace: config.lease_namespace.clone().unwrap_or_else(|| crate::config::own_namespace(&client)),
-            ring: config.shard_ring.clone(),
-            identity: config.identity.clone().unwrap_or_else(lease::hostname),
-            duration: config.lease_duration,
-            renew: config.lease_renew,
-        };
-        let policies = pinned.clone();
-        let pins = move || policies.locked().iter().flat_map(Policy::pins).collect();
-        shards::join(&client, settings, pins, shutdown.clone())
-    });
-    if let Some(shards) = &shards {
-        let (mut views, metrics) = (shards.views.clone(), metrics.clone());
-        tokio::spawn(async move {
-            loop {
-                metrics.leader.set(i64::from(views.borrow_and_update().is_some()));
-                if views.changed().await.is_err() {
-                    break;
-                }
-            }
-        });
-    }
+    let shards = config.sharding.then(|| join_ring(&client, &config, &metrics, pinned.clone(), shutdown.clone()));
     let writes = crate::writes::Writes::new(
         usize::from(config.max_concurrent_writes),
         config.namespace_write_limit,
@@ -197,17 +167,66 @@ pub async fn run(config: Config, shutdown: signal::Receiver<bool>) -> Result<(),
     for task in scopes_started {
         task.await??;
     }
+    leave(leadership, shards).await;
+    info!("stopped");
+    Ok(())
+}
+
+/// Serves health and metrics on `--admin-addr`, and the debug listing on `--debug-addr`.
+async fn serve_admin(config: &Config, admin: Admin) -> Result<Arc<Admin>, Error> {
+    let admin = Arc::new(admin);
+    let listener = admin::bind(config.admin_addr).await.map_err(Error::Admin)?;
+    info!(addr = %listener.local_addr().map_err(Error::Admin)?, "admin server listening");
+    tokio::spawn(admin::serve(listener, admin.clone()));
+    if let Some(addr) = config.debug_addr.0 {
+        let listener = admin::bind(addr).await.map_err(Error::Admin)?;
+        info!(addr = %listener.local_addr().map_err(Error::Admin)?, "debug server listening");
+        tokio::spawn(admin::serve_debug(listener, admin.clone()));
+    }
+    Ok(admin)
+}
+
+/// Hands the leader Lease back, or leaves the shard ring (the ring's task drains and deletes this
+/// replica's Lease), so that the others take over at once.
+async fn leave(leadership: Option<lease::Leadership>, shards: Option<shards::Shards>) {
     if let Some(leadership) = leadership {
         leadership.release().await;
     }
-    // The ring's task drains and deletes this replica's Lease, so the others take over at once.
     if let Some(shards) = shards
         && tokio::time::timeout(SHUTDOWN_GRACE, shards.task).await.is_err()
     {
         warn!("could not leave the shard ring within {SHUTDOWN_GRACE:?} of shutdown");
     }
-    info!("stopped");
-    Ok(())
+}
+
+/// Joins the shard ring (`--sharding`), with the pins of the namespaces `pinned` holds; the
+/// leader gauge says whether this replica serves its share.
+fn join_ring(
+    client: &Client,
+    config: &Config,
+    metrics: &Arc<Metrics>,
+    pinned: Arc<Mutex<Vec<Policy>>>,
+    shutdown: signal::Receiver<bool>,
+) -> shards::Shards {
+    let settings = shards::Settings {
+        namespace: config.lease_namespace.clone().unwrap_or_else(|| crate::config::own_namespace(client)),
+        ring: config.shard_ring.clone(),
+        identity: config.identity.clone().unwrap_or_else(lease::hostname),
+        duration: config.lease_duration,
+        renew: config.lease_renew,
+    };
+    let pins = move || pinned.locked().iter().flat_map(Policy::pins).collect();
+    let shards = shards::join(client, settings, pins, shutdown);
+    let (mut views, metrics) = (shards.views.clone(), metrics.clone());
+    tokio::spawn(async move {
+        loop {
+            metrics.leader.set(i64::from(views.borrow_and_update().is_some()));
+            if views.changed().await.is_err() {
+                break;
+            }
+        }
+    });
+    shards
 }
 
 /// Picks up a rotated token file, CA, client certificate or key (Vault Agent, cert-manager).
@@ -335,72 +354,10 @@ async fn run_scope(
     debug!(scope = scope.as_deref().unwrap_or("*"), "workload caches ready");
     let _ = ready.send(());
 
-    let forget = ctx.clone();
-    let seen = ctx.clone();
     let express_ctx = ctx.clone();
     let drain = ctx.clone();
     let not_found = ctx.clone();
-    let store = reader.clone();
-    let listed_scope = scope.clone();
-    let in_scope = move |b: &BindingRef| scope.is_none() || b.namespace == scope;
-    let in_this_scope = in_scope.clone();
-    // The view whose list is under way, told to the gate once it is done.
-    let listing: Arc<Mutex<Option<View>>> = Arc::default();
-    let (listing_view, relisting) = (listing.clone(), ctx.clone());
-    // kubectl's last-applied copy, the managed fields and the status are most of a binding's
-    // size; of the annotations, the controller reads one. The status moves to the binding's
-    // record, compact.
-    let cache = ctx.clone();
-    let compact = move |binding: &mut ConsulBinding| {
-        cache.states.cache(binding);
-        binding.metadata.managed_fields = None;
-        let annotations = binding.metadata.annotations.take().unwrap_or_default();
-        let kept: BTreeMap<String, String> =
-            annotations.into_iter().filter(|(k, _)| k == consulbind_api::ROLL_OUTSIDE_WINDOW).collect();
-        binding.metadata.annotations = (!kept.is_empty()).then_some(kept);
-    };
-    let events = match (views, &ctx.shard) {
-        // A sharded replica lists the bindings again for each view it serves, and keeps those
-        // of its namespaces: the fresh list drops the rest, and gives the status of those gained.
-        (Some(views), Some(_)) => {
-            shards::per_view(views, move |served: Served| {
-                // What this replica holds of a namespace another may have served meanwhile is
-                // stale: it goes, and the list gives it again from the status.
-                let namespace = |b: &BindingRef| b.namespace.clone().unwrap_or_default();
-                relisting.retain(|b| !in_this_scope(b) || served.continues(&namespace(b)));
-                *listing_view.locked() = Some(served.view.clone());
-                let ours = move |event: &watcher::Event<ConsulBinding>| match event {
-                    watcher::Event::Apply(b) | watcher::Event::InitApply(b) => {
-                        served.owns(b.metadata.namespace.as_deref().unwrap_or_default())
-                    }
-                    _ => true,
-                };
-                watcher(api.clone(), watcher::Config::default())
-                    .default_backoff()
-                    .try_filter(move |event| futures::future::ready(ours(event)))
-            })
-            .modify(compact)
-            .boxed()
-        }
-        _ => watcher(api, watcher::Config::default()).default_backoff().modify(compact).boxed(),
-    };
-    let mut listed = Listed { store: reader.clone(), pending: Vec::new() };
-    let bindings = reflector::reflector(writer, events)
-        .inspect_ok(move |event| match event {
-            watcher::Event::Delete(binding) => forget.forget(&ObjectRef::from_obj(binding)),
-            // A relist can hide deletions; drop whatever the fresh list no longer has.
-            watcher::Event::InitDone => {
-                forget.retain(|b| !in_scope(b) || store.get(b).is_some());
-                if let (Some(gate), Some(view)) = (forget.writes.gate(), listing.locked().as_ref()) {
-                    gate.listed(view, listed_scope.as_deref());
-                }
-            }
-            _ => {}
-        })
-        .map_ok(move |event| futures::stream::iter(listed.objects(event).into_iter().map(Ok)))
-        .try_flatten()
-        // A new spec, or a checksum let through outside the rollout windows.
-        .try_filter(move |binding| futures::future::ready(seen.states.spec_changed(binding)));
+    let bindings = binding_events(api, writer, &ctx, views, scope);
 
     if let Some(shard) = ctx.shard.clone() {
         let served = ctx.metrics.shard_bindings.get_or_create(&crate::metrics::ShardLabels { shard }).clone();
@@ -449,6 +406,80 @@ async fn run_scope(
         warn!("express reconciles did not finish within {SHUTDOWN_GRACE:?} of shutdown; abandoning them");
     }
     Ok(())
+}
+
+/// The bindings of `scope` the controller is to reconcile, kept in `writer`'s store: each new
+/// one, each new spec, and each one gained by a sharded replica (`views`).
+fn binding_events(
+    api: Api<ConsulBinding>,
+    writer: reflector::store::Writer<ConsulBinding>,
+    ctx: &Arc<Context>,
+    views: Option<signal::Receiver<Option<Served>>>,
+    scope: Option<String>,
+) -> impl futures::Stream<Item = Result<ConsulBinding, watcher::Error>> + Send + 'static {
+    let forget = ctx.clone();
+    let seen = ctx.clone();
+    let store = ctx.bindings.clone();
+    let listed_scope = scope.clone();
+    let in_scope = move |b: &BindingRef| scope.is_none() || b.namespace == scope;
+    let in_this_scope = in_scope.clone();
+    // The view whose list is under way, told to the gate once it is done.
+    let listing: Arc<Mutex<Option<View>>> = Arc::default();
+    let (listing_view, relisting) = (listing.clone(), ctx.clone());
+    // kubectl's last-applied copy, the managed fields and the status are most of a binding's
+    // size; of the annotations, the controller reads one. The status moves to the binding's
+    // record, compact.
+    let cache = ctx.clone();
+    let compact = move |binding: &mut ConsulBinding| {
+        cache.states.cache(binding);
+        binding.metadata.managed_fields = None;
+        let annotations = binding.metadata.annotations.take().unwrap_or_default();
+        let kept: BTreeMap<String, String> =
+            annotations.into_iter().filter(|(k, _)| k == consulbind_api::ROLL_OUTSIDE_WINDOW).collect();
+        binding.metadata.annotations = (!kept.is_empty()).then_some(kept);
+    };
+    let events = match (views, &ctx.shard) {
+        // A sharded replica lists the bindings again for each view it serves, and keeps those
+        // of its namespaces: the fresh list drops the rest, and gives the status of those gained.
+        (Some(views), Some(_)) => {
+            shards::per_view(views, move |served: Served| {
+                // What this replica holds of a namespace another may have served meanwhile is
+                // stale: it goes, and the list gives it again from the status.
+                let namespace = |b: &BindingRef| b.namespace.clone().unwrap_or_default();
+                relisting.retain(|b| !in_this_scope(b) || served.continues(&namespace(b)));
+                *listing_view.locked() = Some(served.view.clone());
+                let ours = move |event: &watcher::Event<ConsulBinding>| match event {
+                    watcher::Event::Apply(b) | watcher::Event::InitApply(b) => {
+                        served.owns(b.metadata.namespace.as_deref().unwrap_or_default())
+                    }
+                    _ => true,
+                };
+                watcher(api.clone(), watcher::Config::default())
+                    .default_backoff()
+                    .try_filter(move |event| futures::future::ready(ours(event)))
+            })
+            .modify(compact)
+            .boxed()
+        }
+        _ => watcher(api, watcher::Config::default()).default_backoff().modify(compact).boxed(),
+    };
+    let mut listed = Listed { store: ctx.bindings.clone(), pending: Vec::new() };
+    reflector::reflector(writer, events)
+        .inspect_ok(move |event| match event {
+            watcher::Event::Delete(binding) => forget.forget(&ObjectRef::from_obj(binding)),
+            // A relist can hide deletions; drop whatever the fresh list no longer has.
+            watcher::Event::InitDone => {
+                forget.retain(|b| !in_scope(b) || store.get(b).is_some());
+                if let (Some(gate), Some(view)) = (forget.writes.gate(), listing.locked().as_ref()) {
+                    gate.listed(view, listed_scope.as_deref());
+                }
+            }
+            _ => {}
+        })
+        .map_ok(move |event| futures::stream::iter(listed.objects(event).into_iter().map(Ok)))
+        .try_flatten()
+        // A new spec, or a checksum let through outside the rollout windows.
+        .try_filter(move |binding| futures::future::ready(seen.states.spec_changed(binding)))
 }
 
 /// The bindings each watch event brings to the controller. Those of a list come once it is done,
