@@ -476,7 +476,7 @@ fn binding_events(
             }
             _ => {}
         })
-        .map_ok(move |event| futures::stream::iter(listed.objects(event).into_iter().map(Ok)))
+        .map_ok(move |event| futures::stream::iter(listed.objects(event).map(Ok)))
         .try_flatten()
         // A new spec, or a checksum let through outside the rollout windows.
         .try_filter(move |binding| futures::future::ready(seen.states.spec_changed(binding)))
@@ -491,22 +491,23 @@ struct Listed {
 }
 
 impl Listed {
-    fn objects(&mut self, event: watcher::Event<ConsulBinding>) -> Vec<ConsulBinding> {
+    /// Those of a list are cloned from the store one at a time, as the controller takes them.
+    fn objects(&mut self, event: watcher::Event<ConsulBinding>) -> Box<dyn Iterator<Item = ConsulBinding> + Send> {
         match event {
-            watcher::Event::Apply(binding) => vec![binding],
+            watcher::Event::Apply(binding) => Box::new(std::iter::once(binding)),
             watcher::Event::Init => {
                 self.pending.clear();
-                Vec::new()
+                Box::new(std::iter::empty())
             }
             watcher::Event::InitApply(binding) => {
                 self.pending.push(crate::binding_ref(&binding));
-                Vec::new()
+                Box::new(std::iter::empty())
             }
             watcher::Event::InitDone => {
-                let pending = std::mem::take(&mut self.pending);
-                pending.iter().filter_map(|b| self.store.get(b)).map(|b| (*b).clone()).collect()
+                let (pending, store) = (std::mem::take(&mut self.pending), self.store.clone());
+                Box::new(pending.into_iter().filter_map(move |b| store.get(&b).map(|b| (*b).clone())))
             }
-            watcher::Event::Delete(_) => Vec::new(),
+            watcher::Event::Delete(_) => Box::new(std::iter::empty()),
         }
     }
 }
@@ -578,12 +579,14 @@ mod tests {
     fn the_bindings_of_a_list_come_once_the_store_holds_them() {
         let (store, mut writer) = reflector::store::<ConsulBinding>();
         let mut listed = Listed { store: store.clone(), pending: Vec::new() };
-        let names = |bindings: Vec<ConsulBinding>| bindings.iter().map(|b| b.name_any()).collect::<Vec<_>>();
+        let names = |bindings: Box<dyn Iterator<Item = ConsulBinding> + Send>| {
+            bindings.map(|b| b.name_any()).collect::<Vec<_>>()
+        };
         for event in
             [watcher::Event::Init, watcher::Event::InitApply(binding("a")), watcher::Event::InitApply(binding("b"))]
         {
             writer.apply_watcher_event(&event);
-            assert!(listed.objects(event).is_empty(), "before the list is done");
+            assert_eq!(listed.objects(event).count(), 0, "before the list is done");
         }
         assert!(store.get(&ObjectRef::new("a").within("team")).is_none());
         writer.apply_watcher_event(&watcher::Event::InitDone);
