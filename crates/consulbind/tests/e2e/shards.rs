@@ -9,7 +9,7 @@ use k8s_openapi::api::{apps::v1::Deployment, coordination::v1::Lease, core::v1::
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-use consulbind::cluster::policy::PREFIXES_ANNOTATION;
+use consulbind::{cluster::policy::PREFIXES_ANNOTATION, shards::View};
 
 use crate::support::{Controller, SYSTEM_NS, Scene, deploy, spec, wait, wait_for, workload};
 
@@ -66,9 +66,32 @@ impl Ring {
         generations
     }
 
-    /// Waits until every binding names a shard among `live`, and each such replica counts its own.
+    /// Waits until the replicas `live` agree on one ring of exactly them, each serving, then until
+    /// every binding names one of them, and each counts its own.
     async fn settled(&self, live: &[(&str, &Controller)]) -> BTreeMap<String, Option<String>> {
         let names: Vec<&str> = live.iter().map(|(n, _)| *n).collect();
+        let leases = Api::<Lease>::namespaced(self.scene.client.clone(), SYSTEM_NS);
+        let selector = format!("consulbind.dev/ring={}", self.scene.ns);
+        let agreed = || async {
+            // Each live replica's Lease shows the view of exactly the live replicas.
+            let listed = leases.list(&ListParams::default().labels(&selector)).await?.items;
+            let holder = |l: &Lease| l.spec.clone().and_then(|s| s.holder_identity).unwrap_or_default();
+            let theirs: Vec<&Lease> = listed.iter().filter(|l| names.contains(&holder(l).as_str())).collect();
+            let members =
+                theirs.iter().map(|l| (holder(l), l.spec.clone().and_then(|s| s.lease_transitions).unwrap_or(0)));
+            let digest = View::new(members, BTreeMap::new()).digest();
+            let shown = |l: &&Lease| {
+                l.metadata.annotations.as_ref().and_then(|a| a.get("consulbind.dev/view")) == Some(&digest)
+            };
+            let mut serving = theirs.len() == names.len() && theirs.iter().all(shown);
+            for (_, controller) in live {
+                serving &= controller.metric("consulbind_leader").await == Some(1.0);
+            }
+            Ok(serving)
+        };
+        if let Err(error) = wait_for("the replicas to agree on the ring", Duration::from_secs(60), agreed).await {
+            panic!("{error}");
+        }
         let served = || async {
             let shards = self.shards().await;
             let named = shards.values().all(|s| s.as_deref().is_some_and(|s| names.contains(&s)));
