@@ -1,7 +1,7 @@
 //! Wires the watches, caches and the kube-runtime `Controller` together.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::HashMap,
     sync::{Arc, Mutex, atomic::Ordering},
     time::Duration,
 };
@@ -142,7 +142,6 @@ pub async fn run(config: Config, shutdown: signal::Receiver<bool>) -> Result<(),
                 windows: config.default_rollout_windows.clone().unwrap_or_default(),
             },
             writes: writes.clone(),
-            shard: shards.as_ref().map(|s| s.gate.me().to_owned()),
         });
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
         caches_ready.push(ready_rx);
@@ -359,7 +358,8 @@ async fn run_scope(
     let not_found = ctx.clone();
     let bindings = binding_events(api, writer, &ctx, views, scope);
 
-    if let Some(shard) = ctx.shard.clone() {
+    if let Some(gate) = ctx.writes.gate() {
+        let shard = gate.me().to_owned();
         let served = ctx.metrics.shard_bindings.get_or_create(&crate::metrics::ShardLabels { shard }).clone();
         tokio::spawn(count_served(ctx.bindings.clone(), served));
     }
@@ -433,15 +433,12 @@ fn binding_events(
     let compact = move |binding: &mut ConsulBinding| {
         cache.states.cache(binding);
         binding.metadata.managed_fields = None;
-        let annotations = binding.metadata.annotations.take().unwrap_or_default();
-        let kept: BTreeMap<String, String> =
-            annotations.into_iter().filter(|(k, _)| k == consulbind_api::ROLL_OUTSIDE_WINDOW).collect();
-        binding.metadata.annotations = (!kept.is_empty()).then_some(kept);
+        crate::keep_annotations(&mut binding.metadata, &[consulbind_api::ROLL_OUTSIDE_WINDOW]);
     };
-    let events = match (views, &ctx.shard) {
+    let events = match views {
         // A sharded replica lists the bindings again for each view it serves, and keeps those
         // of its namespaces: the fresh list drops the rest, and gives the status of those gained.
-        (Some(views), Some(_)) => {
+        Some(views) => {
             shards::per_view(views, move |served: Served| {
                 // What this replica holds of a namespace another may have served meanwhile is
                 // stale: it goes, and the list gives it again from the status.
@@ -461,7 +458,7 @@ fn binding_events(
             .modify(compact)
             .boxed()
         }
-        _ => watcher(api, watcher::Config::default()).default_backoff().modify(compact).boxed(),
+        None => watcher(api, watcher::Config::default()).default_backoff().modify(compact).boxed(),
     };
     let mut listed = Listed { store: ctx.bindings.clone(), pending: Vec::new() };
     reflector::reflector(writer, events)

@@ -62,6 +62,15 @@ pub fn binding_ref(binding: &ConsulBinding) -> BindingRef {
     oref
 }
 
+/// Keeps of `meta`'s annotations only those named in `keep`: the cached copies read no others,
+/// and kubectl's last-applied copy among them is often most of an object's size.
+pub fn keep_annotations(meta: &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta, keep: &[&str]) {
+    let annotations = meta.annotations.take().unwrap_or_default();
+    let kept: std::collections::BTreeMap<String, String> =
+        annotations.into_iter().filter(|(k, _)| keep.contains(&k.as_str())).collect();
+    meta.annotations = (!kept.is_empty()).then_some(kept);
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("writing status: {0}")]

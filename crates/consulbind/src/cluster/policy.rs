@@ -159,13 +159,10 @@ fn check(allowed: &Allowed, origin: Origin, namespace: &str, spec: &ConsulBindin
     ))
 }
 
-/// Keeps only the rule and the shard pin: other annotations (kubectl's last-applied copy among them), labels and
-/// managed fields are most of a namespace's size.
+/// Keeps only the rule and the shard pin: other annotations (kubectl's last-applied copy among
+/// them), labels and managed fields are most of a namespace's size.
 fn keep_rule(ns: &mut PartialObjectMeta<Namespace>) {
-    let annotations = ns.metadata.annotations.take().unwrap_or_default();
-    let kept: BTreeMap<String, String> =
-        annotations.into_iter().filter(|(k, _)| k == PREFIXES_ANNOTATION || k == PIN_ANNOTATION).collect();
-    ns.metadata.annotations = (!kept.is_empty()).then_some(kept);
+    crate::keep_annotations(&mut ns.metadata, &[PREFIXES_ANNOTATION, PIN_ANNOTATION]);
     ns.metadata.labels = None;
     ns.metadata.managed_fields = None;
     ns.metadata.owner_references = None;

@@ -42,8 +42,6 @@ pub struct Context {
     pub max_watched_paths_per_namespace: usize,
     /// The writes to the API server, shared fairly between namespaces.
     pub writes: crate::writes::Writes,
-    /// With `--sharding`, this replica's identity, named in the status of each binding it serves.
-    pub shard: Option<String>,
     /// See `--default-rollout-budget` and `--default-rollout-windows`.
     pub staging_defaults: super::staging::Defaults,
     /// See `--consul-restore-grace`.

@@ -36,9 +36,9 @@ pub async fn status(
     let oref = binding_ref(binding);
     // The replica that serves the binding, written with the first status after a handover.
     let sharded;
-    let status = match &ctx.shard {
-        Some(me) if status.shard.as_ref() != Some(me) => {
-            sharded = ConsulBindingStatus { shard: Some(me.clone()), ..status.clone() };
+    let status = match ctx.writes.gate().map(|gate| gate.me()) {
+        Some(me) if status.shard.as_deref() != Some(me) => {
+            sharded = ConsulBindingStatus { shard: Some(me.to_owned()), ..status.clone() };
             &sharded
         }
         _ => status,

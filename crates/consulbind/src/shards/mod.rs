@@ -115,9 +115,9 @@ async fn run(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut leases = Cluster { api: api.clone(), selector: format!("{RING_LABEL}={}", settings.ring) };
-    let name = lease_name(&settings.ring, &settings.identity);
-    info!(lease = %format!("{}/{name}", settings.namespace), ring = %settings.ring, "joining the shard ring");
-    let mut replica = Replica::new(settings, gate.clone(), views);
+    let (namespace, ring) = (settings.namespace.clone(), settings.ring.clone());
+    let mut replica = Replica::new(settings, gate, views);
+    info!(lease = %format!("{namespace}/{}", replica.lease_name()), %ring, "joining the shard ring");
     loop {
         let looked = Instant::now();
         if !replica.look(&mut leases, pins()).await {
@@ -134,7 +134,7 @@ async fn run(
     }
     replica.leave().await;
     // Gone at once rather than after its duration: the others take over without waiting.
-    match api.delete(&name, &DeleteParams::default()).await {
+    match api.delete(replica.lease_name(), &DeleteParams::default()).await {
         Ok(_) => info!("left the shard ring"),
         Err(error) => warn!(%error, "could not delete this replica's shard Lease"),
     }
