@@ -5,17 +5,18 @@
 
 use std::path::PathBuf;
 use std::process::Command;
+use std::time::Duration;
 
 use anyhow::anyhow;
 use consulbind_api::ConsulBinding;
 use k8s_openapi::api::{
     apps::v1::Deployment,
-    core::v1::{ConfigMap, Secret},
+    core::v1::{ConfigMap, Pod, Secret},
     rbac::v1::{ClusterRoleBinding, RoleBinding},
 };
 use kube::{
     Api, Client,
-    api::{DeleteParams, PostParams},
+    api::{DeleteParams, Patch, PatchParams, PostParams},
 };
 use serde_json::json;
 
@@ -95,33 +96,82 @@ async fn the_chart_installs_and_its_rbac_serves_every_namespace() {
     scenario(&s, &start, "cluster").await.expect("the core path with the chart's settings and ServiceAccount");
     refused(&s, client_from(&kubeconfig).await, None).await;
     namespace_editors_manage_bindings(&s).await;
-    probe_as_the_helm_test_does(&s, &kubeconfig, &start).await;
+    helm_test_passes_on_the_bed(&s, release, namespace, &start).await;
     s.finish().await;
 }
 
-/// What the chart's `helm test` pod runs, `consulbind probe`, as the chart's ServiceAccount: it
-/// passes against the controller the chart configures, and fails, naming what, when the
-/// controller does not answer. The bed has no kubelet to run the pod itself.
-async fn probe_as_the_helm_test_does(s: &Scene, kubeconfig: &std::path::Path, start: &Start) {
+/// `helm test` on the bed. The bed has no kubelet, so the test plays one for the chart's test
+/// pod alone: it runs the pod's own arguments with this build's `consulbind`, as the pod's
+/// ServiceAccount, the Service's name standing for the controller's address (the bed has no
+/// cluster DNS either), and reports the exit as the pod's phase, which is all Helm waits on.
+/// It passes against the controller the chart configures, and fails, naming what, once that
+/// controller is gone.
+async fn helm_test_passes_on_the_bed(s: &Scene, release: &str, namespace: &str, start: &Start) {
     let envs: Vec<(&str, &str)> = start.envs.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let controller = Controller::start_with_env(&s.ns, &[], &envs).await.unwrap();
-    let probe = |url: String, within: &str| {
+    let (passed, said) = helm_test(s, release, namespace, &controller.admin.to_string(), "30s").await;
+    assert!(passed && said.contains("Succeeded") && said.contains("serves consulbindings.consulbind.dev"), "{said}");
+    controller.stop().await;
+    let closed = crate::support::free_port().to_string();
+    let (passed, said) = helm_test(s, release, namespace, &closed, "1s").await;
+    let failed = format!("pod {release}-consulbind-probe failed");
+    assert!(!passed && said.contains(&failed) && said.contains(&format!("{closed}/readyz")), "{said}");
+}
+
+/// Runs `helm test` while playing the kubelet for its pod, with `service` standing for the
+/// controller's Service; whether it passed and what Helm and the probe said.
+async fn helm_test(s: &Scene, release: &str, namespace: &str, service: &str, within: &str) -> (bool, String) {
+    let helm = std::env::var("CONSULBIND_HELM").unwrap();
+    let mut cmd = tokio::process::Command::new(helm);
+    cmd.args(["test", release, "--namespace", namespace, "--timeout", "90s"]);
+    let helm = cmd.output();
+    let kubelet = async {
+        let pods: Api<Pod> = Api::namespaced(s.client.clone(), namespace);
+        let name = format!("{release}-consulbind-probe");
+        let pod = loop {
+            match pods.get_opt(&name).await.unwrap() {
+                Some(pod) if pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Pending") => break pod,
+                _ => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        };
+        let spec = pod.spec.unwrap();
+        let account = spec.service_account_name.unwrap();
+        let container = &spec.containers[0];
+        let metrics = format!("{release}-consulbind-metrics.{namespace}.svc:");
+        let args: Vec<String> = container
+            .args
+            .clone()
+            .unwrap()
+            .into_iter()
+            .map(|arg| match arg.find(&metrics) {
+                Some(at) => {
+                    let port_and_path = &arg[at + metrics.len()..];
+                    let path = &port_and_path[port_and_path.find('/').unwrap()..];
+                    format!("{}{service}{path}", &arg[..at])
+                }
+                None => arg,
+            })
+            .collect();
+        assert!(args.iter().any(|a| a.starts_with("--url=") && a.contains(service)), "the pod's arguments: {args:?}");
         let out = Command::new(env!("CARGO_BIN_EXE_consulbind"))
-            .args(["probe", &format!("--url={url}"), &format!("--within={within}")])
-            .env("KUBECONFIG", kubeconfig)
+            .args(&args)
+            .arg(format!("--within={within}"))
+            .env("KUBECONFIG", kubeconfig_in(namespace, &account))
             .output()
             .unwrap();
-        (
-            out.status.success(),
-            format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)),
-        )
+        let phase = if out.status.success() { "Succeeded" } else { "Failed" };
+        let status = json!({"status": {"phase": phase}});
+        pods.patch_status(&name, &PatchParams::default(), &Patch::Merge(status)).await.unwrap();
+        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
     };
-    let (passed, said) = probe(format!("http://{}/readyz", controller.admin), "30s");
-    assert!(passed && said.contains("serves consulbindings.consulbind.dev/v1alpha1"), "{said}");
-    let closed = crate::support::free_port();
-    let (passed, said) = probe(format!("http://{closed}/readyz"), "1s");
-    assert!(!passed && said.contains(&closed.to_string()), "{said}");
-    controller.stop().await;
+    let (helm, probe) = tokio::join!(helm, kubelet);
+    let helm = helm.unwrap();
+    let said = format!(
+        "{}{}\nthe probe: {probe}",
+        String::from_utf8_lossy(&helm.stdout),
+        String::from_utf8_lossy(&helm.stderr)
+    );
+    (helm.status.success(), said)
 }
 
 /// The chart's aggregated roles: a user given Kubernetes' own `edit` role in a namespace may
