@@ -246,6 +246,8 @@ mod tests {
         assert!(refused(window(WindowKind::Allow, "0 0 31 2 *", "1h", None)).contains("names no time that exists"));
         assert!(refused(window(WindowKind::Allow, "* * * * *", "0s", None)).contains("more than 0s"));
         assert!(refused(window(WindowKind::Allow, "* * * * *", "169h", None)).contains("at most 168h"));
+        assert!(refused(window(WindowKind::Allow, "* * * * *", "168h1s", None)).contains("at most 168h"));
+        assert!(Calendar::of(&[window(WindowKind::Allow, "* * * * *", "168h", None)], "w").is_ok(), "168h is allowed");
         assert!(refused(window(WindowKind::Allow, "* * * * *", "1h", Some("Mars/Olympus"))).contains("timeZone"));
     }
 
@@ -256,5 +258,14 @@ mod tests {
         let other = Calendar::parse(r#"[{"schedule": "0 22 * * *", "duration": "6h"}]"#).unwrap();
         assert_ne!(other, calendar(&[window(WindowKind::Allow, "0 22 * * *", "6h", Some("Asia/Tokyo"))]));
         assert!(Calendar::parse("0 22 * * *").unwrap_err().contains("JSON list"));
+    }
+
+    #[test]
+    fn an_opening_is_looked_for_367_days_ahead_and_no_further() {
+        // Leap days only: 2028-02-29 is 367 days after 2027-02-27.
+        let leap = calendar(&[window(WindowKind::Allow, "0 0 29 2 *", "24h", None)]);
+        let opening = Gate::Closed(Some(at("2028-02-29T00:00:00Z")));
+        assert_eq!(leap.gate(at("2027-02-27T00:00:00Z")), opening, "at the horizon");
+        assert_eq!(leap.gate(at("2027-02-26T23:59:59Z")), Gate::Closed(None), "a second past it");
     }
 }

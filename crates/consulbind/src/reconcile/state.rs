@@ -31,9 +31,9 @@ pub struct Record {
     pub backoffs: Backoffs,
     /// A hash of the generation and annotations last let through to a reconcile.
     seen: Option<u64>,
-    /// The status the binding cache last showed, as JSON, with the binding's uid. The cache
-    /// keeps no status: a status is most of a binding's size, and as JSON it takes a fraction.
-    cached: Option<(Box<str>, Box<[u8]>)>,
+    /// The status the binding cache last showed, with the binding's uid. The cache keeps no
+    /// status: a status is most of a binding's size, and packed it takes a fraction.
+    cached: Option<(Box<str>, Packed)>,
 }
 
 impl Record {
@@ -41,9 +41,9 @@ impl Record {
     /// a second store of every status. Times reach the cache with whole seconds, and the JSON
     /// of both has them so.
     fn settle(&mut self) {
-        if let (Some(written), Some((uid, json))) = (self.written.status.as_deref(), &self.cached)
+        if let (Some(written), Some((uid, packed))) = (self.written.status.as_deref(), &self.cached)
             && written.0 == **uid
-            && serde_json::to_vec(&written.1).is_ok_and(|w| *w == **json)
+            && serde_json::to_vec(&written.1).is_ok_and(|w| w == packed.json())
         {
             self.written.status = None;
         }
@@ -133,10 +133,11 @@ impl States {
     /// the copy of a write goes once it shows it.
     pub fn cache(&self, binding: &mut ConsulBinding) {
         let json = binding.status.take().and_then(|status| serde_json::to_vec(&status).ok());
+        let packed = Packed::new(&json.unwrap_or_default());
         let uid = binding.uid().unwrap_or_default();
         let mut records = self.records.locked();
         let record = records.entry(binding_ref(binding)).or_default();
-        record.cached = Some((uid.into(), json.unwrap_or_default().into()));
+        record.cached = Some((uid.into(), packed));
         record.settle();
     }
 
@@ -158,11 +159,14 @@ impl States {
             let Some(record) = records.get(&binding_ref(binding)) else { return ConsulBindingStatus::default() };
             match (record.written.status.as_deref(), &record.cached) {
                 (Some((written_uid, status)), _) if *written_uid == uid => return status.clone(),
-                (_, Some((cached_uid, json))) if **cached_uid == uid && !json.is_empty() => json.clone(),
+                (_, Some((cached_uid, packed))) if **cached_uid == uid => packed.json(),
                 _ => return ConsulBindingStatus::default(),
             }
         };
-        serde_json::from_slice(&json).unwrap_or_default()
+        match json.is_empty() {
+            true => ConsulBindingStatus::default(),
+            false => serde_json::from_slice(&json).unwrap_or_default(),
+        }
     }
 
     /// The binding is gone: its whole record goes, and its metric series.
@@ -216,6 +220,32 @@ impl States {
     }
 }
 
+/// JSON kept deflated; an empty one, empty.
+#[derive(Debug)]
+struct Packed(Box<[u8]>);
+
+impl Packed {
+    /// Fast over small: a status is deflated on every version the binding watch sends.
+    const LEVEL: u8 = 1;
+    /// Far above any object the API server stores (its limit is about 1.5 MiB).
+    const LIMIT: usize = 8 << 20;
+
+    fn new(json: &[u8]) -> Self {
+        match json.is_empty() {
+            true => Self(Box::default()),
+            false => Self(miniz_oxide::deflate::compress_to_vec(json, Self::LEVEL).into()),
+        }
+    }
+
+    /// The JSON again; empty if none was kept.
+    fn json(&self) -> Vec<u8> {
+        match self.0.is_empty() {
+            true => Vec::new(),
+            false => miniz_oxide::inflate::decompress_to_vec_with_limit(&self.0, Self::LIMIT).unwrap_or_default(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use consulbind_api::ConsulBindingSpec;
@@ -249,7 +279,7 @@ mod tests {
         let mut binding = ConsulBinding::new(name, ConsulBindingSpec::default());
         binding.metadata.namespace = Some("ns".into());
         binding.metadata.uid = Some(uid.into());
-        binding.status = status;
+        binding.status = status.map(Box::new);
         binding
     }
 
@@ -285,7 +315,7 @@ mod tests {
         let mut a = binding("a", "uid-1", None);
         a.metadata.generation = Some(1);
         assert!(states.spec_changed(&a), "the first sight");
-        a.status = Some(status("sum"));
+        a.status = Some(Box::new(status("sum")));
         assert!(!states.spec_changed(&a), "a status write");
         a.metadata.generation = Some(2);
         assert!(states.spec_changed(&a));

@@ -63,6 +63,10 @@ fn build_release() -> Result<()> {
     ]))
 }
 
+/// Debian's heaptrack library, preloaded into the controller when `CONSULBIND_BENCH_HEAPTRACK`
+/// names where its raw profile goes.
+const HEAPTRACK_PRELOAD: &str = "/usr/lib/heaptrack/libheaptrack_preload.so";
+
 /// One run of a benchmark: its clients, and what it made, to take down at the end.
 pub(crate) struct Bench {
     run_dir: PathBuf,
@@ -171,6 +175,12 @@ impl Bench {
             .env("RUST_LOG", std::env::var("CONSULBIND_BENCH_LOG").unwrap_or_else(|_| "warn".into()))
             .envs(self.vars.iter().map(|(k, v)| (*k, v)))
             .envs(release.env.iter().copied());
+        // A heap profile of the controller, for heaptrack_interpret to read afterwards.
+        if let Ok(profile) = std::env::var("CONSULBIND_BENCH_HEAPTRACK") {
+            command
+                .env("LD_PRELOAD", HEAPTRACK_PRELOAD)
+                .env("DUMP_HEAPTRACK_OUTPUT", format!("{profile}.{}.raw", release.name));
+        }
         let mut controller = self.start(release.name, &mut command)?;
         controller.admin_port = Some(release.admin_port);
         Ok(controller)
