@@ -23,7 +23,7 @@ pub type Workload = (WorkloadKind, String);
 
 /// Which object a workload is, and how far its spec has come: one deleted and made again under
 /// its name has another uid, and starts again at generation 1.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Version {
     pub uid: String,
     pub generation: i64,

@@ -2,6 +2,7 @@
 //! kind's cache is in `cache`, what it keeps of a workload in `template`.
 
 mod cache;
+mod kept;
 mod template;
 
 use std::collections::BTreeMap;
@@ -10,8 +11,7 @@ use consulbind_api::{TargetRef, WorkloadKind};
 use futures::Stream;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use kube::{
-    Client, Resource, ResourceExt,
-    core::PartialObjectMeta,
+    Client,
     core::{Selector, SelectorExt},
     runtime::reflector::{self, ObjectRef, Store},
 };
@@ -19,6 +19,7 @@ use tokio::sync::watch;
 
 use self::{
     cache::cache,
+    kept::Kept,
     template::{OWNED, WORKLOAD_REF},
 };
 pub use self::{
@@ -36,16 +37,16 @@ use super::{
 /// Metadata caches of the workload kinds in one scope (a namespace, or all).
 #[derive(Clone)]
 pub struct Workloads {
-    deployments: Store<PartialObjectMeta<Deployment>>,
-    statefulsets: Store<PartialObjectMeta<StatefulSet>>,
-    daemonsets: Store<PartialObjectMeta<DaemonSet>>,
-    rollouts: Store<PartialObjectMeta<Rollout>>,
+    deployments: Store<Kept>,
+    statefulsets: Store<Kept>,
+    daemonsets: Store<Kept>,
+    rollouts: Store<Kept>,
     /// Whether the cluster serves Argo Rollouts' kind, which is optional.
     rollouts_served: watch::Receiver<Served>,
-    cronjobs: Store<PartialObjectMeta<CronJob>>,
+    cronjobs: Store<Kept>,
     cronjobs_served: watch::Receiver<Served>,
     /// Before 1.21, CronJobs are served as `batch/v1beta1` only.
-    old_cronjobs: Store<PartialObjectMeta<CronJobV1Beta1>>,
+    old_cronjobs: Store<Kept>,
     old_cronjobs_served: watch::Receiver<Served>,
 }
 
@@ -243,32 +244,25 @@ pub struct Wants<'a> {
     pub labels: bool,
 }
 
-fn selected<K: Resource>(obj: &PartialObjectMeta<K>, wants: &Wants<'_>) -> Selected {
-    let (annotation, annotations) = (wants.annotation, obj.annotations());
+fn selected(obj: &Kept, wants: &Wants<'_>) -> Selected {
+    let (annotation, annotations) = (wants.annotation, &obj.annotations);
     let owned = |key: &str| annotations.contains_key(&format!("{OWNED}{key}"));
-    let live = annotations.get(annotation).map(|value| Live { value: value.clone(), owned: owned(annotation) });
+    let live = annotations.get(annotation).map(|value| Live { value: value.to_owned(), owned: owned(annotation) });
+    let map = annotations.to_map();
     Selected {
-        name: obj.name_any(),
+        name: obj.name().to_owned(),
         live,
-        version: Version::of(obj),
-        workload_ref: annotations.get(WORKLOAD_REF).cloned(),
-        references: if wants.references { references::decode(annotations) } else { References::new() },
-        health: Health::decode(annotations),
-        labels: if wants.labels { obj.labels().clone() } else { BTreeMap::new() },
+        version: obj.version(),
+        workload_ref: annotations.get(WORKLOAD_REF).map(str::to_owned),
+        references: if wants.references { references::decode(&map) } else { References::new() },
+        health: Health::decode(&map),
+        labels: if wants.labels { obj.labels.to_map() } else { BTreeMap::new() },
     }
 }
 
-fn select<K>(
-    store: &Store<PartialObjectMeta<K>>,
-    namespace: &str,
-    target: &TargetRef,
-    wants: &Wants<'_>,
-) -> Vec<Selected>
-where
-    K: Resource<DynamicType = ()> + Clone,
-{
+fn select(store: &Store<Kept>, namespace: &str, target: &TargetRef, wants: &Wants<'_>) -> Vec<Selected> {
     if let Some(name) = &target.name {
-        let key = ObjectRef::<PartialObjectMeta<K>>::new(name).within(namespace);
+        let key = ObjectRef::<Kept>::new(name).within(namespace);
         return store.get(&key).map(|obj| vec![selected(&obj, wants)]).unwrap_or_default();
     }
     let Some(selector) = target.selector.clone().and_then(|s| Selector::try_from(s).ok()) else {
@@ -277,7 +271,7 @@ where
     let mut found: Vec<Selected> = store
         .state()
         .iter()
-        .filter(|obj| obj.namespace().as_deref() == Some(namespace) && selector.matches(obj.labels()))
+        .filter(|obj| obj.namespace() == namespace && selector.matches(&obj.labels.to_map()))
         .map(|obj| selected(obj, wants))
         .collect();
     found.sort_by(|a, b| a.name.cmp(&b.name));

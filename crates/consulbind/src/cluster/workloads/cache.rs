@@ -9,8 +9,7 @@ use std::{
 use consulbind_api::WorkloadKind;
 use futures::{StreamExt, TryStreamExt};
 use kube::{
-    Api, Client, Resource, ResourceExt,
-    core::PartialObjectMeta,
+    Api, Client, Resource,
     runtime::{
         WatchStreamExt,
         reflector::{self, ObjectRef, Store, store::Writer},
@@ -20,7 +19,10 @@ use kube::{
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
-use super::template::{Template, live_meta};
+use super::{
+    kept::Kept,
+    template::{Template, live_meta},
+};
 use crate::cluster::{Listing, health};
 
 /// Whether the API server serves a kind to this controller, as its last list or watch said.
@@ -50,7 +52,7 @@ pub(super) fn cache<K>(
     namespace: Option<&str>,
     kind: WorkloadKind,
     served: Option<watch::Sender<Served>>,
-) -> (Store<PartialObjectMeta<K>>, futures::stream::BoxStream<'static, Touched>)
+) -> (Store<Kept>, futures::stream::BoxStream<'static, Touched>)
 where
     K: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
         + Template
@@ -66,7 +68,7 @@ where
         None => Api::all(client.clone()),
     };
     let (reader, mut writer) = reflector::store();
-    let mut news = News::<K>::new(kind);
+    let mut news = News::new(kind);
     // Whole objects arrive, for the pod template's annotations; what is kept is their name,
     // labels and this controller's annotations, so memory stays small per workload.
     let events = watcher(api, watcher::Config::default());
@@ -135,49 +137,39 @@ fn tell_served<T>(
 /// Which of one kind's watch events are news to the bindings: judged against the store's
 /// version of the object before the event is applied, so that nothing else is kept per
 /// workload.
-struct News<K: Resource<DynamicType = ()>> {
+struct News {
     kind: WorkloadKind,
     /// What a re-list has shown so far: what it never shows was deleted while the watch was
     /// down, and gets no deletion event of its own.
-    relisted: Option<HashSet<ObjectRef<PartialObjectMeta<K>>>>,
+    relisted: Option<HashSet<ObjectRef<Kept>>>,
     /// What a re-list found changed, held back until the store has swapped in what it listed.
     held: Vec<Touched>,
 }
 
-impl<K: Resource<DynamicType = ()> + Clone> News<K> {
+impl News {
     fn new(kind: WorkloadKind) -> Self {
         Self { kind, relisted: None, held: Vec::new() }
     }
 
     /// Applies `event` to the store, and returns the workloads it touched, now that the store
     /// holds them.
-    fn apply(
-        &mut self,
-        store: &Store<PartialObjectMeta<K>>,
-        writer: &mut Writer<PartialObjectMeta<K>>,
-        event: &watcher::Event<PartialObjectMeta<K>>,
-    ) -> Vec<Touched> {
+    fn apply(&mut self, store: &Store<Kept>, writer: &mut Writer<Kept>, event: &watcher::Event<Kept>) -> Vec<Touched> {
         let touched = self.of(store, event);
         writer.apply_watcher_event(event);
         touched
     }
 
-    fn of(
-        &mut self,
-        store: &Store<PartialObjectMeta<K>>,
-        event: &watcher::Event<PartialObjectMeta<K>>,
-    ) -> Vec<Touched> {
+    fn of(&mut self, store: &Store<Kept>, event: &watcher::Event<Kept>) -> Vec<Touched> {
         let kind = self.kind;
-        let touched = |obj: &PartialObjectMeta<K>| Touched {
+        let touched = |obj: &Kept| Touched {
             kind,
-            namespace: obj.namespace().unwrap_or_default(),
-            name: obj.name_any(),
-            labels: obj.labels().clone(),
+            namespace: obj.namespace().to_owned(),
+            name: obj.name().to_owned(),
+            labels: obj.labels.to_map(),
         };
         // New, or its labels or annotations changed: a status update alone is no news.
-        let news = |obj: &PartialObjectMeta<K>| {
-            store.get(&ObjectRef::from_obj(obj)).is_none_or(|old| signature(&old) != signature(obj))
-        };
+        let news =
+            |obj: &Kept| store.get(&ObjectRef::from_obj(obj)).is_none_or(|old| signature(&old) != signature(obj));
         match event {
             watcher::Event::Init => {
                 self.relisted = Some(HashSet::new());
@@ -243,11 +235,11 @@ impl<B: kube::runtime::utils::Backoff> kube::runtime::utils::Backoff for Patient
 }
 
 /// A hash of what the bindings read of a workload's metadata: its labels and annotations.
-fn signature<K: Resource>(obj: &PartialObjectMeta<K>) -> u64 {
+fn signature(obj: &Kept) -> u64 {
     let mut hasher = std::hash::DefaultHasher::new();
     // A health detail (replica counts) changes often; its verdict wakes the bindings.
-    let annotations = obj.annotations().iter().filter(|(k, _)| *k != health::DETAIL);
-    (obj.labels(), annotations.collect::<Vec<_>>()).hash(&mut hasher);
+    let annotations = obj.annotations.iter().filter(|(k, _)| *k != health::DETAIL);
+    (&obj.labels, annotations.collect::<Vec<_>>()).hash(&mut hasher);
     hasher.finish()
 }
 
@@ -279,23 +271,21 @@ fn event_of<K, M>(event: watcher::Event<K>, f: impl Fn(K) -> M) -> watcher::Even
 
 #[cfg(test)]
 mod tests {
-    use k8s_openapi::api::apps::v1::Deployment;
     use kube::core::response::Status;
+    use std::collections::BTreeMap;
     use std::time::Duration;
 
     use super::*;
 
     #[test]
     fn only_news_is_told_and_a_relist_tells_what_was_deleted_while_the_watch_was_down() {
-        let (store, mut writer) = reflector::store::<PartialObjectMeta<Deployment>>();
-        let mut news = News::<Deployment>::new(WorkloadKind::Deployment);
+        let (store, mut writer) = reflector::store::<Kept>();
+        let mut news = News::new(WorkloadKind::Deployment);
         let deploy = |name: &str, label: &str| {
-            let mut meta =
-                kube::core::ObjectMeta { name: Some(name.into()), namespace: Some("ns".into()), ..Default::default() };
-            meta.labels = Some([("app".to_owned(), label.to_owned())].into());
-            PartialObjectMeta::<Deployment> { types: None, metadata: meta, _phantom: Default::default() }
+            let labels = BTreeMap::from([("app".to_owned(), label.to_owned())]).into();
+            Kept::new(name, "ns", Default::default(), labels, Default::default())
         };
-        let mut apply = |event: watcher::Event<PartialObjectMeta<Deployment>>| -> Vec<String> {
+        let mut apply = |event: watcher::Event<Kept>| -> Vec<String> {
             news.apply(&store, &mut writer, &event).into_iter().map(|t| t.name).collect()
         };
         assert_eq!(apply(watcher::Event::Init), [] as [String; 0]);

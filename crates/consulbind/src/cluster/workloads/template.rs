@@ -12,10 +12,12 @@ use k8s_openapi::{
     },
     apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectMeta},
 };
-use kube::{Resource, core::PartialObjectMeta};
+use kube::Resource;
 
+use super::kept::Kept;
 use crate::{
     cluster::{
+        Version,
         argo::Rollout,
         cronjob::{CronJob, CronJobV1Beta1},
         health::{self, Health},
@@ -115,7 +117,7 @@ pub(super) const OWNED: &str = "owned.";
 /// What the caches keep of a workload: name, namespace, uid, generation and labels, and as annotations this
 /// controller's pod-template annotations, each with an [`OWNED`] mark when the binding's field
 /// manager holds it, and the ConfigMaps and Secrets its pod template references.
-pub(super) fn live_meta<K: Resource<DynamicType = ()> + Template>(obj: K) -> PartialObjectMeta<K> {
+pub(super) fn live_meta<K: Resource<DynamicType = ()> + Template>(obj: K) -> Kept {
     let meta = obj.meta();
     let ours: BTreeMap<String, String> = obj
         .template_annotations()
@@ -138,18 +140,9 @@ pub(super) fn live_meta<K: Resource<DynamicType = ()> + Template>(obj: K) -> Par
         annotations.extend(references::encode(&references::of(spec)));
     }
     annotations.extend(obj.health().encode().into_iter().flatten());
-    let metadata = ObjectMeta {
-        name: meta.name.clone(),
-        namespace: meta.namespace.clone(),
-        // With the generation, tells whether the cache has caught up with a stamp.
-        uid: meta.uid.clone(),
-        generation: meta.generation,
-        resource_version: meta.generation.is_none().then(|| meta.resource_version.clone()).flatten(),
-        labels: meta.labels.clone(),
-        annotations: Some(annotations).filter(|a| !a.is_empty()),
-        ..ObjectMeta::default()
-    };
-    PartialObjectMeta { types: None, metadata, _phantom: Default::default() }
+    let (name, namespace) = (meta.name.as_deref().unwrap_or_default(), meta.namespace.as_deref().unwrap_or_default());
+    // The version tells whether the cache has caught up with a stamp.
+    Kept::new(name, namespace, Version::of(&obj), meta.labels.clone().unwrap_or_default().into(), annotations.into())
 }
 
 /// Whether this controller set `annotation` for its binding, from the object's managed fields:
@@ -180,7 +173,6 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::cluster::Version;
 
     #[test]
     fn a_rollout_with_a_workload_ref_is_marked_and_keeps_only_our_annotations() {
@@ -191,15 +183,15 @@ mod tests {
                 "template": {"metadata": {"annotations": {"checksum.consulbind.dev/cfg": "abc", "other": "x"}}}}
         }))
         .unwrap();
-        let meta = live_meta(rollout);
-        let annotations = meta.metadata.annotations.clone().unwrap();
-        assert_eq!(annotations.get(WORKLOAD_REF).map(String::as_str), Some(r#"Deployment "web-template""#));
-        assert_eq!(annotations.get("checksum.consulbind.dev/cfg").map(String::as_str), Some("abc"));
+        let kept = live_meta(rollout);
+        let annotations = &kept.annotations;
+        assert_eq!(annotations.get(WORKLOAD_REF), Some(r#"Deployment "web-template""#));
+        assert_eq!(annotations.get("checksum.consulbind.dev/cfg"), Some("abc"));
         assert!(
             !annotations.contains_key("other")
                 && !annotations.contains_key("kubectl.kubernetes.io/last-applied-configuration")
         );
-        assert_eq!(Version::of(&meta), Version { uid: "u-1".into(), generation: 4 }, "a stamp is trusted by both");
+        assert_eq!(kept.version(), Version { uid: "u-1".into(), generation: 4 }, "a stamp is trusted by both");
     }
 
     #[test]
