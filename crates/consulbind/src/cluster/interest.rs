@@ -26,12 +26,14 @@ pub struct Interest {
     freed: Vec<ObjectId>,
 }
 
+/// What a binding registered, each in its own namespace, which is not kept again: there is one
+/// per binding.
 #[derive(Default)]
 struct Registered {
-    named: Vec<Named>,
-    selecting: Vec<(String, WorkloadKind)>,
-    secret: Option<(String, String)>,
-    objects: Vec<ObjectId>,
+    named: Box<[(WorkloadKind, Box<str>)]>,
+    selecting: Box<[WorkloadKind]>,
+    secret: Option<Box<str>>,
+    objects: Box<[(ObjectKind, Box<str>)]>,
 }
 
 impl Interest {
@@ -46,51 +48,56 @@ impl Interest {
         objects: impl IntoIterator<Item = (ObjectKind, &'a str)>,
     ) {
         let namespace = binding.namespace.clone().unwrap_or_default();
-        let mut registered = Registered::default();
         let mut selectors: HashMap<WorkloadKind, Vec<Selector>> = HashMap::new();
+        let mut named = Vec::new();
         for target in &spec.targets {
             if let Some(name) = &target.name {
-                registered.named.push((namespace.clone(), target.kind, name.clone()));
+                named.push((target.kind, name.as_str().into()));
             }
             if let Some(selector) = target.selector.clone().and_then(|s| Selector::try_from(s).ok()) {
                 selectors.entry(target.kind).or_default().push(selector);
             }
         }
-        registered.named.extend(found.iter().map(|(kind, name)| (namespace.clone(), *kind, name.clone())));
-        registered.named.sort();
-        registered.named.dedup();
-        registered.selecting = selectors.keys().map(|kind| (namespace.clone(), *kind)).collect();
-        registered.selecting.sort();
-        registered.secret =
-            spec.consul.as_ref().and_then(|c| c.token_secret_ref.as_ref()).map(|s| (namespace.clone(), s.name.clone()));
-
-        registered.objects =
-            objects.into_iter().map(|(kind, name)| (kind, namespace.clone(), name.to_owned())).collect();
-        registered.objects.sort();
-        registered.objects.dedup();
+        named.extend(found.iter().map(|(kind, name)| (*kind, name.as_str().into())));
+        named.sort();
+        named.dedup();
+        let mut selecting: Vec<WorkloadKind> = selectors.keys().copied().collect();
+        selecting.sort();
+        let mut objects: Vec<(ObjectKind, Box<str>)> =
+            objects.into_iter().map(|(kind, name)| (kind, name.into())).collect();
+        objects.sort();
+        objects.dedup();
+        let registered = Registered {
+            named: named.into(),
+            selecting: selecting.into(),
+            secret: spec.consul.as_ref().and_then(|c| c.token_secret_ref.as_ref()).map(|s| s.name.as_str().into()),
+            objects: objects.into(),
+        };
 
         self.remove(binding);
-        for key in &registered.named {
-            add_to(self.named.entry(key.clone()).or_default(), binding);
+        for (kind, name) in &registered.named {
+            add_to(self.named.entry((namespace.clone(), *kind, name.to_string())).or_default(), binding);
         }
         for (kind, list) in selectors {
             self.selecting.entry((namespace.clone(), kind)).or_default().insert(binding.clone(), list);
         }
         if let Some(secret) = &registered.secret {
-            add_to(self.secrets.entry(secret.clone()).or_default(), binding);
+            add_to(self.secrets.entry((namespace.clone(), secret.to_string())).or_default(), binding);
         }
-        for object in &registered.objects {
-            add_to(self.objects.entry(object.clone()).or_default(), binding);
+        for (kind, name) in &registered.objects {
+            add_to(self.objects.entry((*kind, namespace.clone(), name.to_string())).or_default(), binding);
         }
         self.by_binding.insert(binding.clone(), registered);
     }
 
     pub fn remove(&mut self, binding: &BindingRef) {
         let Some(old) = self.by_binding.remove(binding) else { return };
-        for key in old.named {
-            remove_from(&mut self.named, key, binding);
+        let namespace = binding.namespace.clone().unwrap_or_default();
+        for (kind, name) in old.named {
+            remove_from(&mut self.named, (namespace.clone(), kind, name.into()), binding);
         }
-        for key in old.selecting {
+        for kind in old.selecting {
+            let key = (namespace.clone(), kind);
             if let Some(map) = self.selecting.get_mut(&key) {
                 map.remove(binding);
                 if map.is_empty() {
@@ -98,10 +105,11 @@ impl Interest {
                 }
             }
         }
-        if let Some(key) = old.secret {
-            remove_from(&mut self.secrets, key, binding);
+        if let Some(name) = old.secret {
+            remove_from(&mut self.secrets, (namespace.clone(), name.into()), binding);
         }
-        for key in old.objects {
+        for (kind, name) in old.objects {
+            let key = (kind, namespace.clone(), name.into());
             remove_from(&mut self.objects, key.clone(), binding);
             if !self.objects.contains_key(&key) {
                 self.freed.push(key);
