@@ -104,9 +104,10 @@ impl Record {
     }
 }
 
-/// Every binding's record, across the scopes this replica serves.
+/// Every binding's record, across the scopes this replica serves. Boxed: a table has room for up
+/// to twice the records it holds.
 pub struct States {
-    records: Mutex<HashMap<BindingRef, Record>>,
+    records: Mutex<HashMap<BindingRef, Box<Record>>>,
     metrics: Arc<Metrics>,
 }
 
@@ -177,7 +178,7 @@ impl States {
 
     /// Drops the record of every binding for which `keep` is false, after a re-list.
     pub fn reset(&self, keep: impl Fn(&BindingRef) -> bool) {
-        let gone: Vec<(BindingRef, Record)> = {
+        let gone: Vec<(BindingRef, Box<Record>)> = {
             let mut records = self.records.locked();
             let gone: Vec<BindingRef> = records.keys().filter(|b| !keep(b)).cloned().collect();
             gone.into_iter().filter_map(|b| records.remove(&b).map(|r| (b, r))).collect()
@@ -187,7 +188,7 @@ impl States {
         }
     }
 
-    fn forget(&self, binding: &BindingRef, record: Option<Record>) {
+    fn forget(&self, binding: &BindingRef, record: Option<Box<Record>>) {
         if let Some(state) = record.and_then(|r| r.written.ready) {
             self.gauge(state).dec();
         }

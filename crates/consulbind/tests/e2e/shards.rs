@@ -1,4 +1,4 @@
-//! Three sharded controllers share the bindings of twelve namespaces: a crash, a restart and a
+//! Three sharded controllers share the bindings of thirty namespaces: a crash, a restart and a
 //! partition move namespaces between them, each change rolls once, and a replica cut off past
 //! its Lease writes nothing when it comes back.
 
@@ -13,7 +13,7 @@ use consulbind::{cluster::policy::PREFIXES_ANNOTATION, shards::View};
 
 use crate::support::{Controller, SYSTEM_NS, Scene, deploy, spec, wait, wait_for, workload};
 
-const NAMESPACES: usize = 12;
+const NAMESPACES: usize = 30;
 const LEASE_SECS: u64 = 6;
 
 struct Ring {
