@@ -263,7 +263,7 @@ pub struct Config {
     /// How long a leader's claim lasts without renewal.
     ///
     /// A standby takes over at most this plus one `--lease-renew` period after the leader
-    /// stops renewing.
+    /// stops renewing. With `--sharding`, each replica's own Lease, at most 5m.
     #[arg(long, env = "CONSULBIND_LEASE_DURATION", default_value = "15s", value_parser = duration)]
     pub lease_duration: Duration,
 
@@ -339,6 +339,13 @@ impl Config {
                 "--lease-renew ({:?}) must be under two thirds of --lease-duration ({:?}), so a leader that cannot \
                  renew stops before a standby takes over",
                 self.lease_renew, self.lease_duration
+            ));
+        }
+        if self.sharding && self.lease_duration > crate::shards::MAX_LEASE {
+            return Err(format!(
+                "--lease-duration ({:?}) must be at most {:?} with --sharding: the ring counts no Lease for longer",
+                self.lease_duration,
+                crate::shards::MAX_LEASE
             ));
         }
         Ok(())
@@ -486,5 +493,11 @@ mod tests {
         assert!(parse("100000000000000s").check().is_err(), "no overflow");
         let no_election = Config::parse_from(["consulbind", "--lease-renew=1h"]);
         assert!(no_election.check().is_ok(), "only checked with --leader-elect");
+        let sharded = |duration: &str| {
+            let lease = format!("--lease-duration={duration}");
+            Config::parse_from(["consulbind", "--sharding=true", &lease, "--lease-renew=5s"]).check()
+        };
+        assert!(sharded("5m").is_ok());
+        assert!(sharded("301s").unwrap_err().contains("at most 300s with --sharding"));
     }
 }

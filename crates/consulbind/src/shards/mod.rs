@@ -27,7 +27,7 @@ use tracing::{error, info, warn};
 use self::ring::{Ring, Seen, Step};
 pub use self::{
     gate::{Gate, NotServed},
-    ring::{Served, View},
+    ring::{MAX_LEASE, Served, View},
 };
 
 /// The label that names a Lease's ring: `kubectl get leases -l consulbind.dev/ring`.

@@ -77,6 +77,11 @@ fn rank(member: &str, namespace: &str) -> u64 {
     u64::from_be_bytes(hash[..8].try_into().unwrap_or_default())
 }
 
+/// The longest claim a Lease of the ring counts for, and the longest `--lease-duration` a
+/// sharded replica takes: a Lease claiming more (written by hand, or by mistake) would otherwise
+/// hold every replica of the ring waiting, for as long as it claims, once its holder is gone.
+pub const MAX_LEASE: Duration = Duration::from_secs(300);
+
 /// One replica's Lease as listed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Seen {
@@ -165,6 +170,7 @@ impl Ring {
         for lease in leases {
             let Some(holder) = lease.holder.as_deref().filter(|h| !h.is_empty() && *h != self.me) else { continue };
             let record = (lease.renewed, lease.incarnation);
+            let duration = lease.duration.min(MAX_LEASE);
             let since = match self.heard.get(holder) {
                 Some((heard, since)) if *heard == record => *since,
                 _ => now,
@@ -172,10 +178,10 @@ impl Ring {
             heard.insert(holder.to_owned(), (record, since));
             // Unchanged for its duration on this clock, or so old by the wall clock that no skew
             // could make it live (a Lease left by a replica that died before this one started).
-            let quiet = now.duration_since(since) >= lease.duration;
+            let quiet = now.duration_since(since) >= duration;
             let ancient = lease.renewed.is_none_or(|r| {
                 let age = wall.duration_since(r);
-                age.is_positive() && age.unsigned_abs() > lease.duration * 2
+                age.is_positive() && age.unsigned_abs() > duration * 2
             });
             if !quiet && !ancient {
                 live.push(((holder.to_owned(), lease.incarnation), lease.view.as_deref()));

@@ -181,3 +181,47 @@ async fn a_namespace_continues_only_if_it_stayed_this_replicas_in_every_view_sho
     }
     assert!(lost > 0);
 }
+
+/// A Lease that claims years and is never renewed, or shows a view that is no digest at all,
+/// holds the ring only as long as an honest Lease could.
+#[tokio::test(start_paused = true)]
+async fn a_lease_claiming_years_or_showing_garbage_holds_the_ring_no_longer_than_the_longest_lease() {
+    let wall = Timestamp::now();
+    let mut ring = Ring::new("a".into(), 0);
+    let forever = Seen {
+        duration: Duration::from_secs(i32::MAX as u64),
+        view: Some("x".repeat(256 * 1024)),
+        ..lease("z", wall, None)
+    };
+    let forever = [forever];
+    let Step::Publish { digest, .. } = ring.step(&forever, BTreeMap::new(), Instant::now(), wall) else {
+        panic!("a new ring is shown")
+    };
+    assert_eq!(digest, view(&["a", "z"]).digest());
+    ring.published(digest);
+    assert_eq!(ring.step(&forever, BTreeMap::new(), Instant::now(), wall), Step::Hold, "z shows no view");
+    tokio::time::advance(MAX_LEASE - Duration::from_secs(1)).await;
+    assert_eq!(ring.step(&forever, BTreeMap::new(), Instant::now(), wall), Step::Hold);
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let alone = view(&["a"]);
+    let step = ring.step(&forever, BTreeMap::new(), Instant::now(), wall);
+    assert_eq!(step, Step::Publish { drain: false, digest: alone.digest() }, "z is dead after the longest Lease");
+    ring.published(alone.digest());
+    assert_eq!(view_of(ring.step(&forever, BTreeMap::new(), Instant::now(), wall)), Some(alone));
+}
+
+#[test]
+fn a_pin_of_any_size_or_to_no_replica_leaves_the_namespace_to_the_ring() {
+    let members = view(&["a", "b", "c"]);
+    let pins: BTreeMap<String, String> = [
+        ("team-1".to_owned(), "x".repeat(64 * 1024)),
+        ("team-2".to_owned(), String::new()),
+        ("team-3".to_owned(), "a\nb".to_owned()),
+    ]
+    .into();
+    let pinned = View::new(members.members.clone(), pins);
+    for ns in ["team-1", "team-2", "team-3"] {
+        assert_eq!(pinned.owner(ns), members.owner(ns), "{ns}");
+    }
+    assert_ne!(pinned.digest(), members.digest(), "pins are part of the view, whatever they say");
+}
