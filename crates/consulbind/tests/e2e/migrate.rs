@@ -53,8 +53,14 @@ async fn migrate_turns_reloader_and_wave_annotations_into_bindings_that_roll_onc
     s.apply(annotated("waved", wave, "ignored")).await.unwrap();
     let named = json!({"configmap.reloader.stakater.com/reload": "extra", "reloader.stakater.com/auto": "true"});
     s.apply(annotated("ignoring", named, "ignored")).await.unwrap();
+    // The deployment controller marks a Deployment with its revision after it made the
+    // ReplicaSet: the snapshot below is taken once that write is done, not racing it.
+    let deployments = Api::<Deployment>::namespaced(s.client.clone(), &s.ns);
     for name in WORKLOADS {
-        let seen = || async { Ok(s.revisions("Deployment", name).await >= 1) };
+        let seen = || async {
+            let marked = deployments.get(name).await?.annotations().contains_key("deployment.kubernetes.io/revision");
+            Ok(marked && s.revisions("Deployment", name).await >= 1)
+        };
         wait(&format!("a first revision of {name}"), seen).await.unwrap();
     }
     let before = versions(&s).await;
