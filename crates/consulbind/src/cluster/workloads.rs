@@ -1,5 +1,6 @@
 //! The workloads bindings roll: small caches to find them and to see what they carry. One
-//! kind's cache is in `cache`, what it keeps of a workload in `template`.
+//! kind's cache is in `cache`, what it keeps of a workload in `kept`, chosen from its pod
+//! template in `template`.
 
 mod cache;
 mod kept;
