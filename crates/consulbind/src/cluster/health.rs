@@ -32,9 +32,9 @@ impl Health {
         Some([(VERDICT.into(), verdict.into()), (DETAIL.into(), detail.clone())])
     }
 
-    pub fn decode(annotations: &std::collections::BTreeMap<String, String>) -> Self {
-        let detail = annotations.get(DETAIL).cloned().unwrap_or_default();
-        match annotations.get(VERDICT).map(String::as_str) {
+    pub fn decode(annotations: &super::pairs::Pairs) -> Self {
+        let detail = annotations.get(DETAIL).unwrap_or_default().to_owned();
+        match annotations.get(VERDICT) {
             Some("Failed") => Self::Failed(detail),
             Some(_) => Self::Progressing(detail),
             None => Self::Healthy,

@@ -9,6 +9,7 @@ pub mod cronjob;
 pub mod health;
 pub mod interest;
 pub mod objects;
+pub mod pairs;
 pub mod policy;
 pub mod references;
 pub mod selector;

@@ -10,6 +10,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use consulbind_api::ObjectKind;
 use k8s_openapi::api::core::v1::{KeyToPath, PodSpec};
 
+use super::pairs::Pairs;
+
 /// How a pod template uses one ConfigMap or Secret.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Use {
@@ -120,10 +122,9 @@ pub fn encode(references: &References) -> impl Iterator<Item = (String, String)>
 }
 
 /// The references [`encode`] put among `annotations`.
-pub fn decode(annotations: &BTreeMap<String, String>) -> References {
+pub fn decode(annotations: &Pairs) -> References {
     annotations
-        .range(PREFIX.to_owned()..)
-        .take_while(|(key, _)| key.starts_with(PREFIX))
+        .starting_with(PREFIX)
         .filter_map(|(key, value)| {
             let (kind, name) = key[PREFIX.len()..].split_once('/')?;
             let kind = match kind {
@@ -133,7 +134,7 @@ pub fn decode(annotations: &BTreeMap<String, String>) -> References {
             };
             let (optional, keys) = match value.strip_prefix('?') {
                 Some(keys) => (true, keys),
-                None => (false, value.as_str()),
+                None => (false, value),
             };
             let keys = (keys != "*").then(|| keys.split(',').filter(|k| !k.is_empty()).map(str::to_owned).collect());
             Some(((kind, name.to_owned()), Use { keys, optional }))
@@ -242,7 +243,7 @@ mod tests {
         annotations.insert("checksum.consulbind.dev/x".into(), "abc".into());
         annotations.insert("owned.checksum.consulbind.dev/x".into(), String::new());
         annotations.insert("workload-ref".into(), "Deployment \"t\"".into());
-        assert_eq!(decode(&annotations), references);
-        assert!(decode(&BTreeMap::new()).is_empty());
+        assert_eq!(decode(&annotations.into()), references);
+        assert!(decode(&Pairs::default()).is_empty());
     }
 }

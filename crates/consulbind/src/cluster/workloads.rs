@@ -249,14 +249,13 @@ fn selected(obj: &Kept, wants: &Wants<'_>) -> Selected {
     let (annotation, annotations) = (wants.annotation, &obj.annotations);
     let owned = |key: &str| annotations.contains_key(&format!("{OWNED}{key}"));
     let live = annotations.get(annotation).map(|value| Live { value: value.to_owned(), owned: owned(annotation) });
-    let map = annotations.to_map();
     Selected {
         name: obj.name().to_owned(),
         live,
         version: obj.version(),
         workload_ref: annotations.get(WORKLOAD_REF).map(str::to_owned),
-        references: if wants.references { references::decode(&map) } else { References::new() },
-        health: Health::decode(&map),
+        references: if wants.references { references::decode(annotations) } else { References::new() },
+        health: Health::decode(annotations),
         labels: if wants.labels { obj.labels.to_map() } else { BTreeMap::new() },
     }
 }
