@@ -117,6 +117,7 @@ impl Sim {
             }),
             51..57 => Some({
                 self.controller = None;
+                self.killed();
                 "controller stopped".into()
             }),
             57..62 => Some({
@@ -203,6 +204,7 @@ impl Sim {
                 work.generation += 1;
                 work.runs = content;
                 work.undone = true;
+                work.undid_unrecorded = !work.recorded;
                 format!("{name} rolled back")
             }),
             // An ACL policy change: the token may no longer read one bound path, or may again.
@@ -239,6 +241,12 @@ impl Sim {
                 }
                 format!("the API server is {}", if self.api_away { "away" } else { "back; the caches list again" })
             }),
+            // The owner lets the namespace go, at one of its next writes.
+            96..100 if self.controller.is_some() => {
+                let cut = if self.rng.bool() { handover::Cut::Drain } else { handover::Cut::Freeze };
+                let after = self.rng.usize(..3);
+                self.arm(cut, after)
+            }
             _ => None,
         }
     }

@@ -4,8 +4,9 @@
 //! reaping, outages, a path the token may no longer read, shared and solo reads), in-memory
 //! workloads and a ConfigMap (relabelled out of the targets and back, references added and
 //! dropped, a rollout undo, deleted and made again), the API server away and back with caches
-//! that list again in pages, a second binding on one workload, and controller restarts that
-//! keep only the status. Time is Tokio's paused clock.
+//! that list again in pages, a second binding on one workload, controller restarts that keep
+//! only the status, and the namespace handed between shard replicas part-way through a
+//! reconcile's writes. Time is Tokio's paused clock.
 //!
 //! Each seed makes one schedule; after every step the invariants are checked against a model
 //! that knows what happened, not what the controller concluded:
@@ -20,6 +21,7 @@
 
 mod api;
 mod events;
+mod handover;
 mod keys;
 mod objects;
 mod port;
@@ -131,6 +133,12 @@ struct Work {
     /// A rollout undo put back an older template since: as documented, it is rolled at the
     /// next change of what it reads, never for the undo alone.
     undone: bool,
+    /// The status recorded its last stamp. One whose status write was refused (a handover or a
+    /// crash between the two writes) and then undone is known to no one: the status says the
+    /// content it brought is still to roll.
+    recorded: bool,
+    /// The undo put back a template over a stamp the status never recorded.
+    undid_unrecorded: bool,
 }
 
 impl Work {
@@ -146,6 +154,8 @@ impl Work {
             stamps: Vec::new(),
             stamped_with,
             undone: false,
+            recorded: true,
+            undid_unrecorded: false,
         }
     }
 }
@@ -214,6 +224,8 @@ struct Sim {
     /// Stamps planned in one round of reconciles, by workload, written as one template change
     /// each: bindings woken by one change stamp a workload in one write (see `reconcile::desk`).
     batch: BTreeMap<&'static str, Vec<(usize, String)>>,
+    /// The shard ring whose replicas hand the namespace between them.
+    ring: Option<handover::Ring>,
     /// When anything but time last happened.
     quiet_since: Instant,
     started: Instant,
@@ -284,6 +296,7 @@ impl Sim {
             other,
             active: 0,
             batch: BTreeMap::new(),
+            ring: (kind == Kind::Handover).then(handover::Ring::new),
             quiet_since: Instant::now(),
             started: Instant::now(),
         }
@@ -336,6 +349,7 @@ impl Sim {
             cached_cm: None,
             desk: Desk::default(),
         });
+        self.take_over();
         self.deliver(false);
     }
 
@@ -484,6 +498,8 @@ pub(crate) enum Kind {
     Api,
     /// The target changes, with a second binding on one of the workloads.
     Shared,
+    /// The target changes, with the namespace handed between the replicas of a shard ring.
+    Handover,
 }
 
 /// Runs the schedule of `seed`; panics with its steps when an invariant breaks.

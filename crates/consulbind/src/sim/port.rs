@@ -7,10 +7,11 @@ impl Sim {
     /// One reconcile of the binding, as the controller's reconcile makes it, with every stamp
     /// landing.
     pub(super) async fn reconcile(&mut self) {
-        if !self.decides() {
+        if !self.decides() || !self.ready() {
             return;
         }
         let Some(mut controller) = self.controller.take() else { return };
+        self.renewed();
         self.reconcile_with(&mut controller).await;
         if self.other.is_some() {
             self.swap(&mut controller);
@@ -19,7 +20,9 @@ impl Sim {
         }
         self.write_stamps(&mut controller);
         self.reset_unshown &= !self.readable();
-        self.controller = Some(controller);
+        if !self.let_go_forgotten() {
+            self.controller = Some(controller);
+        }
     }
 
     /// Puts the other binding in (or back out): its spec, status and memory.
@@ -68,8 +71,15 @@ impl Sim {
         };
         let first_record = observed.previous.applied_checksum.is_none();
         let observed_dry_run = observed.previous.dry_run.clone();
-        apply::apply(&mut port, &observed, decision).await.expect("the model takes every write");
+        let applied = apply::apply(&mut port, &observed, decision).await;
         let (rolled, published) = (port.rolled, port.published);
+        // A reconcile cut short by a handover made some of its writes; the replica that takes
+        // over makes the rest, from the status.
+        if self.cut_short() {
+            self.note(format_args!("  cut short: rolled {rolled:?}, events {published:?}, {applied:?}"));
+            return;
+        }
+        applied.expect("the model takes every write");
         // What the binding's events tell a person, held to what happened: one RolledOut for a
         // reconcile that changed workloads, none for one that did not, and a first record of
         // the content without a rollout said to be a baseline.
@@ -240,12 +250,14 @@ impl Sim {
         let work = &self.works[name];
         let (undone, undo_alone) = (work.undone, work.undone && work.stamped_with == content);
         let unchanged = work.runs == content;
-        if undo_alone {
+        if undo_alone && !work.undid_unrecorded {
             self.fail(format_args!("rolled {name} for a rollout undo alone"));
         }
         if !undone && unchanged {
             self.fail(format_args!("rolled {name} without a change of its content"));
         }
+        // Written before the status of its reconcile, which a handover may refuse.
+        let recorded = !self.cut_short();
         let work = self.works.get_mut(name).expect("a simulated workload");
         for (binding, value) in stamps {
             work.live[binding] = Some(Live { value, owned: true });
@@ -255,6 +267,8 @@ impl Sim {
         work.runs = content.clone();
         work.stamped_with = content;
         work.undone = false;
+        work.undid_unrecorded = false;
+        work.recorded = recorded;
         Version { uid: format!("{name}-{}", work.uid), generation: work.generation }
     }
 }
@@ -290,12 +304,18 @@ impl Port for Writes<'_> {
     }
 
     async fn stamp(&mut self, _: &Read, plan: &Plan) -> Outcome {
+        let mut outcome = Outcome::default();
         for w in &plan.roll {
+            if let Err(refused) = self.sim.admit(true).await {
+                outcome.failed.push((w.clone(), refused.to_string()));
+                continue;
+            }
             let version = self.sim.stamp(&w.1, plan.values[w].clone());
             self.controller.record.stamps.insert(w.clone(), (version, plan.values[w].clone()));
+            outcome.rolled.push(w.clone());
         }
-        self.rolled = plan.roll.clone();
-        Outcome { rolled: plan.roll.clone(), failed: Vec::new() }
+        self.rolled = outcome.rolled.clone();
+        outcome
     }
 
     fn due(&mut self, at: Option<Instant>) {
@@ -303,10 +323,13 @@ impl Port for Writes<'_> {
     }
 
     fn publish(&mut self, event: Event, _: &Read, _: &ConsulBindingStatus, _: &Outcome) {
-        self.published.push(event.kind());
+        if self.sim.gate_open().is_ok() {
+            self.published.push(event.kind());
+        }
     }
 
     async fn status(&mut self, _: &ConsulBindingStatus, status: &ConsulBindingStatus) -> Result<(), crate::Error> {
+        self.sim.admit(false).await?;
         let sim = &mut *self.sim;
         if self.ready {
             for (i, source) in self.spec.keys.iter().enumerate() {
