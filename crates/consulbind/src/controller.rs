@@ -14,7 +14,7 @@ use kube::{
         Controller, WatchStreamExt,
         controller::Config as ControllerConfig,
         events::Reporter,
-        reflector::{self, ObjectRef},
+        reflector,
         watcher::{self, watcher},
     },
 };
@@ -69,7 +69,7 @@ pub async fn run(config: Config, shutdown: signal::Receiver<bool>) -> Result<(),
     let woken = desk.clone();
     let wake: Wake = Arc::new(move |binding: BindingRef| {
         woken.woken(&binding);
-        let scope = if serves_all { None } else { binding.namespace.clone() };
+        let scope = if serves_all { None } else { Some(binding.namespace().to_owned()) };
         if let Some(tx) = senders.get(&scope) {
             let _ = tx.unbounded_send(binding);
         }
@@ -303,7 +303,7 @@ fn wake_on_touches(
             while served.changed().await.is_ok() {
                 let targets = |b: &ConsulBinding| b.spec.targets.iter().any(|t| t.kind == kind);
                 for binding in bindings.state().iter().filter(|b| targets(b)) {
-                    served_tx(ObjectRef::from_obj(&**binding));
+                    served_tx(crate::binding_ref(binding));
                 }
             }
         });
@@ -312,7 +312,7 @@ fn wake_on_touches(
     let bindings = ctx.bindings.clone();
     tokio::spawn(namespaces_touched.for_each(move |namespace| {
         for binding in bindings.state().iter().filter(|b| b.metadata.namespace.as_ref() == Some(&namespace)) {
-            namespace_tx(ObjectRef::from_obj(&**binding));
+            namespace_tx(crate::binding_ref(binding));
         }
         futures::future::ready(())
     }));
@@ -371,9 +371,9 @@ async fn run_scope(
     };
     let controller = Controller::for_stream(bindings, reader)
         .with_config(ControllerConfig::default().concurrency(RECONCILE_CONCURRENCY))
-        .reconcile_on(wakes.inspect(move |binding| reconcile::express(&express_ctx, binding)))
-        .reconcile_on(touched_rx)
-        .reconcile_on(resync(ctx.bindings.clone()))
+        .reconcile_on(wakes.inspect(move |binding| reconcile::express(&express_ctx, binding)).map(|b| b.object_ref()))
+        .reconcile_on(touched_rx.map(|b| b.object_ref()))
+        .reconcile_on(resync(ctx.bindings.clone()).map(|b| b.object_ref()))
         .graceful_shutdown_on(stop)
         .run(reconcile::reconcile, reconcile::error_policy, ctx)
         .for_each(|result| {
@@ -382,9 +382,7 @@ async fn run_scope(
                 match error {
                     // A wake for a binding that is gone: make sure nothing of it stays behind.
                     E::ObjectNotFound(gone) => {
-                        let mut binding = ObjectRef::<ConsulBinding>::new(&gone.name);
-                        binding.namespace = gone.namespace.clone();
-                        not_found.forget(&binding);
+                        not_found.forget(&BindingRef::from(&*gone));
                     }
                     // Logged by the error policy.
                     E::ReconcilerFailed(..) => {}
@@ -421,7 +419,7 @@ fn binding_events(
     let seen = ctx.clone();
     let store = ctx.bindings.clone();
     let listed_scope = scope.clone();
-    let in_scope = move |b: &BindingRef| scope.is_none() || b.namespace == scope;
+    let in_scope = move |b: &BindingRef| scope.as_deref().is_none_or(|s| s == b.namespace());
     let in_this_scope = in_scope.clone();
     // The view whose list is under way, told to the gate once it is done.
     let listing: Arc<Mutex<Option<View>>> = Arc::default();
@@ -442,7 +440,7 @@ fn binding_events(
             shards::per_view(views, move |served: Served| {
                 // What this replica holds of a namespace another may have served meanwhile is
                 // stale: it goes, and the list gives it again from the status.
-                let namespace = |b: &BindingRef| b.namespace.clone().unwrap_or_default();
+                let namespace = |b: &BindingRef| b.namespace().to_owned();
                 relisting.retain(|b| !in_this_scope(b) || served.continues(&namespace(b)));
                 *listing_view.locked() = Some(served.view.clone());
                 let ours = move |event: &watcher::Event<ConsulBinding>| match event {
@@ -463,10 +461,10 @@ fn binding_events(
     let mut listed = Listed { store: ctx.bindings.clone(), pending: Vec::new() };
     reflector::reflector(writer, events)
         .inspect_ok(move |event| match event {
-            watcher::Event::Delete(binding) => forget.forget(&ObjectRef::from_obj(binding)),
+            watcher::Event::Delete(binding) => forget.forget(&crate::binding_ref(binding)),
             // A relist can hide deletions; drop whatever the fresh list no longer has.
             watcher::Event::InitDone => {
-                forget.retain(|b| !in_scope(b) || store.get(b).is_some());
+                forget.retain(|b| !in_scope(b) || store.get(&b.object_ref()).is_some());
                 if let (Some(gate), Some(view)) = (forget.writes.gate(), listing.locked().as_ref()) {
                     gate.listed(view, listed_scope.as_deref());
                 }
@@ -502,7 +500,7 @@ impl Listed {
             }
             watcher::Event::InitDone => {
                 let (pending, store) = (std::mem::take(&mut self.pending), self.store.clone());
-                Box::new(pending.into_iter().filter_map(move |b| store.get(&b).map(|b| (*b).clone())))
+                Box::new(pending.into_iter().filter_map(move |b| store.get(&b.object_ref()).map(|b| (*b).clone())))
             }
             watcher::Event::Delete(_) => Box::new(std::iter::empty()),
         }
@@ -544,7 +542,7 @@ fn resync(store: reflector::Store<ConsulBinding>) -> mpsc::UnboundedReceiver<Bin
                 let meta = &binding.metadata;
                 let due =
                     resync_tick(meta.namespace.as_deref(), meta.name.as_deref().unwrap_or_default(), ticks) == tick;
-                if due && tx.unbounded_send(ObjectRef::from_obj(&*binding)).is_err() {
+                if due && tx.unbounded_send(crate::binding_ref(&binding)).is_err() {
                     return;
                 }
             }
@@ -585,10 +583,10 @@ mod tests {
             writer.apply_watcher_event(&event);
             assert_eq!(listed.objects(event).count(), 0, "before the list is done");
         }
-        assert!(store.get(&ObjectRef::new("a").within("team")).is_none());
+        assert!(store.get(&BindingRef::new("team", "a").object_ref()).is_none());
         writer.apply_watcher_event(&watcher::Event::InitDone);
         assert_eq!(names(listed.objects(watcher::Event::InitDone)), ["a", "b"]);
-        assert!(store.get(&ObjectRef::new("a").within("team")).is_some());
+        assert!(store.get(&BindingRef::new("team", "a").object_ref()).is_some());
         let apply = watcher::Event::Apply(binding("c"));
         writer.apply_watcher_event(&apply);
         assert_eq!(names(listed.objects(apply)), ["c"], "a watch event comes at once");
@@ -608,7 +606,7 @@ mod tests {
         let end = tokio::time::Instant::now() + RESYNC;
         let mut seen = Vec::new();
         while let Ok(Some(binding)) = tokio::time::timeout_at(end, woken.next()).await {
-            seen.push(binding.name);
+            seen.push(binding.name().to_owned());
         }
         seen.sort();
         let mut expected = names.clone();

@@ -47,7 +47,7 @@ impl Interest {
         found: &[Workload],
         objects: impl IntoIterator<Item = (ObjectKind, &'a str)>,
     ) {
-        let namespace = binding.namespace.clone().unwrap_or_default();
+        let namespace = binding.namespace().to_owned();
         let mut selectors: HashMap<WorkloadKind, Vec<Selector>> = HashMap::new();
         let mut named = Vec::new();
         for target in &spec.targets {
@@ -92,7 +92,7 @@ impl Interest {
 
     pub fn remove(&mut self, binding: &BindingRef) {
         let Some(old) = self.by_binding.remove(binding) else { return };
-        let namespace = binding.namespace.clone().unwrap_or_default();
+        let namespace = binding.namespace().to_owned();
         for (kind, name) in old.named {
             remove_from(&mut self.named, (namespace.clone(), kind, name.into()), binding);
         }
@@ -186,7 +186,7 @@ mod tests {
     use super::*;
 
     fn binding(ns: &str, name: &str) -> BindingRef {
-        BindingRef::new(name).within(ns)
+        BindingRef::new(ns, name)
     }
 
     fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
@@ -276,7 +276,7 @@ mod tests {
     #[test]
     fn an_object_is_freed_when_its_last_binding_stops_reading_it() {
         let mut interest = Interest::default();
-        let (a, b) = (BindingRef::new("a").within("ns"), BindingRef::new("b").within("ns"));
+        let (a, b) = (BindingRef::new("ns", "a"), BindingRef::new("ns", "b"));
         let spec = ConsulBindingSpec::default();
         let cm = |name: &'static str| [(ObjectKind::ConfigMap, name)];
         interest.set(&a, &spec, &[], cm("shared"));

@@ -285,7 +285,7 @@ mod tests {
     }
 
     fn binding(name: &str) -> BindingRef {
-        BindingRef::new(name).within("ns")
+        BindingRef::new("ns", name)
     }
 
     fn version() -> Version {
@@ -416,7 +416,8 @@ mod tests {
         let kept_at = |after: Duration| {
             let mut inner = desk.inner.locked();
             inner.sweep(start + after);
-            let mut names: Vec<String> = inner.flight.keys().chain(inner.due.keys()).map(|b| b.name.clone()).collect();
+            let mut names: Vec<String> =
+                inner.flight.keys().chain(inner.due.keys()).map(|b| b.name().to_owned()).collect();
             names.sort();
             names
         };
@@ -437,8 +438,7 @@ mod tests {
         let turn = desk.submit(web(), Stamp { value: "sum~1".into(), ..stamp("a") }, vec![binding("b"), binding("c")]);
         let (written, carried) = desk
             .run(turn, |stamps| async move {
-                let values: Vec<(&str, &str)> =
-                    stamps.iter().map(|s| (s.binding.name.as_str(), s.value.as_str())).collect();
+                let values: Vec<(&str, &str)> = stamps.iter().map(|s| (s.binding.name(), s.value.as_str())).collect();
                 assert_eq!(values, [("a", "sum~1"), ("b", "sum")]);
                 Ok(version())
             })

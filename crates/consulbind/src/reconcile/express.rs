@@ -95,10 +95,10 @@ mod tests {
     #[tokio::test]
     async fn a_binding_runs_once_at_a_time() {
         let express = Arc::new(Express::default());
-        let binding = BindingRef::new("b").within("ns");
+        let binding = BindingRef::new("ns", "b");
         let first = express.enter(&binding).await;
         assert!(express.try_enter(&binding).is_none());
-        assert!(express.try_enter(&BindingRef::new("other").within("ns")).is_some());
+        assert!(express.try_enter(&BindingRef::new("ns", "other")).is_some());
 
         let waiting = tokio::spawn({
             let (express, binding) = (express.clone(), binding.clone());
@@ -117,11 +117,11 @@ mod tests {
     async fn express_runs_take_a_slot_each_and_drain_waits_for_them() {
         let express = Arc::new(Express::default());
         let tickets: Vec<Ticket> =
-            (0..SLOTS).map(|i| express.try_start(&BindingRef::new(&format!("b{i}")).within("ns")).unwrap()).collect();
-        assert!(express.try_start(&BindingRef::new("late").within("ns")).is_none(), "no slot left");
+            (0..SLOTS).map(|i| express.try_start(&BindingRef::new("ns", &format!("b{i}"))).unwrap()).collect();
+        assert!(express.try_start(&BindingRef::new("ns", "late")).is_none(), "no slot left");
         drop(tickets);
-        let busy = express.try_start(&BindingRef::new("b0").within("ns")).unwrap();
-        assert!(express.try_start(&BindingRef::new("b0").within("ns")).is_none(), "b0 is running");
+        let busy = express.try_start(&BindingRef::new("ns", "b0")).unwrap();
+        assert!(express.try_start(&BindingRef::new("ns", "b0")).is_none(), "b0 is running");
 
         let drain = tokio::spawn({
             let express = express.clone();
@@ -131,6 +131,6 @@ mod tests {
         assert!(!drain.is_finished(), "drained while a run was in flight");
         drop(busy);
         tokio::time::timeout(Duration::from_secs(5), drain).await.unwrap().unwrap();
-        assert!(express.try_start(&BindingRef::new("after").within("ns")).is_none(), "started after the drain");
+        assert!(express.try_start(&BindingRef::new("ns", "after")).is_none(), "started after the drain");
     }
 }

@@ -49,14 +49,14 @@ pub async fn reconcile(binding: Arc<ConsulBinding>, ctx: Arc<Context>) -> Result
     let oref = binding_ref(&binding);
     let _running = ctx.express.enter(&oref).await;
     // An express run may have written the status while this one waited.
-    let binding = ctx.bindings.get(&oref).unwrap_or(binding);
+    let binding = ctx.bindings.get(&oref.object_ref()).unwrap_or(binding);
     reconcile_marked(binding, &ctx).await
 }
 
 /// Reconciles `binding` at once, if it is idle and an express slot is free. kube-runtime's
 /// queued run follows either way, and keeps the retries.
 pub fn express(ctx: &Arc<Context>, binding: &BindingRef) {
-    let Some(object) = ctx.bindings.get(binding) else { return };
+    let Some(object) = ctx.bindings.get(&binding.object_ref()) else { return };
     let Some(ticket) = ctx.express.try_start(binding) else { return };
     let ctx = ctx.clone();
     tokio::spawn(async move {
@@ -69,7 +69,7 @@ pub fn express(ctx: &Arc<Context>, binding: &BindingRef) {
 }
 
 pub fn error_policy(binding: Arc<ConsulBinding>, error: &Error, _ctx: Arc<Context>) -> Action {
-    warn!(binding = %BindingRef::from_obj(&*binding), %error, "reconcile failed; retrying");
+    warn!(binding = %binding_ref(&binding), %error, "reconcile failed; retrying");
     Action::requeue(Duration::from_secs(5))
 }
 

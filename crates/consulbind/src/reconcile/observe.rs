@@ -171,7 +171,7 @@ pub async fn observe<'a>(ctx: &Context, binding: &'a ConsulBinding, started: Ins
         return Err(Action::requeue(Duration::from_millis(500)));
     }
     let namespace = binding.namespace().unwrap_or_default();
-    let annotation = names::annotation_key(&oref.name);
+    let annotation = names::annotation_key(oref.name());
     let mut staging = Staging::of(spec, &ctx.staging_defaults).ok().flatten();
     if let Some(staging) = &mut staging {
         staging.let_through = binding.annotations().get(consulbind_api::ROLL_OUTSIDE_WINDOW).cloned();

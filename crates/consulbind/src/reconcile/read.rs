@@ -182,7 +182,7 @@ pub fn decides(listing: bool) -> bool {
 /// count, when its namespace would watch more paths than `--max-watched-paths-per-namespace`.
 pub fn subscribe(ctx: &Context, binding: &BindingRef, queries: &[KvQuery]) -> Result<Vec<KeyState>, usize> {
     let states = ctx.watches.subscribe(binding, queries, ctx.max_watched_paths_per_namespace);
-    if ctx.bindings.get(binding).is_none() {
+    if ctx.bindings.get(&binding.object_ref()).is_none() {
         ctx.watches.release(binding);
     }
     states

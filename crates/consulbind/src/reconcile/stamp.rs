@@ -40,7 +40,7 @@ pub async fn stamp_all(
     plan: &Plan,
     versions: &BTreeMap<Workload, Version>,
 ) -> Outcome {
-    let namespace = binding.namespace.clone().unwrap_or_default();
+    let namespace = binding.namespace().to_owned();
     let turns: Vec<(Workload, String, Turn)> = plan
         .roll
         .iter()
@@ -97,7 +97,7 @@ pub async fn stamp_all(
 
 /// Puts on the desk the stamps of the targets the plan holds back (see [`desk`](super::desk)).
 pub fn hold(ctx: &Context, binding: &BindingRef, plan: &Plan) {
-    let namespace = binding.namespace.clone().unwrap_or_default();
+    let namespace = binding.namespace().to_owned();
     let held = plan.held.iter().map(|w| ((namespace.clone(), w.clone()), stamp_of(binding, plan.content[w].clone())));
     ctx.desk.hold(binding, held.collect());
 }
@@ -105,9 +105,9 @@ pub fn hold(ctx: &Context, binding: &BindingRef, plan: &Plan) {
 fn stamp_of(binding: &BindingRef, value: String) -> Stamp {
     Stamp {
         binding: binding.clone(),
-        annotation: names::annotation_key(&binding.name),
+        annotation: names::annotation_key(binding.name()),
         value,
-        manager: names::field_manager(&binding.name),
+        manager: names::field_manager(binding.name()),
     }
 }
 
@@ -209,7 +209,7 @@ mod tests {
     fn a_stamp_is_held_to_the_object_the_cache_saw() {
         let web: Workload = (WorkloadKind::Deployment, "web".into());
         let stamp = |binding: &str| Stamp {
-            binding: BindingRef::new(binding).within("ns"),
+            binding: BindingRef::new("ns", binding),
             annotation: format!("checksum.consulbind.dev/{binding}"),
             value: format!("v2:{binding}"),
             manager: format!("consulbind-{binding}"),

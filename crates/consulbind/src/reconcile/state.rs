@@ -192,10 +192,10 @@ impl States {
         if let Some(state) = record.and_then(|r| r.written.ready) {
             self.gauge(state).dec();
         }
-        let namespace = binding.namespace.clone().unwrap_or_default();
+        let namespace = binding.namespace().to_owned();
         for kind in WorkloadKind::ALL {
             let labels =
-                RolloutLabels { namespace: namespace.clone(), binding: binding.name.clone(), kind: kind.as_str() };
+                RolloutLabels { namespace: namespace.clone(), binding: binding.name().to_owned(), kind: kind.as_str() };
             self.metrics.rollouts.remove(&labels);
         }
     }
@@ -287,7 +287,7 @@ mod tests {
     #[test]
     fn a_deleted_binding_leaves_nothing_behind() {
         let states = states();
-        let (a, b) = (BindingRef::new("a").within("ns"), BindingRef::new("b").within("ns"));
+        let (a, b) = (BindingRef::new("ns", "a"), BindingRef::new("ns", "b"));
         states.set_ready(&a, "True");
         states.set_ready(&b, "False");
         states.update(&a, |r| {
@@ -330,7 +330,7 @@ mod tests {
     #[test]
     fn the_ready_gauges_count_each_binding_once() {
         let states = states();
-        let a = BindingRef::new("a").within("ns");
+        let a = BindingRef::new("ns", "a");
         states.set_ready(&a, "False");
         states.set_ready(&a, "False");
         states.set_ready(&a, "True");
@@ -344,7 +344,7 @@ mod tests {
     #[test]
     fn the_written_copy_goes_once_the_cache_has_it_for_the_same_object() {
         let states = states();
-        let a = BindingRef::new("a").within("ns");
+        let a = BindingRef::new("ns", "a");
         let kept = |states: &States| states.update(&a, |r| r.written.status.is_some());
         states.wrote_status(&a, "uid-1".into(), &status("sum"));
         assert!(kept(&states));
@@ -362,7 +362,7 @@ mod tests {
     #[test]
     fn the_last_status_is_never_older_than_the_last_write() {
         let states = states();
-        let a = BindingRef::new("a").within("ns");
+        let a = BindingRef::new("ns", "a");
         let mut held = binding("a", "uid-1", Some(status("old")));
         states.cache(&mut held);
         assert_eq!(held.status, None, "the cache keeps no status");

@@ -235,11 +235,11 @@ impl Sim {
             let stamps = stamps.into_iter().map(|(b, value)| stamp(b, value)).collect();
             let (stamps, carried) = controller.desk.carry(&target(name), stamps);
             let stamps: Vec<(usize, String)> =
-                stamps.into_iter().map(|s| (usize::from(s.binding.name == "b"), s.value)).collect();
+                stamps.into_iter().map(|s| (usize::from(s.binding.name() == "b"), s.value)).collect();
             let version = self.write(name, stamps);
             for s in carried {
-                self.note(format_args!("  {name} carries the held stamp of {}", s.binding.name));
-                let record = if s.binding.name == "b" { &mut controller.other.0 } else { &mut controller.record };
+                self.note(format_args!("  {name} carries the held stamp of {}", s.binding.name()));
+                let record = if s.binding.name() == "b" { &mut controller.other.0 } else { &mut controller.record };
                 record.stamps.insert((WorkloadKind::Deployment, name.to_owned()), (version.clone(), s.value));
             }
         }
@@ -361,7 +361,7 @@ impl Port for Writes<'_> {
 
 /// The first binding is `a`, the second `b`.
 fn binding(active: usize) -> BindingRef {
-    BindingRef::new(["a", "b"][active]).within("ns")
+    BindingRef::new("ns", ["a", "b"][active])
 }
 
 fn target(name: &str) -> (String, Workload) {

@@ -283,7 +283,7 @@ impl Inner {
 }
 
 fn namespace(binding: &BindingRef) -> &str {
-    binding.namespace.as_deref().unwrap_or_default()
+    binding.namespace()
 }
 
 async fn plan_forever(shared: Arc<Shared>) {
@@ -297,12 +297,11 @@ async fn plan_forever(shared: Arc<Shared>) {
 
 #[cfg(test)]
 mod tests {
-    use kube::runtime::reflector::ObjectRef;
 
     use super::*;
 
     fn binding(name: &str) -> BindingRef {
-        ObjectRef::new(name).within("ns")
+        BindingRef::new("ns", name)
     }
 
     #[test]
@@ -333,7 +332,7 @@ mod tests {
     fn a_namespace_counts_its_distinct_paths_whichever_binding_adds_or_frees_them() {
         let mut inner = Inner::default();
         let (a, b) = (binding("a"), binding("b"));
-        let other = ObjectRef::new("c").within("other");
+        let other = BindingRef::new("other", "c");
         let q = |k: &str| KvQuery::exact(k);
         inner.subscribe(&a, &[q("x"), q("y")]);
         // Another namespace's paths, shared or not, count for it alone.

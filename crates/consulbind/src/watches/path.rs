@@ -310,7 +310,7 @@ mod tests {
     #[test]
     fn subscribers_have_no_duplicates() {
         let path = Path::default();
-        let (a, b) = (BindingRef::new("a").within("ns"), BindingRef::new("b").within("ns"));
+        let (a, b) = (BindingRef::new("ns", "a"), BindingRef::new("ns", "b"));
         path.subscribe(&a);
         path.subscribe(&a);
         path.subscribe(&b);

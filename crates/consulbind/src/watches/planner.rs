@@ -226,7 +226,7 @@ pub fn plan(runner: &Arc<Runner>, paths: &HashMap<Arc<KvQuery>, Arc<Path>>, grou
             let (paths, scope_cells): (Vec<WatchPath>, Vec<Arc<Path>>) = members.into_iter().unzip();
             let subscribers: Vec<_> = scope_cells.iter().flat_map(|c| c.subscribers()).collect();
             let scope_paths = ScopePaths {
-                tenant: Tenant::of(subscribers.iter().map(|b| b.namespace.as_deref())),
+                tenant: Tenant::of(subscribers.iter().map(|b| Some(b.namespace()))),
                 parked: scope_cells.iter().all(|c| c.denied()),
                 solo: scope_cells.iter().map(|c| c.solo()).collect(),
                 current: current.remove(&scope).unwrap_or_default(),

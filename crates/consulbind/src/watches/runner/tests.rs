@@ -87,7 +87,7 @@ fn entry(key: &str, value: &str, modify_index: u64) -> KvEntry {
 }
 
 fn binding(name: &str) -> BindingRef {
-    BindingRef::new(name).within("ns")
+    BindingRef::new("ns", name)
 }
 
 fn unreachable() -> Error {
@@ -240,7 +240,7 @@ impl Group {
 
     /// The bindings woken since the last look, each once.
     fn woken(&self) -> BTreeSet<String> {
-        self.woken.locked().drain(..).map(|b| b.name).collect()
+        self.woken.locked().drain(..).map(|b| b.name().to_owned()).collect()
     }
 
     fn content(&self, i: usize) -> Vec<(String, String)> {
@@ -897,7 +897,7 @@ async fn a_key_alone_missing_below_its_tables_highest_index_was_lost() {
     next("app/x").await;
     let KeyState::Ready(lost) = cells[0].state() else { panic!("not ready") };
     assert!(lost.reset_hold && lost.entries.is_empty(), "a lost key was taken for a deletion");
-    assert!(woken.locked().iter().any(|b| b.name == "one"));
+    assert!(woken.locked().iter().any(|b| b.name() == "one"));
 
     // From then on the table counts from 70: a deletion there is a deletion.
     let (paths_z, cells_z) = self::cells(&[("app/z", false, &["four"])]);
