@@ -1689,4 +1689,26 @@ mod tests {
         let (plan, _) = step(&spec, &status, &entries, &web());
         assert_eq!(plan.roll, web());
     }
+
+    #[test]
+    fn a_keys_status_counts_a_prefix_by_its_entries_and_a_key_by_its_own_entry() {
+        let key = checksum::Key::new([7; checksum::KEY_LEN]);
+        let prefix = KeySource { key: "app/".into(), recurse: true, optional: false };
+        let exact = KeySource { key: "app/x".into(), recurse: false, optional: false };
+        // A shared read answers the other keys under the prefix too.
+        let entries = [KvEntry::new("app/w", "1", 3), KvEntry::new("app/x", "2", 5), KvEntry::new("app/y", "3", 9)];
+        let status =
+            |source| key_status(&key, &KeyContent { source, entries: &entries, reset_hold: false, index: None });
+        let seen = |s: KeyStatus| (s.present, s.entries, s.modify_index);
+        assert_eq!(seen(status(&prefix)), (true, Some(3), Some(9)));
+        assert_eq!(seen(status(&exact)), (true, None, Some(5)));
+        let alone = |source| {
+            let only = &entries[1..2];
+            key_status(&key, &KeyContent { source, entries: only, reset_hold: false, index: None }).checksum
+        };
+        assert_eq!(status(&exact).checksum, alone(&exact), "the other keys count for nothing");
+        assert_ne!(status(&prefix).checksum, alone(&prefix), "each entry of a prefix counts");
+        let missing = KeySource { key: "app/z".into(), recurse: false, optional: true };
+        assert!(!status(&missing).present);
+    }
 }

@@ -518,4 +518,120 @@ mod tests {
             assert!(validate(&spec(target, None)).unwrap_err().contains("exactly one of name and selector"));
         }
     }
+
+    #[test]
+    fn the_objects_bound_are_the_specs_then_those_the_targets_reference_that_it_does_not_name() {
+        use consulbind_api::ObjectSource;
+
+        use crate::cluster::references::Use;
+        let source = |name: &str| ObjectSource { name: name.into(), keys: None, optional: false };
+        let mut spec = ConsulBindingSpec {
+            config_maps: vec![source("app")],
+            secrets: vec![source("creds")],
+            include_target_references: true,
+            ..Default::default()
+        };
+        let used = |keys: &[&str], optional| Use {
+            keys: (!keys.is_empty()).then(|| keys.iter().map(|k| k.to_string()).collect()),
+            optional,
+        };
+        let references = References::from([
+            // Named in the spec already.
+            ((ObjectKind::ConfigMap, "app".into()), used(&[], false)),
+            // The same name, of the other kind.
+            ((ObjectKind::Secret, "app".into()), used(&["token"], true)),
+            ((ObjectKind::ConfigMap, "flags".into()), used(&[], false)),
+        ]);
+        let shown = |bound: Result<Vec<Bound>, String>| -> Vec<String> {
+            let bound = bound.expect("within the limit");
+            bound
+                .iter()
+                .map(|b| {
+                    format!("{:?} {} {:?} {} {}", b.kind, b.source.name, b.source.keys, b.source.optional, b.referenced)
+                })
+                .collect()
+        };
+        assert_eq!(
+            shown(bound_objects(&spec, &references)),
+            [
+                "ConfigMap app None false false",
+                "Secret creds None false false",
+                "ConfigMap flags None false true",
+                "Secret app Some([\"token\"]) true true",
+            ]
+        );
+        spec.include_target_references = false;
+        assert_eq!(
+            shown(bound_objects(&spec, &references)),
+            ["ConfigMap app None false false", "Secret creds None false false"]
+        );
+
+        spec.include_target_references = true;
+        let many = |n: usize| (0..n).map(|i| ((ObjectKind::ConfigMap, format!("cm-{i}")), used(&[], false))).collect();
+        assert_eq!(bound_objects(&spec, &many(MAX_REFERENCES)).map(|b| b.len()), Ok(MAX_REFERENCES + 2));
+        let refused = bound_objects(&spec, &many(MAX_REFERENCES + 1)).err().expect("over the limit");
+        assert!(refused.contains("reference 65 ConfigMaps and Secrets"), "{refused}");
+    }
+
+    #[test]
+    fn the_bytes_bound_count_each_keys_name_and_value_up_to_the_limit() {
+        let spec = ConsulBindingSpec {
+            keys: vec![consulbind_api::KeySource { key: "app/".into(), recurse: true, optional: false }],
+            ..Default::default()
+        };
+        let path = crate::watches::path::Path::default();
+        // 4 bytes of name and 10 of value, and 5 and 1.
+        let entries = [consul_kv::KvEntry::new("app/", vec![0; 10], 7), consul_kv::KvEntry::new("app/x", vec![0], 8)];
+        path.set_answer(&entries, false, None);
+        let states = [path.state()];
+        let held = |max| match consul_view(&spec, &states, max) {
+            Some(Consul::Ready(_)) => Ok(()),
+            Some(Consul::Failed { reason, message }) => Err((reason, message)),
+            None => panic!("answered"),
+        };
+        assert_eq!(held(20), Ok(()), "20 bytes at most");
+        let (reason, message) = held(19).unwrap_err();
+        assert_eq!(reason, consulbind_api::conditions::reason::BINDING_TOO_LARGE);
+        assert!(message.contains("hold 20 bytes in all, more than the 19 bytes"), "{message}");
+    }
+
+    #[test]
+    fn a_cache_part_way_through_a_list_holds_every_decision() {
+        assert!(!decides(true));
+        assert!(decides(false));
+    }
+
+    #[test]
+    fn an_object_source_needs_a_name_and_no_empty_key() {
+        let with = |name: &str, keys: Option<Vec<String>>| ConsulBindingSpec {
+            config_maps: vec![consulbind_api::ObjectSource { name: name.into(), keys, optional: false }],
+            targets: vec![named()],
+            ..Default::default()
+        };
+        assert!(validate(&with("app", Some(vec!["a".into()]))).is_ok());
+        for spec in [with("", None), with("app", Some(vec!["a".into(), String::new()]))] {
+            let refused = validate(&spec).unwrap_err();
+            assert!(
+                refused.contains("each ConfigMap source needs a name, and none of its keys may be empty"),
+                "{refused}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_max_delay_shorter_than_the_quiet_period_is_served_with_a_caution_and_an_equal_one_is_not() {
+        let rollout = |quiet: &str, max: &str| {
+            spec(
+                named(),
+                Some(RolloutPolicy {
+                    quiet_period: Some(quiet.into()),
+                    max_delay: Some(max.into()),
+                    ..Default::default()
+                }),
+            )
+        };
+        assert!(caution(&rollout("10s", "5s")).is_some_and(|c| c.contains("maxDelay (5s) is shorter")));
+        assert_eq!(caution(&rollout("10s", "10s")), None);
+        assert_eq!(caution(&rollout("5s", "10s")), None);
+    }
 }
