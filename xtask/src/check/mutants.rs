@@ -71,7 +71,7 @@ pub fn run(seeds: u32, pick: Pick, args: &[String]) -> Result<()> {
             let wanted: Vec<String> = in_scope(&binary)?
                 .into_iter()
                 .filter(|name| match (&pick, tried.get(name)) {
-                    (Pick::Again, Some(outcome)) => matches!(*outcome, "missed" | "timeout"),
+                    (Pick::Again, outcome) => outcome.is_some_and(|o| matches!(*o, "missed" | "timeout")),
                     (_, outcome) => outcome.is_none(),
                 })
                 .collect();
