@@ -1507,6 +1507,8 @@ mod tests {
         let ready = condition(&held, conditions::READY);
         assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", reason::OBJECT_MISSING));
         assert!(ready.message.contains(r#"ConfigMap "app""#), "{}", ready.message);
+        let one = "is missing; rollouts are held until it exists (or mark it optional)";
+        assert!(ready.message.contains(one), "{}", ready.message);
         assert_eq!(held.applied_checksum, baseline.applied_checksum);
         assert_eq!(held.key_summary.as_deref(), Some("1/2"));
 
@@ -1710,5 +1712,26 @@ mod tests {
         assert_ne!(status(&prefix).checksum, alone(&prefix), "each entry of a prefix counts");
         let missing = KeySource { key: "app/z".into(), recurse: false, optional: true };
         assert!(!status(&missing).present);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn on_bind_rolls_every_target_but_one_with_the_bindings_own_stamp_of_the_content() {
+        let mut spec = spec(false);
+        spec.rollout = Some(RolloutPolicy { on_bind: true, ..Default::default() });
+        let found = web();
+        let first = |live: &[(&str, bool)]| {
+            let live: BTreeMap<Workload, Live> = live
+                .iter()
+                .map(|(value, owned)| (found[0].clone(), Live { value: value.to_string(), owned: *owned }))
+                .collect();
+            let (entries, previous) = (entry("v1"), ConsulBindingStatus::default());
+            let input = Input { live: &live, ..input(&spec, &previous, &entries, &found) };
+            plan(&input, &mut None, Instant::now()).roll
+        };
+        let (now, older) = (checksum_of("v1"), checksum_of("v0"));
+        assert!(first(&[(&now, true)]).is_empty(), "its own stamp of the content");
+        assert_eq!(first(&[(&older, true)]), web(), "its own stamp of other content");
+        assert_eq!(first(&[(&now, false)]), web(), "another manager's value says nothing of the pods");
+        assert_eq!(first(&[]), web());
     }
 }
