@@ -32,7 +32,7 @@ pub(super) struct Ring {
     owner: Option<usize>,
     /// The replica whose controller memory runs the binding.
     running: Option<usize>,
-    /// The owner lets go once this many more of its writes have passed.
+    /// The owner lets go once this many more of its stamps have passed.
     cut: Option<(Cut, usize)>,
 }
 
