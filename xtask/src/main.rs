@@ -85,16 +85,16 @@ enum Command {
         /// then tried again with more (`--seeds 60 --again`).
         #[arg(long, default_value_t = 10)]
         seeds: u32,
-        /// Try again the mutants in scope whose newest outcome in target/mutants/ is missed or
-        /// timed out.
+        /// Try again the mutants in scope whose newest outcome (in xtask/mutants.txt and the
+        /// reports in target/mutants/) is missed or timed out.
         #[arg(long, conflicts_with = "rest")]
         again: bool,
-        /// Try the mutants in scope that no report in target/mutants/ has an outcome for (new
-        /// code, moved lines, parts not run yet).
+        /// Try the mutants in scope that have no outcome yet (new code, moved lines, parts not
+        /// run yet).
         #[arg(long)]
         rest: bool,
-        /// Only print the totals over every report in target/mutants/, for the mutants in
-        /// scope now.
+        /// Only print the totals for the mutants in scope now, and write them to
+        /// xtask/mutants.txt.
         #[arg(long, conflicts_with_all = ["again", "rest"])]
         totals: bool,
         /// Passed to cargo-mutants, e.g. `--list`, or `--shard 1/8` for an eighth of the

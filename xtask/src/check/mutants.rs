@@ -32,6 +32,10 @@ const EXCLUDE_RE: &[&str] = &[
 ];
 /// Where the reports go: one folder per run, `mutants.out/` inside each.
 const OUTPUT: &str = "target/mutants";
+/// The newest outcome of each mutant in scope, kept in the repository so that a run on one
+/// machine counts on the next: a line each, the outcome and the mutant's name. Every run and
+/// `--totals` rewrite it from itself and the reports.
+const LEDGER: &str = "xtask/mutants.txt";
 
 /// Which mutants a run tries.
 pub enum Pick {
@@ -123,6 +127,7 @@ pub fn totals() -> Result<()> {
 fn print_totals(binary: &Path) -> Result<()> {
     let outcomes = outcomes()?;
     let scope = in_scope(binary)?;
+    record(&outcomes, &scope)?;
     let mut total = Counts::default();
     for name in &scope {
         if let Some(outcome) = outcomes.get(name) {
@@ -162,10 +167,14 @@ fn in_scope(binary: &Path) -> Result<Vec<String>> {
     Ok(listed.lines().filter(|l| !l.trim().is_empty()).map(str::to_owned).collect())
 }
 
-/// The outcome of each mutant tried, from every report under the output folder, the newest
-/// report's where several tried one.
+/// The outcome of each mutant tried, from the ledger and every report under the output folder,
+/// the newest one's where several tried one.
 fn outcomes() -> Result<HashMap<String, &'static str>> {
     let mut reports = Vec::new();
+    let ledger = repo_root().join(LEDGER);
+    if let Ok(at) = fs::metadata(&ledger).and_then(|m| m.modified()) {
+        reports.push((at, ledger));
+    }
     let mut folders = vec![repo_root().join(OUTPUT)];
     while let Some(folder) = folders.pop() {
         let Ok(entries) = fs::read_dir(&folder) else { continue };
@@ -185,6 +194,10 @@ fn outcomes() -> Result<HashMap<String, &'static str>> {
     reports.sort();
     let mut outcomes = HashMap::new();
     for (_, report) in reports {
+        if report.is_file() {
+            outcomes.extend(read_ledger(&fs::read_to_string(&report)?)?);
+            continue;
+        }
         for outcome in OUTCOMES {
             for name in lines(&report, outcome)? {
                 outcomes.insert(name, outcome);
@@ -192,6 +205,28 @@ fn outcomes() -> Result<HashMap<String, &'static str>> {
         }
     }
     Ok(outcomes)
+}
+
+fn read_ledger(text: &str) -> Result<HashMap<String, &'static str>> {
+    let lines = text.lines().filter(|l| !l.trim().is_empty() && !l.starts_with('#'));
+    lines
+        .map(|line| {
+            let (outcome, name) = line.split_once(' ').with_context(|| format!("{LEDGER}: no outcome in {line:?}"))?;
+            let outcome = OUTCOMES.iter().find(|o| **o == outcome).with_context(|| format!("{LEDGER}: {outcome:?}"))?;
+            Ok((name.to_owned(), *outcome))
+        })
+        .collect()
+}
+
+/// Rewrites the ledger with the outcomes of the mutants in `scope`, in its order.
+fn record(outcomes: &HashMap<String, &'static str>, scope: &[String]) -> Result<()> {
+    let mut text = String::from("# Written by `cargo xtask mutants`: the newest outcome of each mutant in scope.\n");
+    for name in scope {
+        if let Some(outcome) = outcomes.get(name) {
+            text.push_str(&format!("{outcome} {name}\n"));
+        }
+    }
+    fs::write(repo_root().join(LEDGER), text).with_context(|| format!("writing {LEDGER}"))
 }
 
 /// The lists of a report, one per outcome.
@@ -297,5 +332,15 @@ mod tests {
         assert_eq!(total.to_string(), "mutants: 3 caught, 1 missed (25% of the viable), 2 unviable, 0 timeout");
         total.count("caught");
         assert_eq!(total.to_string(), "mutants: 4 caught, 1 missed (20% of the viable), 2 unviable, 0 timeout");
+    }
+
+    #[test]
+    fn the_ledger_reads_back_what_it_records() {
+        let text = "# a comment\ncaught a.rs:1:1: replace x with y in f\nmissed b.rs:2:5: delete ! in g\n";
+        let read = read_ledger(text).unwrap();
+        assert_eq!(read.len(), 2);
+        assert_eq!(read["a.rs:1:1: replace x with y in f"], "caught");
+        assert_eq!(read["b.rs:2:5: delete ! in g"], "missed");
+        assert!(read_ledger("slain a.rs:1:1: x\n").is_err(), "an outcome that is none");
     }
 }

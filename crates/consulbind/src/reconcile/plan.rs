@@ -1734,4 +1734,78 @@ mod tests {
         assert_eq!(first(&[(&now, false)]), web(), "another manager's value says nothing of the pods");
         assert_eq!(first(&[]), web());
     }
+
+    /// A target found carrying a value the binding did not stamp says nothing of what its pods
+    /// run: it rolls at the next change of the content, never for the drift alone, and someone
+    /// else's copy of the current stamp does not pass for the binding's own.
+    #[tokio::test(start_paused = true)]
+    async fn a_value_someone_else_set_rolls_at_the_next_change_and_never_for_itself() {
+        let (_, bare) = step(&spec(false), &Default::default(), &entry("v1"), &[]);
+        let foreign = checksum_of("v0");
+        assert!(step_live(&bare, &entry("v1"), &[(&foreign, false)]).roll.is_empty(), "no change, no rollout");
+        assert_eq!(step_live(&bare, &entry("v2"), &[(&foreign, false)]).roll, web(), "the change rolls it");
+        let (_, found) = step(&spec(false), &bare, &entry("v1"), &web());
+        assert!(!found.targets.is_empty(), "found without a stamp: a row of what it runs");
+        let copied = checksum_of("v2");
+        assert_eq!(step_live(&found, &entry("v2"), &[(&copied, false)]).roll, web(), "a copy of the stamp");
+    }
+
+    /// While a change waits out its quiet period, its stamps are held for another binding's
+    /// write to the same workload to carry; a dry run's never are, as it writes nothing.
+    #[tokio::test(start_paused = true)]
+    async fn a_waiting_change_holds_its_stamps_for_other_writes_but_a_dry_run_holds_none() {
+        let spec = spec(false);
+        let (_, baseline) = step(&spec, &Default::default(), &entry("v1"), &web());
+        let (entries, found) = (entry("v2"), web());
+        let quiet = Window { quiet: Duration::from_secs(30), max: Duration::from_secs(60) };
+        let waiting = |dry_run| {
+            let input = Input { window: quiet, dry_run, ..input(&spec, &baseline, &entries, &found) };
+            plan(&input, &mut None, Instant::now())
+        };
+        let (rollout, dry) = (waiting(false), waiting(true));
+        assert!(rollout.roll.is_empty() && rollout.wake_at.is_some());
+        assert_eq!(rollout.held, web());
+        assert!(dry.wake_at.is_some() && dry.would_roll.is_empty());
+        assert_eq!(dry.held, Vec::<Workload>::new());
+    }
+
+    /// A dry run's report stands for exactly one rollout: looked at again it is reported at
+    /// once, while other content or other targets wait out the quiet period afresh.
+    #[tokio::test(start_paused = true)]
+    async fn a_dry_runs_report_is_reused_only_for_the_same_content_and_targets() {
+        let (_, baseline) = step_dry(&Default::default(), "v1", true);
+        let (_, reported) = step_dry(&baseline, "v2", true);
+        let spec = spec(false);
+        let found = web();
+        let quiet = Window { quiet: Duration::from_secs(30), max: Duration::from_secs(60) };
+        let again = |previous: &ConsulBindingStatus, value: &str| {
+            let entries = entry(value);
+            let input = Input { window: quiet, dry_run: true, ..input(&spec, previous, &entries, &found) };
+            plan(&input, &mut None, Instant::now())
+        };
+        let same = again(&reported, "v2");
+        assert_eq!((same.would_roll, same.wake_at), (web(), None), "the report stands");
+        let other = again(&reported, "v3");
+        assert!(other.would_roll.is_empty() && other.wake_at.is_some(), "other content waits");
+        let mut elsewhere = reported.clone();
+        elsewhere.dry_run.as_mut().unwrap().would_roll = vec!["Deployment/api".into()];
+        let moved = again(&elsewhere, "v2");
+        assert!(moved.would_roll.is_empty() && moved.wake_at.is_some(), "other targets wait");
+    }
+
+    /// A staged rollout's first wave is written; the stamps of the waves after it stay held.
+    #[tokio::test(start_paused = true)]
+    async fn a_wave_under_way_holds_the_stamps_of_the_waves_after_it() {
+        let waves =
+            vec![consulbind_api::Wave { name: Some("canary".into()), ..Default::default() }, Default::default()];
+        let spec = ConsulBindingSpec { rollout: Some(RolloutPolicy { waves, ..Default::default() }), ..spec(false) };
+        let staging = crate::reconcile::staging::Staging::of(&spec, &Default::default()).unwrap().expect("waves");
+        let found: Vec<Workload> =
+            ["canary", "web"].iter().map(|n| (WorkloadKind::Deployment, (*n).to_owned())).collect();
+        let (_, baseline) = step(&spec, &Default::default(), &entry("v1"), &found);
+        let entries = entry("v2");
+        let input = Input { staging: Some(&staging), ..input(&spec, &baseline, &entries, &found) };
+        let plan = plan(&input, &mut None, Instant::now());
+        assert_eq!((plan.roll, plan.held), (found[..1].to_vec(), found[1..].to_vec()));
+    }
 }
