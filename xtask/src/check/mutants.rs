@@ -138,7 +138,7 @@ fn print_totals(binary: &Path) -> Result<()> {
         }
     }
     let untried = scope.len() - total.tried();
-    println!("every report under {OUTPUT}/, over the {} mutants in scope: {total}; {untried} not tried", scope.len());
+    println!("{LEDGER} and {OUTPUT}/, over the {} mutants in scope: {total}; {untried} not tried", scope.len());
     Ok(())
 }
 
