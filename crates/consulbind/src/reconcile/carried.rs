@@ -79,11 +79,10 @@ pub fn rows(input: &Input<'_>, plan: &Plan, outcome: &Outcome, now: &Time) -> Ve
                     (want?.clone(), None, old.last_rolled_time.clone())
                 }
                 Some(old) => {
+                    // Its own stamp stands for what its row says it does, or else for itself.
                     let (checksum, stamp) = match live {
-                        Some(live) if old.stamp.as_deref() != Some(live.checksum()) => {
-                            (carried.stands_for(w, live).to_owned(), Some(live.checksum().to_owned()))
-                        }
-                        _ => (old.checksum.clone(), old.stamp.clone()),
+                        Some(live) => (carried.stands_for(w, live).to_owned(), Some(live.checksum().to_owned())),
+                        None => (old.checksum.clone(), old.stamp.clone()),
                     };
                     let (checksum, stamp) = match want {
                         // A template with no stamp of the binding's has no stamp to keep.
@@ -168,9 +167,7 @@ pub fn former(previous: &ConsulBindingStatus, found: &[Workload]) -> Vec<TargetS
         former.retain(|f| (f.kind, &f.name) != (row.kind, &row.name));
         former.push(row.clone());
     }
-    if former.len() > MAX_FORMER {
-        former.drain(..former.len() - MAX_FORMER);
-    }
+    former.drain(..former.len().saturating_sub(MAX_FORMER));
     former
 }
 

@@ -589,3 +589,21 @@ fn a_reference_dropped_by_a_canary_rolled_as_its_rollout_began_rolls_nothing_mor
     assert_eq!(world.tick(), ["web"]);
     assert_eq!([world.rolls("canary"), world.rolls("web")], [1, 1]);
 }
+
+/// A patch that fails rolled nothing: its target is not shown rolling, while one of its wave
+/// whose patch landed is.
+#[test]
+fn a_target_whose_patch_failed_is_not_shown_rolling() {
+    let mut world = World::staged(&["canary", "web-a", "web-b"], canary_then_rest(None, None));
+    world.refusing.insert(deploy("canary"));
+    world.write("v2");
+    assert_eq!(world.tick(), Vec::<String>::new());
+    assert_eq!(world.state("canary"), None, "it was never rolled");
+    world.refusing = [deploy("web-a")].into();
+    world.advance(Duration::from_secs(15));
+    assert_eq!(world.tick(), ["canary"]);
+    assert_eq!(world.state("canary"), Some(TargetState::Rolling));
+    world.healthy("canary");
+    assert_eq!(world.tick(), ["web-b"]);
+    assert_eq!((world.state("web-a"), world.state("web-b")), (None, Some(TargetState::Rolling)));
+}
