@@ -1808,4 +1808,26 @@ mod tests {
         let plan = plan(&input, &mut None, Instant::now());
         assert_eq!((plan.roll, plan.held), (found[..1].to_vec(), found[1..].to_vec()));
     }
+
+    /// A workload found as the content changes, without a stamp, started with the content of
+    /// today: nothing rolls it.
+    #[tokio::test(start_paused = true)]
+    async fn a_target_found_without_a_stamp_as_the_content_changes_is_not_rolled() {
+        let (_, bare) = step(&spec(false), &Default::default(), &entry("v1"), &[]);
+        let (plan, status) = step(&spec(false), &bare, &entry("v2"), &web());
+        assert!(plan.roll.is_empty());
+        assert_eq!(status.targets[0].checksum, checksum_of("v2"), "it runs what it was found with");
+    }
+
+    /// A stamp of the current content is never behind, whatever its row says it stood for.
+    #[tokio::test(start_paused = true)]
+    async fn a_stamp_of_the_current_content_is_not_behind_whatever_its_row_says() {
+        let (v0, v1) = (checksum_of("v0"), checksum_of("v1"));
+        let (_, mut previous) = step(&spec(false), &Default::default(), &entry("v0"), &web());
+        assert_eq!(previous.targets[0].checksum, v0);
+        // Its stamp of v1 stood for v0 (a reference its template dropped, say).
+        previous.targets[0].stamp = Some(v1.clone());
+        let plan = step_live(&previous, &entry("v1"), &[(&v1, true)]);
+        assert!(plan.roll.is_empty() && plan.rebased.is_empty(), "{:?} {:?}", plan.roll, plan.rebased);
+    }
 }
