@@ -503,4 +503,24 @@ mod tests {
         assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", "TooManyBindings"));
         assert_eq!(ready.message, "this namespace has too many ConsulBindings");
     }
+
+    /// A namespace over its write limit holds a reconcile that would write, and lets through
+    /// one with nothing new to say.
+    #[test]
+    fn over_the_write_limit_only_a_reconcile_that_would_write_is_held() {
+        let spec = spec();
+        let free = Instant::now() + Duration::from_secs(5);
+        let held = |previous: ConsulBindingStatus| {
+            let mut read = read(&spec);
+            read.write_limited = Some(free);
+            let observed = observed(&spec, previous, read);
+            matches!(decide(&observed, &mut Record::default(), Instant::now()), Decision::WriteLimited(at) if at == free)
+        };
+        assert!(held(ConsulBindingStatus::default()), "a first status to write");
+        let observed = observed(&spec, ConsulBindingStatus::default(), read(&spec));
+        let Decision::Act(act) = decide(&observed, &mut Record::default(), Instant::now()) else { panic!("an act") };
+        assert!(act.plan.roll.is_empty());
+        let written = status::status(&act.input(&observed), &act.plan, &Outcome::default(), &Time(observed.clock));
+        assert!(!held(written), "the status it would write is already there");
+    }
 }

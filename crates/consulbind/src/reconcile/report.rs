@@ -402,4 +402,35 @@ mod tests {
         assert!(!needs_write(&old, &later));
         assert!(needs_write(&old, &ConsulBindingStatus { applied_checksum: Some("x".into()), ..later }));
     }
+
+    /// A rollout's event names the sources whose content changed since the record of what the
+    /// targets carried, and none when that record is of other sources.
+    #[test]
+    fn a_rollout_names_the_sources_whose_content_changed() {
+        use consulbind_api::{KeyStatus, ObjectKind, ObjectStatus};
+        let key = |key: &str, recurse, checksum: &str| KeyStatus {
+            key: key.into(),
+            recurse,
+            checksum: checksum.into(),
+            ..KeyStatus::default()
+        };
+        let status = ConsulBindingStatus {
+            keys: vec![key("app/a", false, "1"), key("app/", true, "2")],
+            objects: vec![ObjectStatus {
+                kind: ObjectKind::ConfigMap,
+                name: "cm".into(),
+                checksum: "3".into(),
+                ..ObjectStatus::default()
+            }],
+            ..ConsulBindingStatus::default()
+        };
+        let now = status::fingerprints(&status);
+        let mut then = now.clone();
+        then[1] ^= 1;
+        then[2] ^= 1;
+        assert_eq!(changed_sources(Some(&then), &status), ["Consul prefix \"app/\"", "ConfigMap \"cm\""]);
+        assert_eq!(changed_sources(Some(&now), &status), Vec::<String>::new());
+        assert_eq!(changed_sources(Some(&then[..2]), &status), Vec::<String>::new(), "a record of other sources");
+        assert_eq!(changed_sources(None, &status), Vec::<String>::new());
+    }
 }
