@@ -634,4 +634,26 @@ mod tests {
         assert_eq!(caution(&rollout("10s", "10s")), None);
         assert_eq!(caution(&rollout("5s", "10s")), None);
     }
+
+    /// The latest change is when the newest content was first seen; a path with no content
+    /// yet, or failing, adds none.
+    #[test]
+    fn the_latest_change_is_the_first_sight_of_the_newest_content() {
+        let start = tokio::time::Instant::now();
+        let ready = |secs| {
+            let changed_at = start + std::time::Duration::from_secs(secs);
+            let content = crate::watches::Content {
+                entries: Default::default(),
+                changed_at,
+                reset_hold: false,
+                reset_at: None,
+                index: None,
+            };
+            KeyState::Ready(content)
+        };
+        let failed = || KeyState::Failed { reason: "ConsulUnavailable", message: String::new(), last: None };
+        let contents = [ready(3), KeyState::Pending, ready(9), failed()];
+        assert_eq!(latest_change(&contents), Some(start + std::time::Duration::from_secs(9)));
+        assert_eq!(latest_change(&[KeyState::Pending, failed()]), None);
+    }
 }
