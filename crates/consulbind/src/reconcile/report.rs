@@ -433,4 +433,46 @@ mod tests {
         assert_eq!(changed_sources(Some(&then[..2]), &status), Vec::<String>::new(), "a record of other sources");
         assert_eq!(changed_sources(None, &status), Vec::<String>::new());
     }
+
+    /// A binding not served says why in Ready and TargetsUpdated, once each, and keeps the
+    /// rest of what its status said.
+    #[test]
+    fn a_binding_not_served_keeps_its_other_conditions() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+        let now = Time("2026-11-24T10:00:00Z".parse().unwrap());
+        let condition = |type_: &str| Condition {
+            type_: type_.into(),
+            status: "True".into(),
+            reason: "Fine".into(),
+            message: String::new(),
+            last_transition_time: now.clone(),
+            observed_generation: Some(1),
+        };
+        let synced = condition(conditions::CONSUL_SYNCED);
+        let previous = ConsulBindingStatus {
+            conditions: vec![synced.clone(), condition(conditions::READY)],
+            ..ConsulBindingStatus::default()
+        };
+        let status = not_served(&previous, Some(2), "InvalidSpec", "spec.targets is empty", &now);
+        assert!(status.conditions.contains(&synced), "{:?}", status.conditions);
+        for type_ in [conditions::READY, conditions::TARGETS_UPDATED] {
+            let found: Vec<_> = status.conditions.iter().filter(|c| c.type_ == type_).collect();
+            assert_eq!(found.len(), 1, "{type_}");
+            assert_eq!((found[0].status.as_str(), found[0].reason.as_str()), ("False", "InvalidSpec"));
+        }
+    }
+
+    /// An event is named after its object, whole when the name leaves room for the suffix, and
+    /// counts against the write limit of the object's namespace.
+    #[test]
+    fn an_event_keeps_an_object_name_that_leaves_room_and_its_namespace() {
+        let reporter = Reporter { controller: "consulbind".into(), instance: None };
+        let name = "n".repeat(236);
+        let reference =
+            ObjectReference { name: Some(name.clone()), namespace: Some("team".into()), ..ObjectReference::default() };
+        let now: Timestamp = "2026-11-24T10:00:00Z".parse().unwrap();
+        let event = event(&reporter, reference, EventType::Normal, "RolledOut", "note".into(), now);
+        assert!(event.metadata.name.as_deref().is_some_and(|n| n.starts_with(&format!("{name}."))));
+        assert_eq!(reference_namespace(&event), "team");
+    }
 }
