@@ -523,4 +523,20 @@ mod tests {
         let written = status::status(&act.input(&observed), &act.plan, &Outcome::default(), &Time(observed.clock));
         assert!(!held(written), "the status it would write is already there");
     }
+
+    /// The `Baselined` event names the checksum the baseline recorded.
+    #[test]
+    fn a_baseline_names_the_checksum_it_recorded() {
+        let desired = "0123456789abcdef".repeat(4);
+        let plan = Plan { baseline: true, desired: Some(desired.clone()), ..Plan::default() };
+        let report = concluded(ConsulBindingStatus::default(), plan, false, None, |_| {});
+        let short = report.status.short_checksum.clone().expect("a short checksum");
+        assert!(desired.starts_with(&short) && !short.is_empty());
+        let told = report.events.iter().find_map(|e| match e {
+            Event::Baselined(message) => Some(message.clone()),
+            _ => None,
+        });
+        let told = told.expect("Baselined");
+        assert!(told.contains(&format!("checksum {short} ")), "{told}");
+    }
 }
