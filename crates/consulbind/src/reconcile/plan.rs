@@ -349,6 +349,8 @@ mod tests {
     };
 
     const WINDOW: Window = Window { quiet: Duration::ZERO, max: Duration::from_secs(30) };
+    /// A quiet period that a plan waits out.
+    const QUIET: Window = Window { quiet: Duration::from_secs(30), max: Duration::from_secs(60) };
 
     fn spec(optional: bool) -> ConsulBindingSpec {
         ConsulBindingSpec {
@@ -1757,9 +1759,8 @@ mod tests {
         let spec = spec(false);
         let (_, baseline) = step(&spec, &Default::default(), &entry("v1"), &web());
         let (entries, found) = (entry("v2"), web());
-        let quiet = Window { quiet: Duration::from_secs(30), max: Duration::from_secs(60) };
         let waiting = |dry_run| {
-            let input = Input { window: quiet, dry_run, ..input(&spec, &baseline, &entries, &found) };
+            let input = Input { window: QUIET, dry_run, ..input(&spec, &baseline, &entries, &found) };
             plan(&input, &mut None, Instant::now())
         };
         let (rollout, dry) = (waiting(false), waiting(true));
@@ -1777,10 +1778,9 @@ mod tests {
         let (_, reported) = step_dry(&baseline, "v2", true);
         let spec = spec(false);
         let found = web();
-        let quiet = Window { quiet: Duration::from_secs(30), max: Duration::from_secs(60) };
         let again = |previous: &ConsulBindingStatus, value: &str| {
             let entries = entry(value);
-            let input = Input { window: quiet, dry_run: true, ..input(&spec, previous, &entries, &found) };
+            let input = Input { window: QUIET, dry_run: true, ..input(&spec, previous, &entries, &found) };
             plan(&input, &mut None, Instant::now())
         };
         let same = again(&reported, "v2");
