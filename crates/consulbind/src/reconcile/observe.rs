@@ -159,7 +159,8 @@ pub async fn observe<'a>(ctx: &Context, binding: &'a ConsulBinding, started: Ins
             return Ok(observed(Err(refused)));
         }
     };
-    if let Some(message) = read::beyond_namespace_share(ctx, binding) {
+    if let Some(message) = read::beyond_namespace_share(ctx.max_bindings_per_namespace, &ctx.bindings.state(), binding)
+    {
         ctx.unsubscribe(&oref);
         // Served once older bindings go.
         let refused = Refused { reason: reason::TOO_MANY_BINDINGS, message, then: Action::requeue(RETRY) };
@@ -182,7 +183,7 @@ pub async fn observe<'a>(ctx: &Context, binding: &'a ConsulBinding, started: Ins
         labels: staging.as_ref().is_some_and(Staging::selects_by_label),
     };
     let mut resolved = ctx.workloads.resolve(&namespace, &spec.targets, &wants);
-    read::trust_own_stamps(ctx, &oref, &mut resolved);
+    ctx.states.update(&oref, |record| read::trust(&mut record.stamps, &mut resolved));
     let bound = read::bound_objects(spec, &resolved.references);
     let listed = bound.as_deref().unwrap_or_default().iter().map(|b| (b.kind, b.source.name.as_str()));
     ctx.interest.locked().set(&oref, spec, &resolved.found, listed);
@@ -257,7 +258,13 @@ async fn consul(ctx: &Context, binding: &ConsulBinding, oref: &BindingRef) -> Re
         return Err(Action::requeue(until.saturating_duration_since(Instant::now())));
     }
     let queries = read::queries(spec, source.into_token());
-    let states = match read::subscribe(ctx, oref, &queries) {
+    let subscribed = ctx.watches.subscribe(oref, &queries, ctx.max_watched_paths_per_namespace);
+    // Deleted while this reconcile waited: the deletion's release may already have run, and must
+    // not be undone.
+    if ctx.bindings.get(&oref.object_ref()).is_none() {
+        ctx.watches.release(oref);
+    }
+    let states = match subscribed {
         Ok(states) => states,
         Err(count) => {
             let limit = ctx.max_watched_paths_per_namespace;
@@ -294,7 +301,15 @@ async fn objects(
     namespace: &str,
     bound: &[Bound],
 ) -> Result<Result<Vec<Option<Arc<Digested>>>, (&'static str, String)>, Action> {
-    match read::objects(ctx, namespace, bound).await.inspect(|_| ctx.forget_unread()) {
+    // In order, each `None` where the object does not exist.
+    let digests = async {
+        let mut digests = Vec::with_capacity(bound.len());
+        for object in bound {
+            digests.push(ctx.objects.read(&(object.kind, namespace.to_owned(), object.source.name.clone())).await?);
+        }
+        Ok::<_, Unknown>(digests)
+    };
+    match digests.await.inspect(|_| ctx.forget_unread()) {
         Ok(objects) => {
             ctx.states.update(oref, |r| r.backoffs.objects_failing_since = None);
             Ok(Ok(objects))

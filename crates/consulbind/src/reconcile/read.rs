@@ -15,11 +15,9 @@ use super::{
     input::{Consul, KeyContent},
 };
 use crate::{
-    BindingRef,
     cluster::{
         Live, Version, Workload,
         health::Health,
-        objects::{Digested, Unknown},
         references::References,
         selector,
         tokens::{Lookup, TOKEN_LABEL},
@@ -177,17 +175,7 @@ pub fn decides(listing: bool) -> bool {
     !listing
 }
 
-/// Subscribes a binding to its watches, unless it was deleted while this reconcile waited:
-/// the deletion's release may already have run, and must not be undone. Refused, with the
-/// count, when its namespace would watch more paths than `--max-watched-paths-per-namespace`.
-pub fn subscribe(ctx: &Context, binding: &BindingRef, queries: &[KvQuery]) -> Result<Vec<KeyState>, usize> {
-    let states = ctx.watches.subscribe(binding, queries, ctx.max_watched_paths_per_namespace);
-    if ctx.bindings.get(&binding.object_ref()).is_none() {
-        ctx.watches.release(binding);
-    }
-    states
-}
-
+/// One watch query for each bound key, with the binding's Consul scope and token.
 pub fn queries(spec: &ConsulBindingSpec, token: Option<Token>) -> Vec<KvQuery> {
     let consul = spec.consul.clone().unwrap_or_default();
     spec.keys
@@ -281,16 +269,6 @@ pub fn bound_objects(spec: &ConsulBindingSpec, references: &References) -> Resul
     Ok(bound)
 }
 
-/// The data of each bound ConfigMap and Secret, in order, as digests (`None` when it does not
-/// exist), from the cache or read where they changed.
-pub async fn objects(ctx: &Context, namespace: &str, bound: &[Bound]) -> Result<Vec<Option<Arc<Digested>>>, Unknown> {
-    let mut read = Vec::with_capacity(bound.len());
-    for object in bound {
-        read.push(ctx.objects.read(&(object.kind, namespace.to_owned(), object.source.name.clone())).await?);
-    }
-    Ok(read)
-}
-
 /// When the newest of the binding's contents was first seen.
 pub fn latest_change(contents: &[KeyState]) -> Option<tokio::time::Instant> {
     contents
@@ -303,15 +281,11 @@ pub fn latest_change(contents: &[KeyState]) -> Option<tokio::time::Instant> {
 }
 
 /// The workload cache can lag behind a stamp this binding just made; until it catches up, what
-/// was stamped is what the workload carries.
-pub fn trust_own_stamps(ctx: &Context, binding: &BindingRef, resolved: &mut Resolved) {
-    ctx.states.update(binding, |record| trust(&mut record.stamps, resolved));
-}
-
-/// Puts each stamp the cache has not seen yet into `resolved.live`, and drops the rest: those
-/// the cache has caught up with, those of workloads no longer found, and those of a workload
-/// made again under the same name (another uid), which carries nothing of the old stamp.
-fn trust(stamps: &mut BTreeMap<Workload, (Version, String)>, resolved: &mut Resolved) {
+/// was stamped is what the workload carries. Puts each stamp the cache has not seen yet into
+/// `resolved.live`, and drops the rest: those the cache has caught up with, those of workloads
+/// no longer found, and those of a workload made again under the same name (another uid),
+/// which carries nothing of the old stamp.
+pub fn trust(stamps: &mut BTreeMap<Workload, (Version, String)>, resolved: &mut Resolved) {
     trust_stamps(stamps, &resolved.versions, &mut resolved.live);
     // The cached status is of the template before the stamp.
     for workload in stamps.keys() {
@@ -338,9 +312,11 @@ pub fn trust_stamps(
 
 /// Why `binding` is not served, when its namespace has more bindings than the controller serves
 /// in one: the oldest are (by creation time, then name), so a new one cannot push out another.
-pub fn beyond_namespace_share(ctx: &Context, binding: &ConsulBinding) -> Option<String> {
-    let limit = ctx.max_bindings_per_namespace;
-    let bindings = ctx.bindings.state();
+pub fn beyond_namespace_share(
+    limit: usize,
+    bindings: &[Arc<ConsulBinding>],
+    binding: &ConsulBinding,
+) -> Option<String> {
     if bindings.len() <= limit {
         return None;
     }
@@ -655,5 +631,71 @@ mod tests {
         let contents = [ready(3), KeyState::Pending, ready(9), failed()];
         assert_eq!(latest_change(&contents), Some(start + std::time::Duration::from_secs(9)));
         assert_eq!(latest_change(&[KeyState::Pending, failed()]), None);
+    }
+
+    /// Each bound key is one query, in order, in the binding's Consul scope and with its token;
+    /// only a token from a Secret overrides the controller's default.
+    #[test]
+    fn each_key_is_a_query_in_the_bindings_scope_with_its_token() {
+        let keys = vec![
+            KeySource { key: "app/".into(), recurse: true, ..Default::default() },
+            KeySource { key: "db".into(), ..Default::default() },
+        ];
+        let consul = consulbind_api::ConsulSettings {
+            datacenter: Some("dc2".into()),
+            namespace: Some("team".into()),
+            partition: Some("part".into()),
+            ..Default::default()
+        };
+        let spec = ConsulBindingSpec { keys, consul: Some(consul), ..spec(named(), None) };
+        let token = TokenSource::Secret(Token::new("from-secret")).into_token();
+        let queries = queries(&spec, token.clone());
+        let scoped = |key: &str, recurse| KvQuery {
+            key: key.into(),
+            recurse,
+            datacenter: Some("dc2".into()),
+            namespace: Some("team".into()),
+            partition: Some("part".into()),
+            token: token.clone(),
+        };
+        assert_eq!(queries, [scoped("app/", true), scoped("db", false)]);
+        assert_eq!(queries[0].token.as_ref().map(Token::expose), Some("from-secret"));
+
+        for source in [TokenSource::Default, TokenSource::Invalid("x".into()), TokenSource::Forbidden("x".into())] {
+            assert!(source.into_token().is_none(), "only a Secret's token overrides the default");
+        }
+    }
+
+    /// Over the limit, a namespace's oldest bindings are served (by creation time, then name),
+    /// whatever other namespaces hold; a binding past them is told why.
+    #[test]
+    fn a_namespace_over_its_share_serves_its_oldest_bindings() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        let binding = |namespace: &str, name: &str, secs: i64| {
+            let mut binding = ConsulBinding::new(name, spec(named(), None));
+            binding.metadata.namespace = Some(namespace.into());
+            let at = k8s_openapi::jiff::Timestamp::from_second(secs).unwrap();
+            binding.metadata.creation_timestamp = Some(Time(at));
+            Arc::new(binding)
+        };
+        let (old, older, b_same, a_same) =
+            (binding("a", "old", 20), binding("a", "older", 10), binding("a", "b", 30), binding("a", "a", 30));
+        let others = [binding("b", "x", 1), binding("b", "y", 2), binding("b", "z", 3)];
+        let all: Vec<_> =
+            [old.clone(), older.clone(), b_same.clone(), a_same.clone()].into_iter().chain(others.clone()).collect();
+
+        let served = |limit, binding: &ConsulBinding| beyond_namespace_share(limit, &all, binding).is_none();
+        assert!(served(2, &older) && served(2, &old), "the oldest two are served");
+        let refused = beyond_namespace_share(2, &all, &a_same).expect("a third is refused");
+        assert!(refused.contains("has 4 ConsulBindings, more than the 2"), "{refused}");
+        assert!(!served(2, &b_same));
+        // Of two made in the same second, the name decides.
+        assert!(served(3, &a_same) && !served(3, &b_same));
+        // At the limit every one is served, though the cluster holds more.
+        assert!([&old, &older, &a_same, &b_same].iter().all(|b| served(4, b)));
+        // Another namespace's count does not spill over: three there, limit three.
+        assert!(others.iter().all(|b| served(3, b)));
+        // Fewer in all than the limit.
+        assert!(served(7, &b_same));
     }
 }
