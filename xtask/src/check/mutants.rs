@@ -162,9 +162,18 @@ fn cargo_mutants(binary: &Path) -> Command {
 
 /// The names of the mutants in scope now. A name holds its line and column, so a mutant whose
 /// code moved is a new one, to be tried again.
+///
+/// cargo-mutants 27.1 lists and tries the deletion of a field from a struct literal whatever
+/// `--re` and `--exclude-re` say, so those are applied here too: such a mutant in an excluded
+/// function is tried, but never counted.
 fn in_scope(binary: &Path) -> Result<Vec<String>> {
-    let listed = crate::process::capture(cargo_mutants(binary).arg("--list"))?;
-    Ok(listed.lines().filter(|l| !l.trim().is_empty()).map(str::to_owned).collect())
+    counted(&crate::process::capture(cargo_mutants(binary).arg("--list"))?)
+}
+
+/// The names listed, less those [`EXCLUDE_RE`] leaves out.
+fn counted(listed: &str) -> Result<Vec<String>> {
+    let excluded = regex::RegexSet::new(EXCLUDE_RE)?;
+    Ok(listed.lines().filter(|l| !l.trim().is_empty() && !excluded.is_match(l)).map(str::to_owned).collect())
 }
 
 /// The outcome of each mutant tried, from the ledger and every report under the output folder,
@@ -342,5 +351,21 @@ mod tests {
         assert_eq!(read["a.rs:1:1: replace x with y in f"], "caught");
         assert_eq!(read["b.rs:2:5: delete ! in g"], "missed");
         assert!(read_ledger("slain a.rs:1:1: x\n").is_err(), "an outcome that is none");
+    }
+
+    #[test]
+    fn a_field_deletion_in_an_excluded_function_is_not_counted() {
+        let listed = "\
+crates/consulbind/src/reconcile/report.rs:41:45: delete field shard from struct ConsulBindingStatus expression in status
+crates/consulbind/src/reconcile/report.rs:257:9: delete field metadata from struct Event expression in event
+crates/consulbind/src/reconcile/observe.rs:90:5: replace observe -> Result<Observed, Action> with Err(Default::default())
+";
+        let counted = counted(listed).unwrap();
+        assert_eq!(
+            counted,
+            [
+                "crates/consulbind/src/reconcile/report.rs:257:9: delete field metadata from struct Event expression in event"
+            ]
+        );
     }
 }
