@@ -475,4 +475,18 @@ mod tests {
         assert!(event.metadata.name.as_deref().is_some_and(|n| n.starts_with(&format!("{name}."))));
         assert_eq!(reference_namespace(&event), "team");
     }
+
+    /// A note of exactly the limit is kept whole; a longer one is cut to fill the limit, not
+    /// less, and never inside a character.
+    #[test]
+    fn a_note_is_cut_only_past_the_limit_and_then_to_the_limit() {
+        let exact = "a".repeat(NOTE_LIMIT);
+        assert_eq!(clip(exact.clone(), NOTE_LIMIT), exact);
+        let cut = clip("a".repeat(NOTE_LIMIT + 1), NOTE_LIMIT);
+        assert_eq!(cut.len(), NOTE_LIMIT);
+        assert!(cut.ends_with('…'));
+        // 'é' is two bytes: the cut falls back to the character's start.
+        let cut = clip("é".repeat(NOTE_LIMIT), NOTE_LIMIT);
+        assert_eq!(cut.len(), NOTE_LIMIT - 1);
+    }
 }
