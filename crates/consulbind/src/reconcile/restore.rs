@@ -146,3 +146,108 @@ pub fn needs_own_index(status: &ConsulBindingStatus, contents: &[KeyContent<'_>]
         .map(|c| is_empty(c) && c.index.is_none() && recorded(status, c).is_some_and(|k| k.modify_index.is_some()))
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use consul_kv::KvEntry;
+    use consulbind_api::{KeySource, KeyStatus};
+
+    use super::*;
+
+    const GRACE: Duration = Duration::from_secs(30);
+
+    fn status(key: &KeySource, modify_index: u64) -> ConsulBindingStatus {
+        let key = KeyStatus {
+            key: key.key.clone(),
+            recurse: key.recurse,
+            present: true,
+            modify_index: Some(modify_index),
+            ..Default::default()
+        };
+        ConsulBindingStatus { keys: vec![key], ..Default::default() }
+    }
+
+    fn exact() -> KeySource {
+        KeySource { key: "app/config".into(), ..Default::default() }
+    }
+
+    /// A reset after the targets last settled puts the binding in its grace; one at or before
+    /// the start of the reconcile that settled them was read by it; settling again ends it.
+    #[test]
+    fn a_reset_after_the_targets_settled_gives_the_grace_and_settling_again_ends_it() {
+        let t0 = Instant::now();
+        let at = |secs| t0 + Duration::from_secs(secs);
+        let mut restore = Restore::default();
+        assert_eq!(restore.grace(false, None, Some(at(1)), at(2), GRACE), (Some(GRACE), false), "never settled");
+        restore.written(false, true, at(5));
+        for reset in [at(1), at(5)] {
+            assert_eq!(restore.grace(false, None, Some(reset), at(6), GRACE).0, None);
+        }
+        assert_eq!(restore.grace(false, None, Some(at(7)), at(8), GRACE).0, Some(GRACE));
+        restore.written(false, true, at(9));
+        assert_eq!(restore.grace(false, None, Some(at(7)), at(10), GRACE).0, None, "settled since");
+        assert_eq!(restore.grace(false, None, None, at(10), GRACE).0, None, "no reset");
+    }
+
+    /// A restore found at a replica's first read holds from that reconcile on, and is to be
+    /// shown until a status has shown it; a held status read at the start holds likewise.
+    #[test]
+    fn a_restore_found_at_the_first_read_holds_and_is_shown_until_a_status_shows_it() {
+        let t0 = Instant::now();
+        let at = |secs| t0 + Duration::from_secs(secs);
+        let mut restore = Restore::default();
+        restore.written(false, true, at(0));
+        assert_eq!(restore.grace(false, Some(true), None, at(1), GRACE), (Some(GRACE), true));
+        assert!(restore.compared);
+        restore.written(false, false, at(2));
+        assert_eq!(restore.grace(false, None, None, at(3), GRACE), (Some(GRACE), true), "not shown yet");
+        restore.written(true, false, at(4));
+        assert_eq!(restore.grace(false, None, None, at(5), GRACE), (Some(GRACE), false), "shown, still held");
+        restore.written(true, true, at(6));
+        assert_eq!(restore.grace(false, None, None, at(7), GRACE), (None, false), "settled");
+
+        let mut held = Restore::default();
+        assert_eq!(held.grace(true, Some(false), None, at(8), GRACE), (Some(GRACE), false));
+    }
+
+    #[test]
+    fn a_key_read_at_the_index_recorded_is_not_restored() {
+        let exact = exact();
+        let entries = [KvEntry::new("app/config", "v", 50)];
+        let content = [KeyContent { source: &exact, entries: &entries, reset_hold: false, index: None }];
+        assert!(!restored_since(&status(&exact, 50), &content));
+        assert!(restored_since(&status(&exact, 51), &content));
+    }
+
+    /// Only a key found empty in a shared read, whose status recorded an index, is read alone.
+    #[test]
+    fn only_an_empty_key_read_in_a_shared_query_with_a_recorded_index_is_read_alone() {
+        let (exact, other) = (exact(), KeySource { key: "db".into(), ..Default::default() });
+        let entries = [KvEntry::new("app/config", "v", 50)];
+        let content = |source, entries, index| KeyContent { source, entries, reset_hold: false, index };
+        let contents = [
+            content(&exact, &[][..], None),
+            content(&exact, &entries[..], None),
+            content(&exact, &[][..], Some(60)),
+            content(&other, &[][..], None),
+        ];
+        assert_eq!(needs_own_index(&status(&exact, 50), &contents), [true, false, false, false]);
+    }
+
+    /// A first read reads a missing key alone, and the store's index then tells a restore from a
+    /// deletion.
+    #[tokio::test]
+    async fn a_first_read_finds_a_restore_in_what_it_reads_alone() {
+        let exact = exact();
+        let query = KvQuery::exact("app/config");
+        let read = [KeyContent { source: &exact, entries: &[], reset_hold: false, index: None }];
+        for (store, restored) in [(12, true), (70, false)] {
+            let alone = async |alone: &[&KvQuery]| {
+                assert_eq!(alone, [&query]);
+                Ok(vec![Some(store)])
+            };
+            let found = restored_at_first_read(&status(&exact, 50), &read, std::slice::from_ref(&query), alone).await;
+            assert_eq!(found.unwrap(), restored, "the store at {store}");
+        }
+    }
+}

@@ -144,3 +144,46 @@ impl Staging {
         self.waves.iter().position(takes).unwrap_or(self.waves.len())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use consulbind_api::{RolloutBudget, RolloutPolicy, Wave};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+
+    use super::*;
+
+    fn staged(policy: RolloutPolicy) -> Result<Option<Staging>, String> {
+        Staging::of(&ConsulBindingSpec { rollout: Some(policy), ..Default::default() }, &Default::default())
+    }
+
+    /// Every wait may span a whole day, and no more.
+    #[test]
+    fn a_wait_of_a_day_is_allowed_and_longer_is_not() {
+        let day = Duration::from_secs(24 * 3600);
+        let budget = |per: &str| RolloutBudget { max_rollouts: 3, per: per.into() };
+        let staging = staged(RolloutPolicy {
+            waves: vec![Wave { pause: Some("24h".into()), ..Default::default() }],
+            health_timeout: Some("24h".into()),
+            budget: Some(budget("24h")),
+            ..Default::default()
+        });
+        let staging = staging.unwrap().unwrap();
+        assert_eq!((staging.waves[0].pause, staging.health_timeout), (day, day));
+        assert_eq!(staging.budget, Some(Budget { max: 3, per: day }));
+        let over = staged(RolloutPolicy { budget: Some(budget("24h1s")), ..Default::default() });
+        assert!(over.unwrap_err().contains("at most 24h"));
+        assert!(Budget::parse("3/25h").is_err() && Budget::parse("3/24h").is_ok());
+    }
+
+    /// Only a wave with a label selector needs the targets' labels.
+    #[test]
+    fn labels_are_wanted_only_by_a_wave_that_selects_by_label() {
+        let selector =
+            LabelSelector { match_labels: Some([("tier".into(), "canary".into())].into()), ..Default::default() };
+        let by_label = Wave { selector: Some(selector), ..Default::default() };
+        let by_name = Wave { name: Some("web".into()), ..Default::default() };
+        let waves = |waves: Vec<Wave>| staged(RolloutPolicy { waves, ..Default::default() }).unwrap().unwrap();
+        assert!(waves(vec![by_name.clone(), by_label]).selects_by_label());
+        assert!(!waves(vec![by_name, Wave::default()]).selects_by_label());
+    }
+}
