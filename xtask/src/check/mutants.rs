@@ -19,9 +19,9 @@ const VERSION: &str = "27.1.0";
 const FILES: &str = "crates/consulbind/src/reconcile/**";
 /// What is left out, and why: the wiring that hands a reconcile to kube-runtime and catches its
 /// panics (`mod.rs`), the shared context that ties the caches and watches to a client
-/// (`context.rs`), the port that writes to the API server with the writers in `report.rs` it
-/// calls, and the reads of `observe` through that context (the caches, the watches, Consul):
-/// only the end-to-end tests reach them. The simulators drive every stage between them, and the
+/// (`context.rs`), the port that writes to the API server with the writers in `report.rs` and
+/// `stamp.rs` it calls, and the reads of `observe` through that context (the caches, the
+/// watches, Consul): only the end-to-end tests reach them. The simulators drive every stage between them, and the
 /// pure parts of those reads and writes have unit cases where they live.
 const EXCLUDE_FILES: &[&str] =
     &["crates/consulbind/src/reconcile/mod.rs", "crates/consulbind/src/reconcile/context.rs"];
@@ -29,6 +29,7 @@ const EXCLUDE_RE: &[&str] = &[
     "impl Port for Cluster",
     r"reconcile/observe\.rs:\d+:\d+: (replace (observe|consul|objects|first_read|older_values) -> .*|.* in (observe|consul|objects|first_read|older_values))$",
     r"reconcile/report\.rs:\d+:\d+: (replace (status|write_limited|rolled_out|publish) (->|with \(\)).*|.* in (status|write_limited|rolled_out|publish))$",
+    r"reconcile/stamp\.rs:\d+:\d+: (replace (stamp_all|hold|write|patch) (->|with \(\)).*|.* in (stamp_all|hold|write|patch))$",
 ];
 /// Where the reports go: one folder per run, `mutants.out/` inside each.
 const OUTPUT: &str = "target/mutants";

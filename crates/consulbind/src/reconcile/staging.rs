@@ -186,4 +186,23 @@ mod tests {
         assert!(waves(vec![by_name.clone(), by_label]).selects_by_label());
         assert!(!waves(vec![by_name, Wave::default()]).selects_by_label());
     }
+
+    /// A target goes to the first wave whose kind, name and labels all take it; one that none
+    /// takes, after the last.
+    #[test]
+    fn a_target_goes_to_the_first_wave_that_takes_it() {
+        let canary: BTreeMap<String, String> = [("tier".into(), "canary".into())].into();
+        let selector = LabelSelector { match_labels: Some(canary.clone()), ..Default::default() };
+        let waves = vec![
+            Wave { name: Some("first".into()), ..Default::default() },
+            Wave { kind: Some(WorkloadKind::StatefulSet), ..Default::default() },
+            Wave { selector: Some(selector), ..Default::default() },
+        ];
+        let staging = staged(RolloutPolicy { waves, ..Default::default() }).unwrap().unwrap();
+        let deploy = |name: &str| (WorkloadKind::Deployment, name.to_owned());
+        assert_eq!(staging.wave_of(&deploy("first"), None), 0);
+        assert_eq!(staging.wave_of(&(WorkloadKind::StatefulSet, "db".into()), None), 1);
+        assert_eq!(staging.wave_of(&deploy("web"), Some(&canary)), 2);
+        assert_eq!(staging.wave_of(&deploy("web"), None), 3);
+    }
 }
