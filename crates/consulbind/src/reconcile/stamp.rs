@@ -139,7 +139,12 @@ async fn write(
         }
         WorkloadKind::CronJob => patch::<CronJobV1Beta1>(client, namespace, name, &params, &body).await,
     };
-    patched.map_err(|error| match &error {
+    patched.map_err(failure)
+}
+
+/// What a failed stamp tells the binding's status.
+fn failure(error: kube::Error) -> String {
+    match &error {
         // An apply held to a uid that finds no object: 409, `... "web": uid mismatch: ...` (no
         // name has a space).
         kube::Error::Api(status) if status.code == 409 && status.message.contains(": uid mismatch") => {
@@ -153,7 +158,7 @@ async fn write(
             "it was deleted and made again since it was read; it is looked at again".to_owned()
         }
         _ => error.to_string(),
-    })
+    }
 }
 
 /// The write of `stamps` on the pod template: an apply of one, a merge patch of several.
@@ -243,5 +248,28 @@ mod tests {
                     "checksum.consulbind.dev/a": "v2:a"}}}}}}}),
             "a CronJob's stamp goes on its job template"
         );
+    }
+
+    /// A stamp refused because its workload went, or was made again, says so; any other
+    /// failure is told as the API server gave it.
+    #[test]
+    fn a_failed_stamp_tells_why_in_words_a_person_can_act_on() {
+        let api = |code, message: &str| {
+            failure(kube::Error::Api(Box::new(kube::core::Status {
+                code,
+                message: message.into(),
+                ..Default::default()
+            })))
+        };
+        let mismatch =
+            r#"Operation cannot be fulfilled on deployments.apps "web": uid mismatch: the object was deleted"#;
+        assert_eq!(api(409, mismatch), "it is gone; nothing was stamped");
+        assert_eq!(api(404, "not found"), "it is gone, or its kind is no longer served; nothing was stamped");
+        let made_again = "Deployment.apps \"web\" is invalid: metadata.uid: Invalid value";
+        assert_eq!(api(422, made_again), "it was deleted and made again since it was read; it is looked at again");
+        for (code, message) in [(409, "the object has been modified"), (422, mismatch), (500, "etcdserver: timeout")] {
+            let told = api(code, message);
+            assert!(told.contains(message) && !told.contains("nothing was stamped"), "{code}: {told}");
+        }
     }
 }

@@ -382,4 +382,24 @@ mod tests {
         assert_eq!(last(&held), None);
         assert_eq!(last(&binding("a", "uid-2", None)).as_deref(), Some("other"));
     }
+
+    /// A status whose applied checksum is the one planned settles the record: the restore grace
+    /// of a reset before that reconcile ends, and what the targets carry is kept to name what
+    /// the next rollout brings. One that is not leaves both as they were.
+    #[test]
+    fn a_status_that_carries_the_planned_checksum_settles_the_record() {
+        let t0 = Instant::now();
+        let at = |secs| t0 + Duration::from_secs(secs);
+        let grace = Duration::from_secs(30);
+        let status =
+            |applied: &str| ConsulBindingStatus { applied_checksum: Some(applied.into()), ..Default::default() };
+        let mut record = Record::default();
+        assert_eq!(record.restore.grace(false, None, Some(at(1)), at(2), grace).0, Some(grace));
+        record.wrote(false, Some("v2"), &status("v1"), at(3));
+        assert!(record.written.settled.is_none(), "the targets do not carry the planned content yet");
+        assert_eq!(record.restore.grace(false, None, Some(at(1)), at(4), grace).0, Some(grace));
+        record.wrote(false, Some("v2"), &status("v2"), at(5));
+        assert_eq!(record.written.settled.as_ref().map(|(applied, _)| applied.as_str()), Some("v2"));
+        assert_eq!(record.restore.grace(false, None, Some(at(1)), at(6), grace).0, None);
+    }
 }
