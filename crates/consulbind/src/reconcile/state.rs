@@ -402,4 +402,16 @@ mod tests {
         assert_eq!(record.written.settled.as_ref().map(|(applied, _)| applied.as_str()), Some("v2"));
         assert_eq!(record.restore.grace(false, None, Some(at(1)), at(6), grace).0, None);
     }
+
+    /// The copy of a write for an object deleted since is not the status of the one made again
+    /// under its name.
+    #[test]
+    fn a_write_for_an_object_deleted_since_is_not_the_new_ones_status() {
+        let states = states();
+        states.wrote_status(&BindingRef::new("ns", "a"), "uid-1".into(), &status("old object"));
+        let mut again = binding("a", "uid-2", Some(status("new object")));
+        states.cache(&mut again);
+        assert_eq!(states.last_status(&again).applied_checksum.as_deref(), Some("new object"));
+        assert_eq!(states.last_status(&binding("a", "uid-3", None)), ConsulBindingStatus::default());
+    }
 }
