@@ -1830,4 +1830,55 @@ mod tests {
         let plan = step_live(&previous, &entry("v1"), &[(&v1, true)]);
         assert!(plan.roll.is_empty() && plan.rebased.is_empty(), "{:?} {:?}", plan.roll, plan.rebased);
     }
+
+    /// `lastChangeTime` is when a change was last rolled out: the first rollout of `onBind`
+    /// sets it, a baseline does not, and a later change moves it.
+    #[tokio::test(start_paused = true)]
+    async fn the_last_change_time_is_set_by_a_rollout_and_never_by_a_baseline() {
+        let (_, baseline) = step(&spec(false), &Default::default(), &entry("v1"), &web());
+        assert_eq!(baseline.last_change_time, None);
+        let (_, rolled) = step(&spec(false), &baseline, &entry("v2"), &web());
+        assert_eq!(rolled.last_change_time, Some(now()));
+
+        let mut on_bind = spec(false);
+        on_bind.rollout = Some(RolloutPolicy { on_bind: true, ..Default::default() });
+        let (plan, first) = step(&on_bind, &Default::default(), &entry("v1"), &web());
+        assert_eq!((plan.roll, first.last_change_time), (web(), Some(now())));
+    }
+
+    /// Ready stays `Baselined` however often the binding is looked at, until something rolls;
+    /// after a rollout it never turns back.
+    #[tokio::test(start_paused = true)]
+    async fn a_baseline_stays_the_word_until_something_rolls() {
+        let ready = |status: &ConsulBindingStatus| condition(status, conditions::READY).reason.clone();
+        let (_, baseline) = step(&spec(false), &Default::default(), &entry("v1"), &web());
+        let (_, again) = step(&spec(false), &baseline, &entry("v1"), &web());
+        assert_eq!(ready(&again), reason::BASELINED);
+        let (_, rolled) = step(&spec(false), &again, &entry("v2"), &web());
+        let (_, after) = step(&spec(false), &rolled, &entry("v2"), &web());
+        assert_eq!((ready(&rolled), ready(&after)), (reason::UP_TO_DATE.to_owned(), reason::UP_TO_DATE.to_owned()));
+    }
+
+    /// A binding of ConfigMaps alone says so in `ConsulSynced`, not that it read no keys.
+    #[tokio::test(start_paused = true)]
+    async fn a_binding_without_keys_says_none_are_bound() {
+        let source = ObjectSource { name: "app".into(), keys: None, optional: true };
+        let objects_only = ConsulBindingSpec { keys: vec![], config_maps: vec![source], ..spec(false) };
+        let object = ObjectContent {
+            kind: ObjectKind::ConfigMap,
+            source: &objects_only.config_maps[0],
+            referenced: false,
+            data: None,
+        };
+        let (keyed, entries, found, previous) = (spec(false), entry("v1"), web(), ConsulBindingStatus::default());
+        let input = Input {
+            spec: &objects_only,
+            consul: Consul::Ready(vec![]),
+            objects: Ok(vec![object]),
+            ..input(&keyed, &previous, &entries, &found)
+        };
+        let (_, status) = plan_and_status(&input);
+        let synced = condition(&status, conditions::CONSUL_SYNCED);
+        assert_eq!((synced.status.as_str(), synced.message.as_str()), ("True", "no Consul keys are bound"));
+    }
 }
