@@ -1881,4 +1881,21 @@ mod tests {
         let synced = condition(&status, conditions::CONSUL_SYNCED);
         assert_eq!((synced.status.as_str(), synced.message.as_str()), ("True", "no Consul keys are bound"));
     }
+
+    /// A binding with nothing to roll says in Ready when rollouts are suspended, or only
+    /// dry-run.
+    #[tokio::test(start_paused = true)]
+    async fn ready_says_when_rollouts_are_suspended_or_only_dry_run() {
+        let (_, baseline) = step(&spec(false), &Default::default(), &entry("v1"), &web());
+        let (_, rolled) = step(&spec(false), &baseline, &entry("v2"), &web());
+        let suspended = ConsulBindingSpec { suspend: true, ..spec(false) };
+        let (entries, found) = (entry("v2"), web());
+        let message = |input: &Input<'_>| condition(&plan_and_status(input).1, conditions::READY).message.clone();
+        let quiet = message(&input(&suspended, &rolled, &entries, &found));
+        assert!(quiet.ends_with(" (rollouts suspended)"), "{quiet}");
+        let dry = message(&Input { dry_run: true, ..input(&spec(false), &rolled, &entries, &found) });
+        assert!(dry.ends_with(" (dry run: nothing is patched)"), "{dry}");
+        let plain = message(&input(&spec(false), &rolled, &entries, &found));
+        assert!(!plain.ends_with(')'), "{plain}");
+    }
 }
