@@ -1898,4 +1898,23 @@ mod tests {
         let plain = message(&input(&spec(false), &rolled, &entries, &found));
         assert!(!plain.ends_with(')'), "{plain}");
     }
+
+    /// A binding whose waves were taken out of its spec shows no staged rollout any more.
+    #[tokio::test(start_paused = true)]
+    async fn a_binding_no_longer_staged_shows_no_rollout() {
+        let (_, baseline) = step(&spec(false), &Default::default(), &entry("v1"), &web());
+        let rollout = consulbind_api::RolloutStatus {
+            checksum: baseline.applied_checksum.clone().unwrap(),
+            wave: 1,
+            waves: 2,
+            phase: consulbind_api::RolloutPhase::Paused,
+            since: now(),
+            started_time: now(),
+            progress: "1/2 waves".into(),
+            next_window: None,
+        };
+        let staged = ConsulBindingStatus { rollout: Some(rollout), ..baseline };
+        let (_, status) = step(&spec(false), &staged, &entry("v1"), &web());
+        assert_eq!(status.rollout, None);
+    }
 }
