@@ -1917,4 +1917,29 @@ mod tests {
         let (_, status) = step(&spec(false), &staged, &entry("v1"), &web());
         assert_eq!(status.rollout, None);
     }
+
+    /// A hold says so on Ready, and on TargetsUpdated only while a target does not carry the
+    /// applied content: while Consul cannot be read, or a key turned required is missing, the
+    /// targets that carry it are up to date.
+    #[tokio::test(start_paused = true)]
+    async fn targets_that_carry_the_applied_content_are_up_to_date_through_a_hold() {
+        let targets = |status: &ConsulBindingStatus| {
+            let c = condition(status, conditions::TARGETS_UPDATED);
+            (c.status.clone(), c.reason.clone())
+        };
+        let (_, baseline) = step(&spec(false), &Default::default(), &entry("v1"), &web());
+        let (_, rolled) = step(&spec(false), &baseline, &entry("v2"), &web());
+        let failed = || Consul::Failed { reason: reason::CONSUL_UNREACHABLE, message: "connection refused".into() };
+        let (spec, entries, found) = (spec(false), entry("v2"), web());
+        let (_, unread) = plan_and_status(&Input { consul: failed(), ..input(&spec, &rolled, &entries, &found) });
+        assert_eq!(targets(&unread), ("True".into(), reason::UP_TO_DATE.into()));
+        assert_eq!(condition(&unread, conditions::READY).reason, reason::CONSUL_UNREACHABLE);
+
+        // Bound while optional and missing, then made required: the targets carry what is there.
+        let (_, missing) = step(&self::spec(true), &Default::default(), &[], &web());
+        let (plan, required) = step(&self::spec(false), &missing, &[], &web());
+        assert_eq!(plan.desired, missing.applied_checksum);
+        assert_eq!(condition(&required, conditions::READY).reason, reason::KEY_MISSING);
+        assert_eq!(targets(&required), ("True".into(), reason::UP_TO_DATE.into()));
+    }
 }
