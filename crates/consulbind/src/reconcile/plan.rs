@@ -1942,4 +1942,35 @@ mod tests {
         assert_eq!(condition(&required, conditions::READY).reason, reason::KEY_MISSING);
         assert_eq!(targets(&required), ("True".into(), reason::UP_TO_DATE.into()));
     }
+
+    /// A dry run's report stays while Consul cannot be read, and goes with the dry run.
+    #[tokio::test(start_paused = true)]
+    async fn a_dry_runs_report_outlasts_an_unread_consul_and_goes_with_the_dry_run() {
+        let (spec, entries, found) = (spec(false), entry("v1"), web());
+        let (_, baseline) = step(&spec, &Default::default(), &entry("v0"), &found);
+        let (_, reported) = plan_and_status(&Input { dry_run: true, ..input(&spec, &baseline, &entries, &found) });
+        let report = reported.dry_run.clone().expect("a dry run's report");
+        assert_eq!(report.would_roll, ["Deployment/web"]);
+        let failed = Consul::Failed { reason: reason::CONSUL_UNREACHABLE, message: "connection refused".into() };
+        let unread = Input { dry_run: true, consul: failed, ..input(&spec, &reported, &entries, &found) };
+        assert_eq!(plan_and_status(&unread).1.dry_run, Some(report));
+        assert_eq!(plan_and_status(&input(&spec, &reported, &entries, &found)).1.dry_run, None);
+    }
+
+    /// An older checksum in any one place asks for the second read: the applied one, a
+    /// target's row, or the binding's own stamp on a workload.
+    #[tokio::test(start_paused = true)]
+    async fn an_older_checksum_in_any_one_place_asks_for_a_second_read() {
+        let (spec, entries, found) = (spec(false), entry("v1"), web());
+        let (_, current) = step(&spec, &Default::default(), &entries, &found);
+        let older = checksum::legacy(&[Source::Key { key: "app/config", value: Some(b"v1") }]);
+        let applied = ConsulBindingStatus { applied_checksum: Some(older.clone()), ..current.clone() };
+        let mut row = current.clone();
+        row.targets[0].checksum = older.clone();
+        let live: BTreeMap<Workload, Live> = [(found[0].clone(), Live { value: older, owned: true })].into();
+        assert!(older_values(&input(&spec, &applied, &entries, &found)), "the applied checksum");
+        assert!(older_values(&input(&spec, &row, &entries, &found)), "a target's row");
+        assert!(older_values(&Input { live: &live, ..input(&spec, &current, &entries, &found) }), "a stamp");
+        assert!(!older_values(&input(&spec, &current, &entries, &found)));
+    }
 }

@@ -264,4 +264,18 @@ mod tests {
         assert_eq!(pair(after(None, reason::PENDING)), on("True", "False"), "not known yet");
         assert_eq!(after(Some(false), reason::KEY_MISSING).2, "why", "Ready's message on the condition that is True");
     }
+
+    /// A condition keeps its transition time while its status stays, and takes the time of this
+    /// write when it turns; another type's time is never taken.
+    #[test]
+    fn a_condition_keeps_its_transition_time_until_its_status_turns() {
+        let (then, now) = (Time(Timestamp::UNIX_EPOCH), Time("2026-01-02T03:04:05Z".parse().unwrap()));
+        let previous = [condition(&[], conditions::READY, Some(true), reason::UP_TO_DATE, "ok".into(), Some(1), &then)];
+        let at = |type_: &str, ok| {
+            condition(&previous, type_, Some(ok), reason::UP_TO_DATE, "now".into(), Some(2), &now).last_transition_time
+        };
+        assert_eq!(at(conditions::READY, true), then);
+        assert_eq!(at(conditions::READY, false), now);
+        assert_eq!(at(conditions::CONSUL_SYNCED, true), now);
+    }
 }

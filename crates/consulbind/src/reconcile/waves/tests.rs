@@ -607,3 +607,17 @@ fn a_target_whose_patch_failed_is_not_shown_rolling() {
     assert_eq!(world.tick(), ["web-b"]);
     assert_eq!((world.state("web-a"), world.state("web-b")), (None, Some(TargetState::Rolling)));
 }
+
+/// Waits and targets in messages read as people write them.
+#[test]
+fn waits_and_targets_read_as_people_write_them() {
+    let secs = |s| human(Duration::from_secs(s));
+    assert_eq!([secs(7200), secs(5400), secs(90), secs(60), secs(59)], ["2h", "90m", "90s", "1m", "59s"]);
+    let five: Vec<Workload> =
+        ["a", "b", "c", "d", "e"].map(|n| (consulbind_api::WorkloadKind::Deployment, n.to_owned())).into();
+    assert_eq!(names(&five[..3]), "Deployment a, Deployment b, Deployment c");
+    assert_eq!(names(&five), "Deployment a, Deployment b, Deployment c and 2 more");
+    let now = k8s_openapi::jiff::Timestamp::UNIX_EPOCH;
+    assert_eq!(until(later(now, Duration::from_secs(90)), now), Duration::from_secs(90));
+    assert_eq!(until(now, later(now, Duration::from_secs(1))), Duration::ZERO, "passed");
+}
