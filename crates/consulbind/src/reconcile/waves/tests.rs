@@ -621,3 +621,18 @@ fn waits_and_targets_read_as_people_write_them() {
     assert_eq!(until(later(now, Duration::from_secs(90)), now), Duration::from_secs(90));
     assert_eq!(until(now, later(now, Duration::from_secs(1))), Duration::ZERO, "passed");
 }
+
+/// While a wave rolls in groups, Ready says how many are left to roll in it, and says nothing
+/// of the kind once none is.
+#[test]
+fn a_wave_in_groups_says_how_many_are_left_to_roll() {
+    let mut world = World::staged(&["a", "b", "c"], vec![Wave { max_parallel: Some(2), ..Default::default() }]);
+    world.write("v2");
+    assert_eq!(world.tick(), ["a", "b"]);
+    let message = world.ready().message;
+    assert!(message.ends_with("; 1 more to roll in this wave"), "{message}");
+    world.healthy("a");
+    assert_eq!(world.tick(), ["c"]);
+    let message = world.ready().message;
+    assert!(message.contains("waiting for") && !message.contains("more to roll"), "{message}");
+}
