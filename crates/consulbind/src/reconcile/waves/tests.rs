@@ -636,3 +636,19 @@ fn a_wave_in_groups_says_how_many_are_left_to_roll() {
     let message = world.ready().message;
     assert!(message.contains("waiting for") && !message.contains("more to roll"), "{message}");
 }
+
+/// A target at its budget waits while one with budget left rolls.
+#[test]
+fn a_target_at_its_budget_waits_while_one_with_budget_left_rolls() {
+    let budget = RolloutBudget { max_rollouts: 1, per: "1h".into() };
+    let mut world = World::new(&["a", "b"], Vec::new(), Some(budget));
+    world.refusing.insert(deploy("b"));
+    world.write("v2");
+    assert_eq!(world.tick(), ["a"], "b's patch fails, and costs it no budget");
+    world.advance(Duration::from_secs(1));
+    world.write("v3");
+    world.refusing.clear();
+    assert_eq!(world.tick(), ["b"]);
+    assert_eq!(world.state("a"), Some(TargetState::Waiting));
+    assert_eq!((world.rolls("a"), world.rolls("b")), (1, 1));
+}
