@@ -21,8 +21,8 @@ const FILES: &str = "crates/consulbind/src/reconcile/**";
 /// panics (`mod.rs`), the shared context that ties the caches and watches to a client
 /// (`context.rs`), the port that writes to the API server with the writers in `report.rs` and
 /// `stamp.rs` it calls, and the reads of `observe` through that context (the caches, the
-/// watches, Consul): only the end-to-end tests reach them. The simulators drive every stage between them, and the
-/// pure parts of those reads and writes have unit cases where they live.
+/// watches, Consul): only the end-to-end tests reach them. The simulators drive every stage
+/// between them, and the pure parts of those reads and writes have unit cases where they live.
 const EXCLUDE_FILES: &[&str] =
     &["crates/consulbind/src/reconcile/mod.rs", "crates/consulbind/src/reconcile/context.rs"];
 const EXCLUDE_RE: &[&str] = &[
