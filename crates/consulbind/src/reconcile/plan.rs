@@ -1973,4 +1973,21 @@ mod tests {
         assert!(older_values(&Input { live: &live, ..input(&spec, &current, &entries, &found) }), "a stamp");
         assert!(!older_values(&input(&spec, &current, &entries, &found)));
     }
+
+    /// A binding whose status and stamps are all scoped is planned once, with no second plan
+    /// under the cluster's key; one with a checksum of the release before is rescoped.
+    #[tokio::test(start_paused = true)]
+    async fn only_a_binding_with_checksums_under_the_clusters_key_is_rescoped() {
+        let t = ApiReadsApp::new();
+        let scoped = KEY.scoped("team-a", ["", "", ""]);
+        let fresh = ConsulBindingStatus::default();
+        let (_, current) = plan_and_status(&t.input(&scoped, &fresh, &t.one, &NO_LIVE));
+        let rows = current.targets.iter();
+        let stamps: BTreeMap<Workload, Live> =
+            rows.map(|r| ((r.kind, r.name.clone()), Live { value: r.checksum.clone(), owned: true })).collect();
+        let rescoped = |previous, live| super::super::upgrade::rescoped(&t.input(&scoped, previous, &t.one, live));
+        assert!(rescoped(&current, &stamps).is_none());
+        let (_, older) = plan_and_status(&t.input(&KEY, &fresh, &t.one, &NO_LIVE));
+        assert!(rescoped(&older, &NO_LIVE).is_some());
+    }
 }

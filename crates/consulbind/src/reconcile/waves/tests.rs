@@ -652,3 +652,132 @@ fn a_target_at_its_budget_waits_while_one_with_budget_left_rolls() {
     assert_eq!(world.state("a"), Some(TargetState::Waiting));
     assert_eq!((world.rolls("a"), world.rolls("b")), (1, 1));
 }
+
+/// A rolled target is looked at again when its health timeout ends, not at the next health
+/// poll, so that it halts on time; a target behind again waits for its next roll instead.
+#[test]
+fn a_rolled_target_is_looked_at_again_when_its_health_timeout_ends() {
+    let mut world = World::staged(&["canary", "web"], canary_then_rest(None, None));
+    world.spec.rollout.as_mut().unwrap().health_timeout = Some("10s".into());
+    world.write("v2");
+    assert_eq!(world.tick(), ["canary"]);
+    assert_eq!(world.wake, Some(Duration::from_secs(10)));
+    world.advance(Duration::from_secs(4));
+    world.tick();
+    let wake = world.wake.expect("a wake");
+    assert_eq!(wake, Duration::from_secs(6) - Duration::from_micros(1));
+    world.advance(wake - Duration::from_micros(1));
+    world.tick();
+    assert_eq!(
+        (world.ready().reason.as_str(), world.state("canary")),
+        (reason::ROLLOUT_HALTED, Some(TargetState::Halted))
+    );
+    // A change waiting out its quiet period wakes at its end, not at the timeout of the roll
+    // it supersedes.
+    let mut world = World::staged(&["canary", "web"], canary_then_rest(None, None));
+    world.spec.rollout.as_mut().unwrap().health_timeout = Some("20s".into());
+    world.write("v2");
+    assert_eq!(world.tick(), ["canary"]);
+    world.spec.rollout.as_mut().unwrap().quiet_period = Some("30s".into());
+    world.advance(Duration::from_secs(5));
+    world.write("v3");
+    assert_eq!(world.tick(), Vec::<String>::new());
+    assert_eq!(world.ready().reason, reason::PENDING);
+    let wake = world.wake.expect("a wake");
+    assert!(wake > Duration::from_secs(29), "{wake:?}");
+}
+
+/// A roll leaves the budget's span `per` after it: at that instant, which the hold names, the
+/// target may roll again.
+#[test]
+fn a_roll_leaves_the_budget_at_the_end_of_its_span() {
+    let budget = RolloutBudget { max_rollouts: 1, per: "1h".into() };
+    let mut world = World::new(&["web"], Vec::new(), Some(budget));
+    world.write("v2");
+    assert_eq!(world.tick(), ["web"]);
+    world.write("v3");
+    world.advance(Duration::from_secs(3600) - Duration::from_micros(2));
+    assert_eq!(world.tick(), Vec::<String>::new());
+    assert_eq!(world.state("web"), Some(TargetState::Waiting));
+    assert_eq!(world.tick(), ["web"], "an hour after the first");
+}
+
+/// A revert rolled back on the canary alone is complete once the canary is healthy: no pause
+/// before waves with nothing to roll.
+#[test]
+fn a_wave_with_nothing_after_it_to_roll_does_not_pause() {
+    let mut world = World::staged(&["canary", "web"], canary_then_rest(Some("10m"), None));
+    world.write("bad");
+    assert_eq!(world.tick(), ["canary"]);
+    world.fail("canary");
+    world.tick();
+    world.write("v1");
+    assert_eq!(world.tick(), ["canary"]);
+    world.healthy("canary");
+    assert_eq!(world.tick(), Vec::<String>::new());
+    assert_eq!((world.ready().reason.as_str(), world.phase()), (reason::UP_TO_DATE, Some((2, RolloutPhase::Complete))));
+}
+
+/// The next wave starts at the instant its pause ends, and the binding wakes for it.
+#[test]
+fn the_next_wave_starts_at_the_instant_the_pause_ends() {
+    let mut world = World::staged(&["canary", "web"], canary_then_rest(Some("2m"), None));
+    world.write("v2");
+    assert_eq!(world.tick(), ["canary"]);
+    world.healthy("canary");
+    assert_eq!(world.tick(), Vec::<String>::new());
+    assert_eq!(world.ready().reason, reason::WAVE_PAUSED);
+    let wake = world.wake.expect("a wake at the pause's end");
+    assert_eq!(wake, Duration::from_secs(120));
+    world.advance(wake - Duration::from_micros(1));
+    assert_eq!(world.tick(), ["web"]);
+}
+
+/// A wave whose targets partly carry the content already has not started: outside the windows
+/// it waits, as any wave not under way.
+#[test]
+fn a_wave_whose_targets_partly_carry_the_content_waits_for_a_window() {
+    let waves = vec![Wave { selector: Some(canary()), ..Default::default() }];
+    let windows = vec![window(WindowKind::Allow, "0 3 * * *", "30m")];
+    let rollout = RolloutPolicy { quiet_period: Some("0s".into()), waves, windows, ..Default::default() };
+    let mut world = World::unbound(&["canary", "web-a", "web-b"], rollout);
+    world.refs = [deploy("canary"), deploy("web-a")].into();
+    world.tick();
+    assert_eq!(world.ready().reason, reason::BASELINED);
+    world.cm = "c2".into();
+    assert_eq!(world.tick(), ["canary"], "the ConfigMap changed: the targets that read it roll");
+    world.healthy("canary");
+    world.advance(Duration::from_secs(1800));
+    assert_eq!(world.tick(), Vec::<String>::new(), "web-b carries the content; web-a waits for the window");
+    assert_eq!(world.ready().reason, reason::OUTSIDE_ROLLOUT_WINDOW);
+    assert_eq!(world.rolls("web-a"), 0);
+}
+
+/// Without waves, a change held by the windows names no wave.
+#[test]
+fn without_waves_a_change_held_by_the_windows_names_no_wave() {
+    let mut world = windowed(&["web"], vec![], vec![window(WindowKind::Allow, "0 4 * * *", "1h")]);
+    world.write("v2");
+    assert_eq!(world.tick(), Vec::<String>::new());
+    let message = world.ready().message;
+    assert!(message.starts_with("outside the rollout windows"), "{message}");
+}
+
+/// With every target of the last wave rolled, TargetsUpdated still says the rollout is in
+/// progress until they are healthy: carrying the content is not having it applied.
+#[test]
+fn targets_are_updated_only_once_the_last_wave_is_healthy() {
+    let updated = |world: &World| {
+        let found = world.status.conditions.iter().find(|c| c.type_ == consulbind_api::conditions::TARGETS_UPDATED);
+        found.map(|c| (c.status.clone(), c.reason.clone())).expect("TargetsUpdated")
+    };
+    let mut world = World::staged(&["canary", "web"], canary_then_rest(None, None));
+    world.write("v2");
+    assert_eq!(world.tick(), ["canary"]);
+    world.healthy("canary");
+    assert_eq!(world.tick(), ["web"]);
+    assert_eq!(updated(&world), ("False".into(), reason::ROLLOUT_IN_PROGRESS.into()));
+    world.healthy("web");
+    world.tick();
+    assert_eq!(updated(&world), ("True".into(), reason::UP_TO_DATE.into()));
+}

@@ -34,6 +34,8 @@ pub struct World {
     pub let_through: Option<String>,
     /// The reasons of the Notice and Warning events raised.
     pub events: Vec<String>,
+    /// How soon the last reconcile asked to look again, if it did.
+    pub wake: Option<Duration>,
 }
 
 pub fn deploy(name: &str) -> Workload {
@@ -101,6 +103,7 @@ impl World {
             cm: "c1".into(),
             let_through: None,
             events: Vec::new(),
+            wake: None,
         }
     }
 
@@ -122,6 +125,7 @@ impl World {
     /// reconciles happen at the same instant.
     pub fn tick(&mut self) -> Vec<String> {
         self.advance(Duration::from_micros(1));
+        self.wake = None;
         let entries = vec![
             KvEntry::new("app/config", self.value.clone(), self.index).digested(|v| checksum::digest(&KEY, v).to_vec()),
         ];
@@ -149,16 +153,17 @@ impl World {
         if let Some(staging) = &mut read.staging {
             staging.let_through.clone_from(&self.let_through);
         }
+        let now = Instant::now();
         let observed = Observed {
             spec: &spec,
             generation: Some(1),
             previous: self.status.clone(),
-            started: Instant::now(),
+            started: now,
             clock: self.clock,
             read: Ok(read),
         };
-        let decision = decide::decide(&observed, &mut self.record, Instant::now());
-        let mut port = Writes { world: self, rolled: Vec::new() };
+        let decision = decide::decide(&observed, &mut self.record, now);
+        let mut port = Writes { world: self, rolled: Vec::new(), now };
         futures::executor::block_on(apply::apply(&mut port, &observed, decision)).expect("the model takes every write");
         port.rolled
     }
@@ -203,6 +208,7 @@ impl World {
 struct Writes<'w> {
     world: &'w mut World,
     rolled: Vec<String>,
+    now: Instant,
 }
 
 impl Port for Writes<'_> {
@@ -233,7 +239,9 @@ impl Port for Writes<'_> {
         outcome
     }
 
-    fn due(&mut self, _: Option<Instant>) {}
+    fn due(&mut self, at: Option<Instant>) {
+        self.world.wake = at.map(|at| at.saturating_duration_since(self.now));
+    }
 
     fn publish(&mut self, event: Event, _: &Read, _: &ConsulBindingStatus, _: &Outcome) {
         if let Event::Notice { reason, .. } | Event::Warning { reason, .. } = event {
