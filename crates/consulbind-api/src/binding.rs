@@ -89,12 +89,13 @@ pub struct ConsulBindingSpec {
     pub targets: Vec<TargetRef>,
 
     /// Per-binding Consul settings. Anything left out uses the controller's defaults.
+    // Boxed, as `rollout`: most bindings set neither, and the controller caches every binding.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub consul: Option<ConsulSettings>,
+    pub consul: Option<Box<ConsulSettings>>,
 
     /// How changes are turned into rollouts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rollout: Option<RolloutPolicy>,
+    pub rollout: Option<Box<RolloutPolicy>>,
 
     /// Pause rollouts. Changes are still tracked; resuming rolls out once if the content differs
     /// from what the targets last received.

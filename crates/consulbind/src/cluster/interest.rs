@@ -196,9 +196,11 @@ mod tests {
     fn spec(targets: Vec<TargetRef>, secret: Option<&str>) -> ConsulBindingSpec {
         ConsulBindingSpec {
             targets,
-            consul: secret.map(|name| ConsulSettings {
-                token_secret_ref: Some(SecretKeyRef { name: name.into(), key: None }),
-                ..Default::default()
+            consul: secret.map(|name| {
+                Box::new(ConsulSettings {
+                    token_secret_ref: Some(SecretKeyRef { name: name.into(), key: None }),
+                    ..Default::default()
+                })
             }),
             ..Default::default()
         }

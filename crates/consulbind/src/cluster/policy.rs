@@ -214,13 +214,13 @@ mod tests {
     #[test]
     fn consul_namespaces_and_partitions_need_everything() {
         let mut s = spec(&["app/x"]);
-        s.consul = Some(ConsulSettings { namespace: Some("team-b".into()), ..Default::default() });
+        s.consul = Some(Box::new(ConsulSettings { namespace: Some("team-b".into()), ..Default::default() }));
         assert!(check(&Allowed::parse("app/"), Origin::Flag, "ns", &s).unwrap_err().contains("Consul namespace"));
         assert!(check(&Allowed::Everything, Origin::Flag, "ns", &s).is_ok());
-        s.consul = Some(ConsulSettings { partition: Some("p".into()), ..Default::default() });
+        s.consul = Some(Box::new(ConsulSettings { partition: Some("p".into()), ..Default::default() }));
         assert!(check(&Allowed::parse("app/"), Origin::Flag, "ns", &s).unwrap_err().contains("Consul partition"));
         // Datacenters hold the same key space, as in Consul's own ACL rules.
-        s.consul = Some(ConsulSettings { datacenter: Some("dc2".into()), ..Default::default() });
+        s.consul = Some(Box::new(ConsulSettings { datacenter: Some("dc2".into()), ..Default::default() }));
         assert!(check(&Allowed::parse("app/"), Origin::Flag, "ns", &s).is_ok());
     }
 }

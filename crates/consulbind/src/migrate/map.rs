@@ -208,11 +208,11 @@ pub fn map(workload: &Workload, objects: &Objects, name: &str) -> Mapped {
                 ));
                 // The longest wait must allow the quiet period.
                 let max_delay = (p > std::time::Duration::from_secs(30)).then(|| period.trim().to_owned());
-                spec.rollout = Some(RolloutPolicy {
+                spec.rollout = Some(Box::new(RolloutPolicy {
                     quiet_period: Some(period.trim().to_owned()),
                     max_delay,
                     ..Default::default()
-                });
+                }));
             }
             _ => out.notes.push(format!(
                 "{RELOADER_PAUSE} {period} is not mapped: rollout.quietPeriod takes a duration such as 5m, at most 1h"

@@ -380,7 +380,7 @@ mod tests {
     /// `spec` with another quiet period: a change of the spec.
     fn edited(spec: &ConsulBindingSpec) -> ConsulBindingSpec {
         let rollout = RolloutPolicy { quiet_period: Some("0s".into()), ..Default::default() };
-        ConsulBindingSpec { rollout: Some(rollout), ..spec.clone() }
+        ConsulBindingSpec { rollout: Some(Box::new(rollout)), ..spec.clone() }
     }
 
     /// Plans `input` and builds the status as if every stamp succeeded.
@@ -503,11 +503,11 @@ mod tests {
                 keys: vec![KeySource { key: "app/config".into(), recurse: rng.bool(), optional: rng.bool() }],
                 targets: vec![TargetRef { kind: WorkloadKind::Deployment, name: Some("web".into()), selector: None }],
                 suspend: rng.u8(..8) == 0,
-                rollout: Some(RolloutPolicy {
+                rollout: Some(Box::new(RolloutPolicy {
                     on_bind: rng.bool(),
                     mode: rng.bool().then_some(consulbind_api::RolloutMode::DryRun),
                     ..Default::default()
-                }),
+                })),
                 ..Default::default()
             };
             let window = Window { quiet: durations[rng.usize(..4)], max: durations[rng.usize(..4)] };
@@ -730,7 +730,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn suspend_wins_over_on_bind_until_resumed() {
         let mut spec = spec(false);
-        spec.rollout = Some(RolloutPolicy { on_bind: true, ..Default::default() });
+        spec.rollout = Some(Box::new(RolloutPolicy { on_bind: true, ..Default::default() }));
         spec.suspend = true;
         let (plan, suspended) = step(&spec, &Default::default(), &entry("v1"), &web());
         assert!(plan.roll.is_empty(), "a suspended binding rolled on bind");
@@ -1135,7 +1135,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn on_bind_rolls_at_first_sight() {
         let mut spec = spec(false);
-        spec.rollout = Some(RolloutPolicy { on_bind: true, ..Default::default() });
+        spec.rollout = Some(Box::new(RolloutPolicy { on_bind: true, ..Default::default() }));
         let (plan, _) = step(&spec, &Default::default(), &entry("v1"), &web());
         assert_eq!(plan.roll, web());
     }
@@ -1719,7 +1719,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn on_bind_rolls_every_target_but_one_with_the_bindings_own_stamp_of_the_content() {
         let mut spec = spec(false);
-        spec.rollout = Some(RolloutPolicy { on_bind: true, ..Default::default() });
+        spec.rollout = Some(Box::new(RolloutPolicy { on_bind: true, ..Default::default() }));
         let found = web();
         let first = |live: &[(&str, bool)]| {
             let live: BTreeMap<Workload, Live> = live
@@ -1798,7 +1798,8 @@ mod tests {
     async fn a_wave_under_way_holds_the_stamps_of_the_waves_after_it() {
         let waves =
             vec![consulbind_api::Wave { name: Some("canary".into()), ..Default::default() }, Default::default()];
-        let spec = ConsulBindingSpec { rollout: Some(RolloutPolicy { waves, ..Default::default() }), ..spec(false) };
+        let spec =
+            ConsulBindingSpec { rollout: Some(Box::new(RolloutPolicy { waves, ..Default::default() })), ..spec(false) };
         let staging = crate::reconcile::staging::Staging::of(&spec, &Default::default()).unwrap().expect("waves");
         let found: Vec<Workload> =
             ["canary", "web"].iter().map(|n| (WorkloadKind::Deployment, (*n).to_owned())).collect();
@@ -1841,7 +1842,7 @@ mod tests {
         assert_eq!(rolled.last_change_time, Some(now()));
 
         let mut on_bind = spec(false);
-        on_bind.rollout = Some(RolloutPolicy { on_bind: true, ..Default::default() });
+        on_bind.rollout = Some(Box::new(RolloutPolicy { on_bind: true, ..Default::default() }));
         let (plan, first) = step(&on_bind, &Default::default(), &entry("v1"), &web());
         assert_eq!((plan.roll, first.last_change_time), (web(), Some(now())));
     }

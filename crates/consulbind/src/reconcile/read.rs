@@ -381,7 +381,7 @@ mod tests {
 
     fn spec(target: TargetRef, rollout: Option<RolloutPolicy>) -> ConsulBindingSpec {
         let keys = vec![consulbind_api::KeySource { key: "app".into(), ..Default::default() }];
-        ConsulBindingSpec { keys, targets: vec![target], rollout, ..Default::default() }
+        ConsulBindingSpec { keys, targets: vec![target], rollout: rollout.map(Box::new), ..Default::default() }
     }
 
     #[test]
@@ -647,7 +647,7 @@ mod tests {
             partition: Some("part".into()),
             ..Default::default()
         };
-        let spec = ConsulBindingSpec { keys, consul: Some(consul), ..spec(named(), None) };
+        let spec = ConsulBindingSpec { keys, consul: Some(Box::new(consul)), ..spec(named(), None) };
         let token = TokenSource::Secret(Token::new("from-secret")).into_token();
         let queries = queries(&spec, token.clone());
         let scoped = |key: &str, recurse| KvQuery {

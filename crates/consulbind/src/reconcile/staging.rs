@@ -153,7 +153,7 @@ mod tests {
     use super::*;
 
     fn staged(policy: RolloutPolicy) -> Result<Option<Staging>, String> {
-        Staging::of(&ConsulBindingSpec { rollout: Some(policy), ..Default::default() }, &Default::default())
+        Staging::of(&ConsulBindingSpec { rollout: Some(Box::new(policy)), ..Default::default() }, &Default::default())
     }
 
     /// Every wait may span a whole day, and no more.

@@ -251,11 +251,11 @@ impl Sim {
                 },
             ],
             include_target_references: true,
-            rollout: Some(RolloutPolicy {
+            rollout: Some(Box::new(RolloutPolicy {
                 quiet_period: Some(quiet.into()),
                 max_delay: Some("30s".into()),
                 ..Default::default()
-            }),
+            })),
             ..Default::default()
         };
         let mut store = Store { data: BTreeMap::new(), index: 10 };

@@ -222,10 +222,10 @@ fn a_restart_in_the_middle_of_a_wave_or_a_pause_goes_on_from_the_status() {
 
 #[test]
 fn without_waves_or_a_budget_nothing_is_staged() {
-    let spec = ConsulBindingSpec { rollout: Some(RolloutPolicy::default()), ..Default::default() };
+    let spec = ConsulBindingSpec { rollout: Some(Box::new(RolloutPolicy::default())), ..Default::default() };
     assert_eq!(Staging::of(&spec, &Default::default()), Ok(None));
     let wave = |w: Wave| ConsulBindingSpec {
-        rollout: Some(RolloutPolicy { waves: vec![w], ..Default::default() }),
+        rollout: Some(Box::new(RolloutPolicy { waves: vec![w], ..Default::default() })),
         ..Default::default()
     };
     let both = Wave { name: Some("a".into()), selector: Some(canary()), ..Default::default() };

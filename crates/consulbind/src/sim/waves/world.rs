@@ -68,7 +68,7 @@ impl World {
                 selector: Some(LabelSelector::default()),
                 name: None,
             }],
-            rollout: Some(rollout),
+            rollout: Some(Box::new(rollout)),
             include_target_references: true,
             ..Default::default()
         };
