@@ -34,7 +34,8 @@ pub struct World {
     pub let_through: Option<String>,
     /// The reasons of the Notice and Warning events raised.
     pub events: Vec<String>,
-    /// How soon the last reconcile asked to look again, if it did.
+    /// How soon the last reconcile's plan asked to look again, if it did: the wake its requeue
+    /// follows (the world refuses no binding and retries no read, so every tick has a plan).
     pub wake: Option<Duration>,
 }
 
