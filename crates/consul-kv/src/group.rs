@@ -136,7 +136,7 @@ mod tests {
                 if recurse && rng.below(2) == 0 {
                     key.push('/');
                 }
-                WatchPath { key, recurse }
+                WatchPath { key: key.into(), recurse }
             })
             .collect();
         paths.sort();
@@ -181,10 +181,10 @@ mod tests {
             queries.dedup();
             assert_eq!(queries.len(), groups.len(), "round {round}: two groups share a query: {groups:?}");
             for group in &groups {
-                let root = WatchPath { key: group.key.clone(), recurse: group.recurse };
+                let root = WatchPath { key: group.key.as_str().into(), recurse: group.recurse };
                 for &i in &group.members {
                     let covered = match root.recurse {
-                        true => paths[i].key.starts_with(&root.key),
+                        true => paths[i].key.starts_with(&*root.key),
                         false => paths[i] == root,
                     };
                     assert!(covered, "round {round}: {root:?} does not read {:?}", paths[i]);
@@ -211,7 +211,7 @@ mod tests {
             for group in &groups {
                 let members: Vec<WatchPath> = group.members.iter().map(|&i| paths[i].clone()).collect();
                 let members = &members[..];
-                let root = WatchPath { key: group.key.clone(), recurse: group.recurse };
+                let root = WatchPath { key: group.key.as_str().into(), recurse: group.recurse };
                 let index = Members::new(members);
                 // What the group's query returns, less what no member needs.
                 let (read_old, read_new) = (select(&old, &root).to_vec(), select(&new, &root).to_vec());

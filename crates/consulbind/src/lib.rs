@@ -74,6 +74,12 @@ impl BindingRef {
         self.parts().1
     }
 
+    /// Whether both are the one shared copy.
+    #[cfg(test)]
+    pub fn shares(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+
     /// kube-runtime's reference, for its store and its controller.
     pub fn object_ref(&self) -> ObjectRef<ConsulBinding> {
         ObjectRef::new(self.name()).within(self.namespace())

@@ -3,13 +3,15 @@
 
 use std::collections::HashMap;
 use std::ops::Range;
+use std::sync::Arc;
 
 use crate::KvEntry;
 
-/// One watched key, or prefix when `recurse` is set.
+/// One watched key, or prefix when `recurse` is set. The key is shared: a plan and the index of
+/// its groups hold every watched path, and copies of their keys would add up.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct WatchPath {
-    pub key: String,
+    pub key: Arc<str>,
     pub recurse: bool,
 }
 
@@ -17,8 +19,8 @@ impl WatchPath {
     /// Whether `key` is this path's, or below it for a prefix.
     pub fn covers(&self, key: &str) -> bool {
         match self.recurse {
-            true => key.starts_with(&self.key),
-            false => key == self.key,
+            true => key.starts_with(&*self.key),
+            false => key == &*self.key,
         }
     }
 }
@@ -30,7 +32,7 @@ pub fn select<'a>(entries: &'a [KvEntry], path: &WatchPath) -> &'a [KvEntry] {
 
 /// Where in sorted `entries` the ones `path` covers are.
 pub fn span(entries: &[KvEntry], path: &WatchPath) -> Range<usize> {
-    let start = entries.partition_point(|e| &*e.key < path.key.as_str());
+    let start = entries.partition_point(|e| *e.key < *path.key);
     let end = match path.recurse {
         true => start + entries[start..].partition_point(|e| path.covers(&e.key)),
         false => start + usize::from(entries.get(start).is_some_and(|e| path.covers(&e.key))),
@@ -58,8 +60,8 @@ pub(super) fn lengths(lengths: impl Iterator<Item = usize>) -> Vec<usize> {
 /// The paths one group serves, indexed to find which of them an entry belongs to.
 #[derive(Debug, Default)]
 pub struct Members {
-    exact: HashMap<String, usize>,
-    prefixes: HashMap<String, usize>,
+    exact: HashMap<Arc<str>, usize>,
+    prefixes: HashMap<Arc<str>, usize>,
     /// The lengths of the prefixes, ascending: the only places a key can meet one.
     lengths: Vec<usize>,
 }
@@ -72,7 +74,7 @@ impl Members {
             let map = if path.recurse { &mut members.prefixes } else { &mut members.exact };
             map.insert(path.key.clone(), i);
         }
-        members.lengths = lengths(members.prefixes.keys().map(String::len));
+        members.lengths = lengths(members.prefixes.keys().map(|k| k.len()));
         members
     }
 

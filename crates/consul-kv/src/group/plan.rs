@@ -23,7 +23,7 @@ fn tops(paths: &[WatchPath]) -> Vec<usize> {
     let mut cover: Option<usize> = None;
     for (i, path) in paths.iter().enumerate() {
         // What a prefix covers sorts right after it, the very same key read alone just before.
-        match cover.filter(|&c| path.key.starts_with(&paths[c].key)) {
+        match cover.filter(|&c| path.key.starts_with(&*paths[c].key)) {
             Some(c) => tops.push(c),
             None => {
                 tops.push(i);
@@ -76,7 +76,7 @@ fn partition_disjoint(paths: &[WatchPath], slots: usize) -> Vec<Group> {
         return paths
             .iter()
             .enumerate()
-            .map(|(i, p)| Group { key: p.key.clone(), recurse: p.recurse, members: vec![i] })
+            .map(|(i, p)| Group { key: p.key.to_string(), recurse: p.recurse, members: vec![i] })
             .collect();
     }
     // Start from one group over everything and split the largest group that still fits into
@@ -97,7 +97,7 @@ fn partition_disjoint(paths: &[WatchPath], slots: usize) -> Vec<Group> {
     }
     runs.into_iter()
         .map(|run| match &paths[run.clone()] {
-            [only] => Group { key: only.key.clone(), recurse: only.recurse, members: run.collect() },
+            [only] => Group { key: only.key.to_string(), recurse: only.recurse, members: run.collect() },
             // The common prefix of a sorted run is that of its first and last keys.
             [first, .., last] => {
                 Group { key: common_prefix(&first.key, &last.key).to_owned(), recurse: true, members: run.collect() }
@@ -137,7 +137,7 @@ fn assign_disjoint(paths: &[WatchPath], current: &[(String, bool)], slots: usize
     let mut homes = Vec::with_capacity(paths.len());
     let mut homeless = Vec::new();
     for (i, path) in paths.iter().enumerate() {
-        let own = if path.recurse { prefixes.get(path.key.as_str()) } else { exact.get(path.key.as_str()) };
+        let own = if path.recurse { prefixes.get(&*path.key) } else { exact.get(&*path.key) };
         let deepest = || lengths.iter().rev().find_map(|&end| prefixes.get(path.key.get(..end)?));
         match own.or_else(deepest) {
             Some(&g) => homes.push((g, i)),
@@ -152,7 +152,7 @@ fn assign_disjoint(paths: &[WatchPath], current: &[(String, bool)], slots: usize
     // so that a wide read does not outlive the paths that needed it.
     for group in groups.iter_mut().filter(|g| g.recurse) {
         match group.members[..] {
-            [only] => (group.key, group.recurse) = (paths[only].key.clone(), paths[only].recurse),
+            [only] => (group.key, group.recurse) = (paths[only].key.to_string(), paths[only].recurse),
             [first, .., last] => {
                 let shared = common_prefix(&paths[first].key, &paths[last].key);
                 if shared.len() > group.key.len() {
@@ -166,7 +166,7 @@ fn assign_disjoint(paths: &[WatchPath], current: &[(String, bool)], slots: usize
         return partition_disjoint(paths, slots);
     }
     groups.extend(homeless.into_iter().map(|i| Group {
-        key: paths[i].key.clone(),
+        key: paths[i].key.to_string(),
         recurse: paths[i].recurse,
         members: vec![i],
     }));

@@ -82,15 +82,17 @@ pub fn decide<'a>(observed: &'a Observed<'_>, record: &mut Record, now: Instant)
         act.upgraded = Some(rescoped);
         input = act.input(observed);
     }
-    let pending = record.pending.clone();
-    let plan = plan::plan(&input, &mut record.pending, now);
+    let before = record.pending.clone();
+    let mut pending = record.pending.take().map(|p| *p);
+    let plan = plan::plan(&input, &mut pending, now);
+    record.pending = pending.map(Box::new);
     // A namespace over its write limit writes nothing but the status that says so. A change
     // the plan took as settled stays pending, so that it rolls once the namespace is within.
     if let Some(free) = read.write_limited {
         let unheld = || status::status(&input, &plan, &Outcome::default(), &Time(observed.clock));
         if report::writes(previous, &plan, unheld) {
             if record.pending.is_none() {
-                record.pending = pending;
+                record.pending = before;
             }
             return Decision::WriteLimited(free);
         }

@@ -22,7 +22,7 @@ use super::{
     upgrade,
 };
 use crate::{
-    BindingRef, Lock, binding_ref, checksum,
+    BindingRef, Lock, checksum,
     cluster::{
         objects::{Digested, Unknown},
         workloads::Resolved,
@@ -141,7 +141,7 @@ impl Read {
 
 /// Reads all a reconcile of `binding` decides on, or says when to look again.
 pub async fn observe<'a>(ctx: &Context, binding: &'a ConsulBinding, started: Instant) -> Result<Observed<'a>, Action> {
-    let oref = binding_ref(binding);
+    let oref = ctx.states.name(binding);
     let spec = &binding.spec;
     let observed = |read| Observed {
         spec,
@@ -253,7 +253,7 @@ async fn consul(ctx: &Context, binding: &ConsulBinding, oref: &BindingRef) -> Re
     // Refused as too large: it holds nothing, and its status says why, until it is due to look
     // again.
     let generation = binding.metadata.generation;
-    if let Some(until) = ctx.states.update(oref, |r| r.backoffs.refused_until(generation, Instant::now())) {
+    if let Some(until) = ctx.states.update(oref, |r| r.refused_until(generation, Instant::now())) {
         ctx.watches.release(oref);
         return Err(Action::requeue(until.saturating_duration_since(Instant::now())));
     }
@@ -281,7 +281,7 @@ async fn consul(ctx: &Context, binding: &ConsulBinding, oref: &BindingRef) -> Re
     let consul = match read::consul_view(spec, &states, ctx.max_binding_bytes) {
         Some(Consul::Failed { reason: reason::BINDING_TOO_LARGE, message }) => {
             ctx.watches.release(oref);
-            ctx.states.update(oref, |r| r.backoffs.refuse(generation, Instant::now()));
+            ctx.states.update(oref, |r| r.backoffs().refuse(generation, Instant::now()));
             Err((reason::BINDING_TOO_LARGE, message))
         }
         Some(_) => Ok(()),
@@ -311,13 +311,14 @@ async fn objects(
     };
     match digests.await.inspect(|_| ctx.forget_unread()) {
         Ok(objects) => {
-            ctx.states.update(oref, |r| r.backoffs.objects_failing_since = None);
+            ctx.states.update(oref, |r| r.objects_read());
             Ok(Ok(objects))
         }
         // The caches list within moments, and their first list wakes the binding.
         Err(Unknown::Waiting) => Err(Action::requeue(Duration::from_secs(1))),
         Err(Unknown::Failed(message)) => {
-            let since = ctx.states.update(oref, |r| *r.backoffs.objects_failing_since.get_or_insert_with(Instant::now));
+            let since =
+                ctx.states.update(oref, |r| *r.backoffs().objects_failing_since.get_or_insert_with(Instant::now));
             let left = ctx.object_failure_grace.saturating_sub(since.elapsed());
             if !left.is_zero() {
                 debug!(binding = %oref, %message, "a bound object could not be read; retrying");

@@ -21,19 +21,20 @@ use crate::{
 
 #[derive(Debug, Default)]
 pub struct Record {
-    /// A change seen but not yet rolled out.
-    pub pending: Option<Pending>,
+    /// A change seen but not yet rolled out. Boxed, as are the backoffs: most records have
+    /// neither, and there is a record per binding.
+    pub pending: Option<Box<Pending>>,
     pub restore: Restore,
     /// What this binding stamped on each workload, and the object and generation that came of
     /// it, for as long as the workload cache has not caught up.
     pub stamps: BTreeMap<Workload, (Version, String)>,
     pub written: Written,
-    pub backoffs: Backoffs,
+    backoffs: Option<Box<Backoffs>>,
     /// A hash of the generation and annotations last let through to a reconcile.
     seen: Option<u64>,
-    /// The status the binding cache last showed, with the binding's uid. The cache keeps no
-    /// status: a status is most of a binding's size, and packed it takes a fraction.
-    cached: Option<(Box<str>, Packed)>,
+    /// The status the binding cache last showed, with a hash of the binding's uid. The cache
+    /// keeps no status: a status is most of a binding's size, and packed it takes a fraction.
+    cached: Option<(u64, Packed)>,
 }
 
 impl Record {
@@ -42,7 +43,7 @@ impl Record {
     /// of both has them so.
     fn settle(&mut self) {
         if let (Some(written), Some((uid, packed))) = (self.written.status.as_deref(), &self.cached)
-            && written.0 == **uid
+            && hashed(&written.0) == *uid
             && serde_json::to_vec(&written.1).is_ok_and(|w| w == packed.json())
         {
             self.written.status = None;
@@ -93,6 +94,23 @@ impl Backoffs {
 }
 
 impl Record {
+    /// The backoffs, made empty if there were none.
+    pub fn backoffs(&mut self) -> &mut Backoffs {
+        self.backoffs.get_or_insert_default()
+    }
+
+    /// Until when the binding is refused as too large, if it still is at `generation`.
+    pub fn refused_until(&self, generation: Option<i64>, now: Instant) -> Option<Instant> {
+        self.backoffs.as_ref()?.refused_until(generation, now)
+    }
+
+    /// Reading its ConfigMaps and Secrets succeeded.
+    pub fn objects_read(&mut self) {
+        if let Some(backoffs) = &mut self.backoffs {
+            backoffs.objects_failing_since = None;
+        }
+    }
+
     /// `status` was written after a plan for `desired`, by a reconcile that started at
     /// `started`. `shown`: it showed what the first read found (Consul and the objects were read).
     pub fn wrote(&mut self, shown: bool, desired: Option<&str>, status: &ConsulBindingStatus, started: Instant) {
@@ -124,10 +142,15 @@ impl States {
     /// Whether the binding's generation or annotations (the one the binding cache keeps) are new
     /// since the last version seen: only such a version reaches a reconcile from the watch.
     pub fn spec_changed(&self, binding: &ConsulBinding) -> bool {
-        use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
-        let hash = BuildHasherDefault::<DefaultHasher>::default()
-            .hash_one((binding.metadata.generation, &binding.metadata.annotations));
+        let hash = hashed((binding.metadata.generation, &binding.metadata.annotations));
         self.update(&binding_ref(binding), |record| record.seen.replace(hash) != Some(hash))
+    }
+
+    /// The binding's name as its record holds it, so that the maps that name the binding share
+    /// one copy.
+    pub fn name(&self, binding: &ConsulBinding) -> BindingRef {
+        let name = binding_ref(binding);
+        self.records.locked().get_key_value(&name).map_or(name, |(held, _)| held.clone())
     }
 
     /// The binding watch has a new version of `binding`: its status moves into the record, and
@@ -138,7 +161,7 @@ impl States {
         let uid = binding.uid().unwrap_or_default();
         let mut records = self.records.locked();
         let record = records.entry(binding_ref(binding)).or_default();
-        record.cached = Some((uid.into(), packed));
+        record.cached = Some((hashed(uid), packed));
         record.settle();
     }
 
@@ -160,7 +183,7 @@ impl States {
             let Some(record) = records.get(&binding_ref(binding)) else { return ConsulBindingStatus::default() };
             match (record.written.status.as_deref(), &record.cached) {
                 (Some((written_uid, status)), _) if *written_uid == uid => return status.clone(),
-                (_, Some((cached_uid, packed))) if **cached_uid == uid => packed.json(),
+                (_, Some((cached_uid, packed))) if *cached_uid == hashed(uid) => packed.json(),
                 _ => return ConsulBindingStatus::default(),
             }
         };
@@ -219,6 +242,12 @@ impl States {
     fn len(&self) -> usize {
         self.records.locked().len()
     }
+}
+
+/// A hash that stays the same across runs, for what a record compares but need not keep.
+fn hashed(value: impl std::hash::Hash) -> u64 {
+    use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+    BuildHasherDefault::<DefaultHasher>::default().hash_one(value)
 }
 
 /// JSON kept deflated; an empty one, empty.
@@ -381,6 +410,27 @@ mod tests {
         states.cache(&mut binding("a", "uid-2", Some(status("other"))));
         assert_eq!(last(&held), None);
         assert_eq!(last(&binding("a", "uid-2", None)).as_deref(), Some("other"));
+    }
+
+    /// The maps that name a binding share the name its record holds, rather than each holding
+    /// a copy; the backoffs take room only once a read fails.
+    #[test]
+    fn a_record_shares_its_name_and_holds_backoffs_only_when_used() {
+        let states = states();
+        let mut a = binding("a", "uid-1", None);
+        states.cache(&mut a);
+        let held = states.records.locked().keys().next().cloned().unwrap();
+        assert!(states.name(&a).shares(&held));
+        assert!(!BindingRef::new("ns", "a").shares(&held));
+        assert!(!states.name(&binding("b", "uid-2", None)).shares(&held), "no record: a name of its own");
+
+        let name = states.name(&a);
+        states.update(&name, |r| r.objects_read());
+        assert!(states.update(&name, |r| r.backoffs.is_none()), "a success allocates nothing");
+        let now = Instant::now();
+        states.update(&name, |r| r.backoffs().refuse(Some(1), now));
+        assert!(states.update(&name, |r| r.refused_until(Some(1), now).is_some()));
+        assert!(states.update(&name, |r| r.refused_until(Some(2), now).is_none()), "a spec change reads again");
     }
 
     /// A status whose applied checksum is the one planned settles the record: the restore grace

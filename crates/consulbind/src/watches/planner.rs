@@ -149,7 +149,7 @@ pub fn layout(scopes: &[ScopePaths], slots: usize) -> Layout {
 fn cut(scope: &ScopePaths, index: usize, share: usize, parked: bool) -> Vec<Cut> {
     let paths = &scope.paths;
     let (solo, shared): (Vec<usize>, Vec<usize>) = (0..paths.len()).partition(|&i| scope.solo[i]);
-    let solo_keys: HashSet<(&str, bool)> = solo.iter().map(|&i| (paths[i].key.as_str(), paths[i].recurse)).collect();
+    let solo_keys: HashSet<(&str, bool)> = solo.iter().map(|&i| (&*paths[i].key, paths[i].recurse)).collect();
     let current: Vec<(String, bool)> =
         scope.current.iter().filter(|(key, recurse)| !solo_keys.contains(&(key.as_str(), *recurse))).cloned().collect();
     let rest: Vec<WatchPath> = shared.iter().map(|&i| paths[i].clone()).collect();
@@ -160,7 +160,7 @@ fn cut(scope: &ScopePaths, index: usize, share: usize, parked: bool) -> Vec<Cut>
     let planned = groups
         .into_iter()
         .map(|g| (g.key, g.recurse, g.members.iter().map(|&i| shared[i]).collect::<Vec<_>>()))
-        .chain(solo.iter().map(|&i| (paths[i].key.clone(), paths[i].recurse, vec![i])));
+        .chain(solo.iter().map(|&i| (paths[i].key.to_string(), paths[i].recurse, vec![i])));
     for (key, recurse, members) in planned {
         let query = scope.scope.query(key, recurse);
         match by_query.get(&query) {
@@ -211,7 +211,7 @@ pub struct Groups {
 pub fn plan(runner: &Arc<Runner>, paths: &HashMap<Arc<KvQuery>, Arc<Path>>, groups: &mut Groups) {
     let mut by_scope: BTreeMap<Scope, Vec<(WatchPath, Arc<Path>)>> = BTreeMap::new();
     for (query, path) in paths {
-        let watch_path = WatchPath { key: query.key.clone(), recurse: query.recurse };
+        let watch_path = WatchPath { key: query.key.as_str().into(), recurse: query.recurse };
         by_scope.entry(Scope::of(query)).or_default().push((watch_path, path.clone()));
     }
     let mut current: HashMap<Scope, Vec<(String, bool)>> = HashMap::new();

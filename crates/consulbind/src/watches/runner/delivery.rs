@@ -68,7 +68,7 @@ impl Runner {
         };
         let reads = new.iter().map(|&i| {
             let path = &members.paths[i];
-            let query = KvQuery { key: path.key.clone(), recurse: path.recurse, ..query.clone() };
+            let query = KvQuery { key: path.key.to_string(), recurse: path.recurse, ..query.clone() };
             let limit = self.limits.answer_bytes(path.recurse);
             async move { self.consul.get_wait(&query, 0, MIN_WAIT, limit).await }
         });
@@ -129,7 +129,7 @@ impl Runner {
             })
             .collect();
         let reads = vanished.iter().map(|&i| {
-            let query = KvQuery { key: members.paths[i].key.clone(), recurse: false, ..query.clone() };
+            let query = KvQuery { key: members.paths[i].key.to_string(), recurse: false, ..query.clone() };
             async move { self.consul.get_wait(&query, 0, MIN_WAIT, self.limits.answer_bytes(false)).await }
         });
         let (mut refused, mut granted) = (Vec::new(), Vec::new());
@@ -201,7 +201,7 @@ impl Runner {
                 members.cells[i].rebase(view);
                 continue;
             }
-            let own = (path.key == query.key && path.recurse == query.recurse).then_some(index);
+            let own = (*path.key == *query.key && path.recurse == query.recurse).then_some(index);
             let update = self.hand_over(path, &members.cells[i], view, reset, own);
             if update == Update::Changed {
                 info!(key = %path.key, recurse = path.recurse, index, "Consul content changed");
