@@ -9,21 +9,58 @@ use kube::core::{Selector, SelectorExt};
 use super::{Workload, objects::ObjectId};
 use crate::BindingRef;
 
-type Named = (String, WorkloadKind, String);
+/// A workload of one namespace.
+type Named = (WorkloadKind, Box<str>);
 
 #[derive(Default)]
 pub struct Interest {
     /// Workloads a binding names, or found through a selector at its last reconcile (so that
-    /// one relabelled away or deleted still wakes it).
-    /// Lists rather than sets: most workloads have one binding, and there is an entry per
-    /// workload found.
-    named: HashMap<Named, Vec<BindingRef>>,
+    /// one relabelled away or deleted still wakes it), by namespace: there is an entry per
+    /// workload found, and most namespaces hold many.
+    named: HashMap<Box<str>, HashMap<Named, Bindings>>,
     selecting: HashMap<(String, WorkloadKind), HashMap<BindingRef, Vec<Selector>>>,
-    secrets: HashMap<(String, String), Vec<BindingRef>>,
-    objects: HashMap<ObjectId, Vec<BindingRef>>,
+    secrets: HashMap<(String, String), Bindings>,
+    objects: HashMap<ObjectId, Bindings>,
     by_binding: HashMap<BindingRef, Registered>,
     /// Objects that lost their last binding, for [`Interest::take_freed`].
     freed: Vec<ObjectId>,
+}
+
+/// The bindings one thing concerns, without duplicates. Most things concern one, held inline:
+/// a list or a set would take a second allocation for each.
+#[derive(Clone, Debug)]
+enum Bindings {
+    One(BindingRef),
+    Many(Vec<BindingRef>),
+}
+
+impl Bindings {
+    fn add(&mut self, binding: &BindingRef) {
+        match self {
+            Self::One(one) if one == binding => {}
+            Self::One(one) => *self = Self::Many(vec![one.clone(), binding.clone()]),
+            Self::Many(list) if list.contains(binding) => {}
+            Self::Many(list) => list.push(binding.clone()),
+        }
+    }
+
+    /// Removes `binding`; false when none is left.
+    fn remove(&mut self, binding: &BindingRef) -> bool {
+        match self {
+            Self::One(one) => one != binding,
+            Self::Many(list) => {
+                list.retain(|b| b != binding);
+                !list.is_empty()
+            }
+        }
+    }
+
+    fn as_slice(&self) -> &[BindingRef] {
+        match self {
+            Self::One(one) => std::slice::from_ref(one),
+            Self::Many(list) => list,
+        }
+    }
 }
 
 /// What a binding registered, each in its own namespace, which is not kept again: there is one
@@ -75,17 +112,20 @@ impl Interest {
         };
 
         self.remove(binding);
-        for (kind, name) in &registered.named {
-            add_to(self.named.entry((namespace.clone(), *kind, name.to_string())).or_default(), binding);
+        if !registered.named.is_empty() {
+            let named = self.named.entry(namespace.as_str().into()).or_default();
+            for (kind, name) in &registered.named {
+                add_to(named, (*kind, name.clone()), binding);
+            }
         }
         for (kind, list) in selectors {
             self.selecting.entry((namespace.clone(), kind)).or_default().insert(binding.clone(), list);
         }
         if let Some(secret) = &registered.secret {
-            add_to(self.secrets.entry((namespace.clone(), secret.to_string())).or_default(), binding);
+            add_to(&mut self.secrets, (namespace.clone(), secret.to_string()), binding);
         }
         for (kind, name) in &registered.objects {
-            add_to(self.objects.entry((*kind, namespace.clone(), name.to_string())).or_default(), binding);
+            add_to(&mut self.objects, (*kind, namespace.clone(), name.to_string()), binding);
         }
         self.by_binding.insert(binding.clone(), registered);
     }
@@ -93,8 +133,13 @@ impl Interest {
     pub fn remove(&mut self, binding: &BindingRef) {
         let Some(old) = self.by_binding.remove(binding) else { return };
         let namespace = binding.namespace().to_owned();
-        for (kind, name) in old.named {
-            remove_from(&mut self.named, (namespace.clone(), kind, name.into()), binding);
+        if let Some(named) = self.named.get_mut(namespace.as_str()) {
+            for (kind, name) in old.named {
+                remove_from(named, (kind, name), binding);
+            }
+            if named.is_empty() {
+                self.named.remove(namespace.as_str());
+            }
         }
         for kind in old.selecting {
             let key = (namespace.clone(), kind);
@@ -141,8 +186,9 @@ impl Interest {
         name: &str,
         labels: &BTreeMap<String, String>,
     ) -> HashSet<BindingRef> {
+        let named = self.named.get(namespace).and_then(|named| named.get(&(kind, name.into())));
         let mut bindings: HashSet<BindingRef> =
-            self.named.get(&(namespace.to_owned(), kind, name.to_owned())).into_iter().flatten().cloned().collect();
+            named.map(Bindings::as_slice).unwrap_or_default().iter().cloned().collect();
         if let Some(selecting) = self.selecting.get(&(namespace.to_owned(), kind)) {
             let matching = selecting.iter().filter(|(_, selectors)| selectors.iter().any(|s| s.matches(labels)));
             bindings.extend(matching.map(|(b, _)| b.clone()));
@@ -152,29 +198,25 @@ impl Interest {
 
     /// The bindings that read this ConfigMap or Secret as a source.
     pub fn object(&self, object: &ObjectId) -> Vec<BindingRef> {
-        self.objects.get(object).cloned().unwrap_or_default()
+        self.objects.get(object).map(|b| b.as_slice().to_vec()).unwrap_or_default()
     }
 
     /// The bindings that read their token from this Secret.
     pub fn secret(&self, namespace: &str, name: &str) -> HashSet<BindingRef> {
-        self.secrets.get(&(namespace.to_owned(), name.to_owned())).into_iter().flatten().cloned().collect()
+        let bindings = self.secrets.get(&(namespace.to_owned(), name.to_owned()));
+        bindings.map(Bindings::as_slice).unwrap_or_default().iter().cloned().collect()
     }
 }
 
-fn add_to(list: &mut Vec<BindingRef>, binding: &BindingRef) {
-    if !list.contains(binding) {
-        // A first push would make room for four, and most lists hold one.
-        list.reserve_exact(1);
-        list.push(binding.clone());
-    }
+fn add_to<K: std::hash::Hash + Eq>(map: &mut HashMap<K, Bindings>, key: K, binding: &BindingRef) {
+    map.entry(key).and_modify(|b| b.add(binding)).or_insert_with(|| Bindings::One(binding.clone()));
 }
 
-fn remove_from<K: std::hash::Hash + Eq>(map: &mut HashMap<K, Vec<BindingRef>>, key: K, binding: &BindingRef) {
-    if let Some(list) = map.get_mut(&key) {
-        list.retain(|b| b != binding);
-        if list.is_empty() {
-            map.remove(&key);
-        }
+fn remove_from<K: std::hash::Hash + Eq>(map: &mut HashMap<K, Bindings>, key: K, binding: &BindingRef) {
+    if let Some(bindings) = map.get_mut(&key)
+        && !bindings.remove(binding)
+    {
+        map.remove(&key);
     }
 }
 
@@ -251,6 +293,29 @@ mod tests {
         interest.remove(&web);
         interest.remove(&other_ns);
         assert!(interest.named.is_empty() && interest.selecting.is_empty() && interest.secrets.is_empty());
+    }
+
+    #[test]
+    fn a_workload_wakes_every_binding_that_names_it_until_each_lets_go() {
+        use WorkloadKind::Deployment;
+        let mut interest = Interest::default();
+        let (a, b, c) = (binding("ns", "a"), binding("ns", "b"), binding("ns", "c"));
+        let web = spec(vec![by_name(Deployment, "web")], None);
+        let none = labels(&[]);
+        let woken = |interest: &Interest| interest.workload("ns", Deployment, "web", &none);
+        for binding in [&a, &b, &c, &b] {
+            interest.set(binding, &web, &[], []);
+        }
+        assert_eq!(woken(&interest), HashSet::from([a.clone(), b.clone(), c.clone()]));
+        interest.remove(&a);
+        interest.remove(&c);
+        assert_eq!(woken(&interest), HashSet::from([b.clone()]));
+        interest.set(&a, &web, &[], []);
+        interest.remove(&b);
+        assert_eq!(woken(&interest), HashSet::from([a.clone()]));
+        interest.remove(&a);
+        assert!(woken(&interest).is_empty());
+        assert!(interest.named.is_empty(), "the namespace goes with its last workload");
     }
 
     #[test]
