@@ -425,13 +425,15 @@ fn binding_events(
     let listing: Arc<Mutex<Option<View>>> = Arc::default();
     let (listing_view, relisting) = (listing.clone(), ctx.clone());
     // kubectl's last-applied copy, the managed fields and the status are most of a binding's
-    // size; of the annotations, the controller reads one. The status moves to the binding's
-    // record, compact.
+    // size; of the annotations, the controller reads one, and it reads no label. The status
+    // moves to the binding's record, compact. The resource version, held twice (the store's key
+    // copies it), is the watch's business alone: it has taken it before this runs.
     let cache = ctx.clone();
     let compact = move |binding: &mut ConsulBinding| {
         cache.states.cache(binding);
-        binding.metadata.managed_fields = None;
-        crate::keep_annotations(&mut binding.metadata, &[consulbind_api::ROLL_OUTSIDE_WINDOW]);
+        let meta = &mut binding.metadata;
+        (meta.managed_fields, meta.labels, meta.resource_version) = (None, None, None);
+        crate::keep_annotations(meta, &[consulbind_api::ROLL_OUTSIDE_WINDOW]);
     };
     let events = match views {
         // A sharded replica lists the bindings again for each view it serves, and keeps those
