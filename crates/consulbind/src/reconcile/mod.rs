@@ -16,6 +16,7 @@ pub mod express;
 pub mod input;
 pub mod loss;
 pub mod observe;
+mod packed;
 pub mod plan;
 pub mod read;
 pub mod report;

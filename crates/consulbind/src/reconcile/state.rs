@@ -12,7 +12,7 @@ use consulbind_api::{ConsulBinding, ConsulBindingStatus, WorkloadKind};
 use kube::ResourceExt;
 use tokio::time::Instant;
 
-use super::{debounce::Pending, restore::Restore, status::fingerprints};
+use super::{debounce::Pending, packed::Packed, restore::Restore, status::fingerprints};
 use crate::{
     BindingRef, Lock, binding_ref,
     cluster::{Version, Workload},
@@ -248,32 +248,6 @@ impl States {
 fn hashed(value: impl std::hash::Hash) -> u64 {
     use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
     BuildHasherDefault::<DefaultHasher>::default().hash_one(value)
-}
-
-/// JSON kept deflated; an empty one, empty.
-#[derive(Debug)]
-struct Packed(Box<[u8]>);
-
-impl Packed {
-    /// Fast over small: a status is deflated on every version the binding watch sends.
-    const LEVEL: u8 = 1;
-    /// Far above any object the API server stores (its limit is about 1.5 MiB).
-    const LIMIT: usize = 8 << 20;
-
-    fn new(json: &[u8]) -> Self {
-        match json.is_empty() {
-            true => Self(Box::default()),
-            false => Self(miniz_oxide::deflate::compress_to_vec(json, Self::LEVEL).into()),
-        }
-    }
-
-    /// The JSON again; empty if none was kept.
-    fn json(&self) -> Vec<u8> {
-        match self.0.is_empty() {
-            true => Vec::new(),
-            false => miniz_oxide::inflate::decompress_to_vec_with_limit(&self.0, Self::LIMIT).unwrap_or_default(),
-        }
-    }
 }
 
 #[cfg(test)]
