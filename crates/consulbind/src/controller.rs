@@ -25,7 +25,6 @@ use tracing::{debug, info, warn};
 use crate::{
     BindingRef, Error, Lock,
     admin::{self, Admin},
-    admission::Admission,
     checksum,
     cluster::{
         interest::Interest,
@@ -46,9 +45,6 @@ const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 /// Reconciles in flight at once. Most of a reconcile is waiting on the API server, so a cold
 /// start of thousands of bindings wants many; the API server's own limits stay far away.
 const RECONCILE_CONCURRENCY: u16 = 32;
-/// Bindings from the watch that kube-runtime's queue holds at once: enough to keep every
-/// reconcile slot busy, few enough that the queue stays small after a cold start.
-const ADMITTED: usize = 8 * RECONCILE_CONCURRENCY as usize;
 
 /// Runs until `shutdown` turns true.
 pub async fn run(config: Config, shutdown: signal::Receiver<bool>) -> Result<(), Error> {
@@ -136,7 +132,6 @@ pub async fn run(config: Config, shutdown: signal::Receiver<bool>) -> Result<(),
             metrics: metrics.clone(),
             states: states.clone(),
             express: Default::default(),
-            admission: Admission::new(ADMITTED),
             desk: desk.clone(),
             max_binding_bytes: config.max_binding_bytes,
             object_failure_grace: config.object_failure_grace,
@@ -374,29 +369,8 @@ async fn run_scope(
             let _ = shutdown.wait_for(|stop| *stop).await;
         }
     };
-    // The store follows the watch at its own pace; the controller's queue takes the bindings as
-    // it has room (see `admission`).
-    let (listed_tx, listed_rx) = tokio::sync::mpsc::unbounded_channel();
-    let listed_ctx = ctx.clone();
-    let watch = tokio::spawn(bindings.for_each(move |event| {
-        match event {
-            Ok(binding) => drop(listed_tx.send(listed_ctx.states.name(&binding))),
-            Err(error) => warn!(%error, "watching bindings failed; retrying"),
-        }
-        futures::future::ready(())
-    }));
-    let admit_ctx = ctx.clone();
-    let listed = futures::stream::unfold(listed_rx, |mut rx| async { rx.recv().await.map(|b| (b, rx)) });
-    let admitted = listed.then(move |binding| {
-        let ctx = admit_ctx.clone();
-        async move {
-            ctx.admission.admit(&binding).await;
-            binding.object_ref()
-        }
-    });
-    let controller = Controller::for_stream(futures::stream::pending(), reader)
+    let controller = Controller::for_stream(bindings, reader)
         .with_config(ControllerConfig::default().concurrency(RECONCILE_CONCURRENCY))
-        .reconcile_on(admitted)
         .reconcile_on(wakes.inspect(move |binding| reconcile::express(&express_ctx, binding)).map(|b| b.object_ref()))
         .reconcile_on(touched_rx.map(|b| b.object_ref()))
         .reconcile_on(resync(ctx.bindings.clone()).map(|b| b.object_ref()))
@@ -408,9 +382,7 @@ async fn run_scope(
                 match error {
                     // A wake for a binding that is gone: make sure nothing of it stays behind.
                     E::ObjectNotFound(gone) => {
-                        let gone = BindingRef::from(&*gone);
-                        not_found.admission.started(&gone);
-                        not_found.forget(&gone);
+                        not_found.forget(&BindingRef::from(&*gone));
                     }
                     // Logged by the error policy.
                     E::ReconcilerFailed(..) => {}
@@ -431,7 +403,6 @@ async fn run_scope(
     if tokio::time::timeout(SHUTDOWN_GRACE, drain.express.drain()).await.is_err() {
         warn!("express reconciles did not finish within {SHUTDOWN_GRACE:?} of shutdown; abandoning them");
     }
-    watch.abort();
     Ok(())
 }
 
@@ -517,7 +488,7 @@ struct Listed {
 }
 
 impl Listed {
-    /// Those of a list are cloned from the store one at a time, as the admission takes them.
+    /// Those of a list are cloned from the store one at a time, as the controller takes them.
     fn objects(&mut self, event: watcher::Event<ConsulBinding>) -> Box<dyn Iterator<Item = ConsulBinding> + Send> {
         match event {
             watcher::Event::Apply(binding) => Box::new(std::iter::once(binding)),

@@ -14,7 +14,6 @@
 //! namespaces between replicas; [`admin`] serves health, metrics and the debug listing.
 
 pub mod admin;
-pub mod admission;
 pub mod checksum;
 pub mod cluster;
 pub mod config;

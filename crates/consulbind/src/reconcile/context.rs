@@ -54,8 +54,6 @@ pub struct Context {
     pub states: Arc<States>,
     /// Which bindings are being reconciled, and the runs that start on a Consul wake.
     pub express: Arc<Express>,
-    /// The bindings the watch has handed to kube-runtime's queue, up to a bound.
-    pub admission: crate::admission::Admission,
     /// Stamps due together on one workload, written together.
     pub desk: Arc<Desk>,
 }

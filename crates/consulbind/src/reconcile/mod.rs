@@ -48,7 +48,6 @@ const RETRY: Duration = Duration::from_secs(15);
 /// kube-runtime's entry: waits until no express run has the binding.
 pub async fn reconcile(binding: Arc<ConsulBinding>, ctx: Arc<Context>) -> Result<Action, Error> {
     let oref = binding_ref(&binding);
-    ctx.admission.started(&oref);
     let _running = ctx.express.enter(&oref).await;
     // An express run may have written the status while this one waited.
     let binding = ctx.bindings.get(&oref.object_ref()).unwrap_or(binding);
