@@ -269,9 +269,8 @@ fn select(store: &Store<Kept>, namespace: &str, target: &TargetRef, wants: &Want
         return Vec::new();
     };
     let mut found: Vec<Selected> = store
-        .state()
+        .state_filter(|obj| obj.namespace() == namespace && selector.matches(&obj.labels.to_map()))
         .iter()
-        .filter(|obj| obj.namespace() == namespace && selector.matches(&obj.labels.to_map()))
         .map(|obj| selected(obj, wants))
         .collect();
     found.sort_by(|a, b| a.name.cmp(&b.name));

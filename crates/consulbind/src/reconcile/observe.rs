@@ -159,7 +159,12 @@ pub async fn observe<'a>(ctx: &Context, binding: &'a ConsulBinding, started: Ins
             return Ok(observed(Err(refused)));
         }
     };
-    if let Some(message) = read::beyond_namespace_share(ctx.max_bindings_per_namespace, &ctx.bindings.state(), binding)
+    // Every reconcile asks, so the store is not copied: only a namespace's own bindings, and
+    // only when the store holds more than one namespace may.
+    let limit = ctx.max_bindings_per_namespace;
+    let crowded = || ctx.bindings.state_filter(|b| b.metadata.namespace == binding.metadata.namespace);
+    if ctx.bindings.len() > limit
+        && let Some(message) = read::beyond_namespace_share(limit, &crowded(), binding)
     {
         ctx.unsubscribe(&oref);
         // Served once older bindings go.
