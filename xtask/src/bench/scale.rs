@@ -106,12 +106,13 @@ async fn measure(bench: &Bench, sizes: &Sizes) -> Result<()> {
     let cold_start = controller.started.elapsed();
     println!("    every binding Ready {:.1} s after the controller started", cold_start.as_secs_f64());
     let rss_ready = controller.rss_kib()?;
+    let cpu_ready = controller.cpu_time()?;
     ensure!(ready, "not every binding became Ready");
 
     let mut figures = changes(bench, &ns, sizes, &generations).await?;
     figures.idle_writes = idle_writes(bench, &ns, sizes.idle).await?;
     let most_connections = connections.stop();
-    print(sizes, &controller_consul, cold_start, most_connections, &mut figures, &controller, rss_ready)?;
+    print(sizes, &controller_consul, cold_start, most_connections, &mut figures, &controller, (rss_ready, cpu_ready))?;
     ensure!(
         figures.missed == 0 && figures.spurious == 0,
         "{} missed and {} spurious rollouts",
@@ -189,8 +190,9 @@ fn print(
     most_connections: usize,
     figures: &mut Figures,
     controller: &Controller,
-    rss_ready: u64,
+    (rss_ready, cpu_ready): (u64, Duration),
 ) -> Result<()> {
+    let cpu_end = controller.cpu_time()?;
     let rss_end = controller.rss_kib()?;
     let (anon_end, file_end) = controller.rss_split_kib()?;
     let metrics = controller.metrics()?;
@@ -219,6 +221,11 @@ fn print(
         println!("    stage {stage:<20} mean {:.2} ms over {n}", mean.as_secs_f64() * 1000.0);
     }
     println!("  API writes during {} s idle (status, stamps, events):  {}", sizes.idle.as_secs(), figures.idle_writes);
+    println!(
+        "  controller CPU time: {:.1} s to Ready, {:.1} s over the changes and the idle wait",
+        cpu_ready.as_secs_f64(),
+        (cpu_end - cpu_ready).as_secs_f64()
+    );
     println!(
         "  resident memory: {} MiB when Ready, {} MiB at the end ({} MiB anonymous, {} MiB file-backed)",
         rss_ready / 1024,

@@ -287,6 +287,11 @@ impl Controller {
         Ok((figures::status_kib(self.pid, "RssAnon")?, figures::status_kib(self.pid, "RssFile")?))
     }
 
+    /// The CPU time it has used so far.
+    pub(crate) fn cpu_time(&self) -> Result<Duration> {
+        figures::cpu_time(self.pid)
+    }
+
     /// Peak resident memory, in KiB.
     pub(crate) fn hwm_kib(&self) -> Result<u64> {
         figures::status_kib(self.pid, "VmHWM")
