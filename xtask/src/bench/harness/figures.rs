@@ -53,17 +53,18 @@ pub(crate) fn mib(kib: u64) -> String {
     format!("{:.1} MiB", kib as f64 / 1024.0)
 }
 
-/// A field of `/proc/<pid>/status` given in kB.
 /// The CPU time a process has used, user and system, from `/proc/PID/stat`.
 pub(super) fn cpu_time(pid: u32) -> Result<Duration> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     // The command name may hold spaces; the fields after its closing parenthesis do not.
     let fields: Vec<&str> = stat.rsplit_once(')').context("no command in stat")?.1.split_whitespace().collect();
-    let ticks: u64 = fields.get(11..13).context("no utime and stime")?.iter().map(|f| f.parse::<u64>()).sum::<Result<_, _>>()?;
+    let ticks: u64 =
+        fields.get(11..13).context("no utime and stime")?.iter().map(|f| f.parse::<u64>()).sum::<Result<_, _>>()?;
     // In USER_HZ ticks, 100 a second on x86 and arm64 Linux.
     Ok(Duration::from_millis(ticks * 10))
 }
 
+/// A field of `/proc/<pid>/status` given in kB.
 pub(super) fn status_kib(pid: u32, field: &str) -> Result<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     let prefix = format!("{field}:");
