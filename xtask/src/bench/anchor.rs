@@ -230,7 +230,7 @@ async fn changes_round(
     ensure!(expected.len() == side.keys.len(), "the watch saw {} Deployments", expected.len());
     let mut latencies = Vec::with_capacity(changes);
     let mut missed = 0;
-    let cpu_before = cpu_time(controller.pid)?;
+    let cpu_before = controller.cpu_time()?;
     for change in 0..changes {
         let i = change % side.keys.len();
         let target = [format!("w{i:04}")];
@@ -249,19 +249,8 @@ async fn changes_round(
     tokio::time::sleep(Duration::from_secs(2)).await;
     let spurious = side.generations.spurious(&expected);
     latencies.sort();
-    let cpu = cpu_time(controller.pid)?.saturating_sub(cpu_before);
+    let cpu = controller.cpu_time()?.saturating_sub(cpu_before);
     Ok(Round { latencies, missed, spurious, rss_kib: controller.rss_kib()?, cpu, stages: Vec::new() })
-}
-
-/// User and system CPU time of a process so far, from `/proc`.
-fn cpu_time(pid: u32) -> Result<Duration> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    // Fields after the command name, which is in parentheses and may hold spaces.
-    let fields: Vec<&str> = stat.rsplit_once(')').context("/proc stat")?.1.split_whitespace().collect();
-    let ticks: u64 = fields[11].parse::<u64>()? + fields[12].parse::<u64>()?;
-    // SAFETY: sysconf only reads a system constant.
-    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
-    Ok(Duration::from_millis(ticks * 1000 / per_second))
 }
 
 /// Raw writes of one pod-template annotation, timed like a change: merge patches, and

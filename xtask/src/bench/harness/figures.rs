@@ -60,8 +60,9 @@ pub(super) fn cpu_time(pid: u32) -> Result<Duration> {
     let fields: Vec<&str> = stat.rsplit_once(')').context("no command in stat")?.1.split_whitespace().collect();
     let ticks: u64 =
         fields.get(11..13).context("no utime and stime")?.iter().map(|f| f.parse::<u64>()).sum::<Result<_, _>>()?;
-    // In USER_HZ ticks, 100 a second on x86 and arm64 Linux.
-    Ok(Duration::from_millis(ticks * 10))
+    // SAFETY: sysconf only reads a system constant.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    Ok(Duration::from_millis(ticks * 1000 / per_second))
 }
 
 /// A field of `/proc/<pid>/status` given in kB.
