@@ -1,7 +1,7 @@
 //! KV request and response types, and the pure parts of a request: its URL,
 //! its timeout and the parsing of its body.
 
-use std::{sync::Arc, time::Duration};
+use std::{borrow::Cow, sync::Arc, time::Duration};
 
 use base64::{Engine as _, engine::general_purpose::STANDARD};
 use reqwest::Url;
@@ -57,7 +57,7 @@ impl KvEntry {
 
     /// The entry with its value replaced by `digest` of it, keeping its size: for callers that
     /// only ever compare values.
-    pub fn digested(self, digest: impl FnOnce(&[u8]) -> Vec<u8>) -> Self {
+    pub fn digested<D: Into<Arc<[u8]>>>(self, digest: impl FnOnce(&[u8]) -> D) -> Self {
         Self { value: digest(&self.value).into(), ..self }
     }
 }
@@ -138,34 +138,43 @@ pub(crate) fn request_timeout(blocking_wait: Option<Duration>) -> Duration {
 #[derive(Deserialize)]
 #[serde(rename_all = "PascalCase")]
 struct RawEntry<'a> {
-    key: String,
-    /// Borrowed from the answer: a big value is decoded once, and digested at once if asked.
+    /// Borrowed from the answer unless escaped (base64 values never are): a shared read answers
+    /// a thousand keys, and each would otherwise be allocated twice before any is kept.
     #[serde(borrow)]
-    value: Option<std::borrow::Cow<'a, str>>,
+    key: Cow<'a, str>,
+    #[serde(borrow)]
+    value: Option<Cow<'a, str>>,
     modify_index: u64,
 }
 
 /// What a caller keeps of each value in its place; see [`KvEntry::digested`].
-pub type Digest = std::sync::Arc<dyn Fn(&[u8]) -> Vec<u8> + Send + Sync>;
+pub type Digest = Arc<dyn Fn(&[u8]) -> Arc<[u8]> + Send + Sync>;
 
 /// Parses the JSON array of a 200 response into entries sorted by key, each value replaced by
 /// `digest` of it as soon as it is decoded, when given.
 pub(crate) fn parse_entries(body: &[u8], digest: Option<&Digest>) -> Result<Vec<KvEntry>, Error> {
     let raw: Vec<RawEntry<'_>> = serde_json::from_slice(body)
         .map_err(|e| Error::Protocol(format!("KV response is not a JSON entry list: {e}")))?;
+    // One buffer decodes every value; only what is kept of it is allocated.
+    let mut decoded = Vec::new();
     let mut entries = raw
         .into_iter()
         .map(|entry| {
-            let value = match entry.value.as_deref() {
-                None => Vec::new(),
-                Some(encoded) => STANDARD
-                    .decode(encoded)
-                    .map_err(|_| Error::Protocol(format!("value of key {:?} is not valid base64", entry.key)))?,
+            decoded.clear();
+            if let Some(encoded) = entry.value.as_deref() {
+                STANDARD
+                    .decode_vec(encoded, &mut decoded)
+                    .map_err(|_| Error::Protocol(format!("value of key {:?} is not valid base64", entry.key)))?;
+            }
+            let value = match digest {
+                Some(digest) => digest(&decoded),
+                None => Arc::from(&decoded[..]),
             };
-            let entry = KvEntry::new(entry.key, value, entry.modify_index);
-            Ok(match digest {
-                Some(digest) => entry.digested(|v| digest(v)),
-                None => entry,
+            Ok(KvEntry {
+                key: Arc::from(&*entry.key),
+                value,
+                size: decoded.len() as u64,
+                modify_index: entry.modify_index,
             })
         })
         .collect::<Result<Vec<_>, Error>>()?;
@@ -250,6 +259,24 @@ mod tests {
         assert_eq!(&*entries[1].value, b"");
         assert_eq!(&*entries[2].value, b"hello");
         assert_eq!(entries[2].modify_index, 9);
+    }
+
+    #[test]
+    fn escaped_keys_and_digested_values_keep_what_consul_sent() {
+        // An escape cannot be borrowed from the answer; a value decoded into the shared buffer
+        // must not leak into the next entry.
+        let body = br#"[
+            {"Key":"app/caf\u00e9 \"x\"","Value":"bG9uZyB2YWx1ZQ==","ModifyIndex":3},
+            {"Key":"app/short","Value":"YQ==","ModifyIndex":4},
+            {"Key":"app/none","Value":null,"ModifyIndex":5}
+        ]"#;
+        let digest: Digest = Arc::new(|v: &[u8]| Arc::from(format!("<{}>", String::from_utf8_lossy(v)).into_bytes()));
+        let entries = parse_entries(body, Some(&digest)).unwrap();
+        let got: Vec<_> = entries.iter().map(|e| (&*e.key, &*e.value, e.size)).collect();
+        assert_eq!(
+            got,
+            [("app/café \"x\"", &b"<long value>"[..], 10), ("app/none", &b"<>"[..], 0), ("app/short", &b"<a>"[..], 1),]
+        );
     }
 
     #[test]

@@ -362,7 +362,7 @@ mod tests {
 
     /// What the watches hold for `app/config`: the value's digest.
     fn entry(value: &str) -> Vec<KvEntry> {
-        raw(value).into_iter().map(|e| e.digested(|v| checksum::digest(&KEY, v).to_vec())).collect()
+        raw(value).into_iter().map(|e| e.digested(|v| checksum::digest(&KEY, v))).collect()
     }
 
     fn raw(value: &str) -> Vec<KvEntry> {

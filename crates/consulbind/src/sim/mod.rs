@@ -94,9 +94,7 @@ impl Store {
     }
 
     fn entries(&self, source: &KeySource) -> Vec<KvEntry> {
-        self.matching(source)
-            .map(|(k, v, m)| KvEntry::new(k, v, m).digested(|v| checksum::digest(&KEY, v).to_vec()))
-            .collect()
+        self.matching(source).map(|(k, v, m)| KvEntry::new(k, v, m).digested(|v| checksum::digest(&KEY, v))).collect()
     }
 
     /// Consul's index for a query of the path's own: its newest entry, or the store's when it

@@ -106,7 +106,7 @@ impl Watches {
 
     /// Keys the digests that stand in for values; before the first subscription.
     pub fn set_digest_key(&self, key: crate::checksum::Key) {
-        let digest = move |value: &[u8]| crate::checksum::digest(&key, value).to_vec();
+        let digest = move |value: &[u8]| Arc::from(crate::checksum::digest(&key, value));
         self.shared.runner.consul.digest_values(Arc::new(digest));
     }
 

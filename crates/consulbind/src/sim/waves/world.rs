@@ -127,9 +127,8 @@ impl World {
     pub fn tick(&mut self) -> Vec<String> {
         self.advance(Duration::from_micros(1));
         self.wake = None;
-        let entries = vec![
-            KvEntry::new("app/config", self.value.clone(), self.index).digested(|v| checksum::digest(&KEY, v).to_vec()),
-        ];
+        let entries =
+            vec![KvEntry::new("app/config", self.value.clone(), self.index).digested(|v| checksum::digest(&KEY, v))];
         self.path.set_answer(&entries, false, None);
         let spec = self.spec.clone();
         let cm = References::from([((ObjectKind::ConfigMap, "cm".into()), Use { keys: None, optional: false })]);
