@@ -256,11 +256,12 @@ async fn consul(ctx: &Context, binding: &ConsulBinding, oref: &BindingRef) -> Re
         Some(source) => source,
     };
     // Refused as too large: it holds nothing, and its status says why, until it is due to look
-    // again.
+    // again. The reason is told again, not taken as shown: the reconcile that refused it may
+    // have ended before its status write.
     let generation = binding.metadata.generation;
-    if let Some(until) = ctx.states.update(oref, |r| r.refused_until(generation, Instant::now())) {
+    if let Some(message) = ctx.states.update(oref, |r| r.refusal(generation, Instant::now()).map(str::to_owned)) {
         ctx.watches.release(oref);
-        return Err(Action::requeue(until.saturating_duration_since(Instant::now())));
+        return Ok((Err((reason::BINDING_TOO_LARGE, message)), Vec::new(), None));
     }
     let queries = read::queries(spec, source.into_token());
     let subscribed = ctx.watches.subscribe(oref, &queries, ctx.max_watched_paths_per_namespace);
@@ -286,7 +287,7 @@ async fn consul(ctx: &Context, binding: &ConsulBinding, oref: &BindingRef) -> Re
     let consul = match read::consul_view(spec, &states, ctx.max_binding_bytes) {
         Some(Consul::Failed { reason: reason::BINDING_TOO_LARGE, message }) => {
             ctx.watches.release(oref);
-            ctx.states.update(oref, |r| r.backoffs().refuse(generation, Instant::now()));
+            ctx.states.update(oref, |r| r.backoffs().refuse(generation, Instant::now(), message.clone()));
             Err((reason::BINDING_TOO_LARGE, message))
         }
         Some(_) => Ok(()),

@@ -70,9 +70,17 @@ pub struct Written {
 pub struct Backoffs {
     /// Since when reading its ConfigMaps and Secrets has failed, until a read succeeds.
     pub objects_failing_since: Option<Instant>,
-    /// Refused as too large at this generation: it watches nothing until this time, or a spec
-    /// change.
-    refused: Option<(Option<i64>, Instant)>,
+    /// Refused as too large: it watches nothing until the refusal ends or the spec changes.
+    refused: Option<Box<Refusal>>,
+}
+
+/// A refusal as too large, with what the status says, so that a reconcile cut short before its
+/// status write does not leave the next one with nothing to show.
+#[derive(Debug)]
+struct Refusal {
+    generation: Option<i64>,
+    until: Instant,
+    message: String,
 }
 
 /// How long a binding whose keys hold more than it may bind watches nothing before it reads
@@ -80,16 +88,18 @@ pub struct Backoffs {
 const REFUSED_FOR: Duration = Duration::from_secs(300);
 
 impl Backoffs {
-    /// Until when the binding is refused as too large, if it still is at `generation`: a spec
-    /// change reads it again at once.
-    pub fn refused_until(&self, generation: Option<i64>, now: Instant) -> Option<Instant> {
-        self.refused.filter(|&(g, until)| g == generation && now < until).map(|(_, until)| until)
+    /// Why the binding is refused as too large, if it still is at `generation`: a spec change
+    /// reads it again at once.
+    pub fn refusal(&self, generation: Option<i64>, now: Instant) -> Option<&str> {
+        let refused = self.refused.as_deref().filter(|r| r.generation == generation && now < r.until)?;
+        Some(&refused.message)
     }
 
     /// Refuses the binding as too large at `generation` for a while, jittered so that many
     /// bindings refused at once are not read again at once.
-    pub fn refuse(&mut self, generation: Option<i64>, now: Instant) {
-        self.refused = Some((generation, now + consul_kv::jitter(REFUSED_FOR, 0.2)));
+    pub fn refuse(&mut self, generation: Option<i64>, now: Instant, message: String) {
+        let until = now + consul_kv::jitter(REFUSED_FOR, 0.2);
+        self.refused = Some(Box::new(Refusal { generation, until, message }));
     }
 }
 
@@ -99,9 +109,9 @@ impl Record {
         self.backoffs.get_or_insert_default()
     }
 
-    /// Until when the binding is refused as too large, if it still is at `generation`.
-    pub fn refused_until(&self, generation: Option<i64>, now: Instant) -> Option<Instant> {
-        self.backoffs.as_ref()?.refused_until(generation, now)
+    /// Why the binding is refused as too large, if it still is at `generation`.
+    pub fn refusal(&self, generation: Option<i64>, now: Instant) -> Option<&str> {
+        self.backoffs.as_ref()?.refusal(generation, now)
     }
 
     /// Reading its ConfigMaps and Secrets succeeded.
@@ -266,17 +276,18 @@ mod tests {
     }
 
     #[test]
-    fn a_refusal_holds_for_its_generation_until_it_ends() {
+    fn a_refusal_holds_for_its_generation_until_it_ends_and_keeps_its_message() {
         let now = Instant::now();
         let mut backoffs = Backoffs::default();
-        assert_eq!(backoffs.refused_until(Some(1), now), None);
-        backoffs.refuse(Some(1), now);
-        let until = backoffs.refused_until(Some(1), now).expect("refused");
+        assert_eq!(backoffs.refusal(Some(1), now), None);
+        backoffs.refuse(Some(1), now, "too large".into());
+        let until = backoffs.refused.as_ref().expect("refused").until;
         // Four to six minutes, jittered.
         assert!(until >= now + Duration::from_secs(240) && until <= now + Duration::from_secs(360));
-        assert_eq!(backoffs.refused_until(Some(1), until - Duration::from_millis(1)), Some(until));
-        assert_eq!(backoffs.refused_until(Some(1), until), None, "ended");
-        assert_eq!(backoffs.refused_until(Some(2), now), None, "a spec change reads it again");
+        let before = until - Duration::from_millis(1);
+        assert_eq!(backoffs.refusal(Some(1), before), Some("too large"), "what the status says, until the end");
+        assert_eq!(backoffs.refusal(Some(1), until), None, "ended");
+        assert_eq!(backoffs.refusal(Some(2), now), None, "a spec change reads it again");
     }
 
     fn binding(name: &str, uid: &str, status: Option<ConsulBindingStatus>) -> ConsulBinding {
@@ -402,9 +413,9 @@ mod tests {
         states.update(&name, |r| r.objects_read());
         assert!(states.update(&name, |r| r.backoffs.is_none()), "a success allocates nothing");
         let now = Instant::now();
-        states.update(&name, |r| r.backoffs().refuse(Some(1), now));
-        assert!(states.update(&name, |r| r.refused_until(Some(1), now).is_some()));
-        assert!(states.update(&name, |r| r.refused_until(Some(2), now).is_none()), "a spec change reads again");
+        states.update(&name, |r| r.backoffs().refuse(Some(1), now, "too large".into()));
+        assert!(states.update(&name, |r| r.refusal(Some(1), now).is_some()));
+        assert!(states.update(&name, |r| r.refusal(Some(2), now).is_none()), "a spec change reads again");
     }
 
     /// A status whose applied checksum is the one planned settles the record: the restore grace

@@ -408,6 +408,40 @@ async fn a_big_binding_within_the_limits_rolls_and_one_over_the_total_is_refused
     s.finish().await;
 }
 
+/// A binding refused as too large says so even when the reconcile that refused it ended before
+/// its status write: here a bound ConfigMap it cannot read yet (within `--object-failure-grace`)
+/// cuts that reconcile short, and the next must not take the refusal as shown.
+#[tokio::test]
+async fn a_refusal_cut_short_before_its_status_write_is_shown_by_the_next_reconcile() {
+    let Some(mut s) = Scene::without_controller("refusal").await else { return };
+    let twin = crate::rbac::Twin::new(&s, "consulbind-refusal-probe").await;
+    let without =
+        twin.cluster_rules_with(|rule| rule.resources.iter_mut().for_each(|r| r.retain(|r| r != "configmaps")));
+    twin.set_rules(&without, &twin.own_rules).await;
+    let mut args = twin.args();
+    args.extend(["--max-binding-bytes=100".into(), "--object-failure-grace=1h".into()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let kubeconfig = crate::support::kubeconfig_for(twin.name);
+    s.start_controller_with_env(&args, &[("KUBECONFIG", kubeconfig.to_str().unwrap())]).await;
+    let key = s.key("config");
+    s.put(&key, &"x".repeat(200)).await;
+    let config_map = json!({"apiVersion": "v1", "kind": "ConfigMap",
+                            "metadata": {"name": "app", "namespace": s.ns}, "data": {"a.conf": "1"}});
+    s.apply(config_map).await.unwrap();
+    s.workload(DEPLOY, "web", json!({})).await;
+    let keys = json!([{"key": key}]);
+    s.binding("over", json!({"keys": keys, "configMaps": [{"name": "app"}], "targets": deploy("web")})).await;
+
+    let cut_short = || async { Ok(s.log().contains("a bound object could not be read; retrying")) };
+    crate::support::wait("a reconcile cut short by the unreadable ConfigMap", cut_short).await.unwrap();
+    assert!(s.log().contains("no binding reads this Consul path any more"), "not refused first:\n{}", s.log());
+    twin.set_rules(&twin.cluster_rules, &twin.own_rules).await;
+    let ready = s.wait_message("over", conditions::READY, "False", reason::BINDING_TOO_LARGE).await;
+    assert!(ready.contains("--max-binding-bytes"), "{ready}");
+    assert_eq!(s.revisions(DEPLOY, "web").await, 1, "a refused binding rolls nothing");
+    s.finish().await;
+}
+
 /// Behind a service-mesh sidecar every request reaches the pod from loopback, so the debug
 /// listing cannot trust a peer address: it has a listener of its own, on loopback only. Here
 /// 127.0.0.2 stands for the pod's address.
