@@ -46,6 +46,7 @@ pub async fn apply(port: &mut impl Port, observed: &Observed<'_>, decision: Deci
     let act = match decision {
         Decision::Refused { status, then } => {
             port.status(previous, &status).await?;
+            port.record(|record| record.owed = None);
             return Ok(then);
         }
         Decision::Retry(wait) => return Ok(Action::requeue(wait)),
@@ -64,9 +65,22 @@ pub async fn apply(port: &mut impl Port, observed: &Observed<'_>, decision: Deci
     for event in events {
         port.publish(event, act.read, &status, &outcome);
     }
-    port.status(previous, &status).await?;
     let shown = decide::shown(&act);
-    port.record(|record| record.wrote(shown, act.plan.desired.as_deref(), &status, observed.started));
+    if let Err(error) = port.status(previous, &status).await {
+        // The only record of the stamps that landed: the next reconcile plans on it.
+        if !outcome.rolled.is_empty() {
+            port.record(|record| record.owed = Some(Box::new(status)));
+        }
+        return Err(error);
+    }
+    port.record(|record| {
+        record.owed = None;
+        record.wrote(shown, act.plan.desired.as_deref(), &status, observed.started);
+    });
+    if act.withhold {
+        // What was withheld rolls now that the status records what landed.
+        return Ok(Action::requeue(Duration::from_millis(50)));
+    }
     // A Consul failure retries on its own, but a binding that is not healthy is looked at soon:
     // an object unreadable for want of a rule changes nothing the watches see once it is granted.
     // A healthy one waits for a wake, or for the resync that looks at every binding in turn.

@@ -39,21 +39,33 @@ pub struct Act<'a> {
     restore: Option<Duration>,
     /// This replica's first read found a restore that no status written since shows.
     pub restored: bool,
+    /// The previous status is one owed since its write failed after its stamps landed: it is
+    /// written before anything rolls, so that the stamps are never more than one status ahead.
+    pub withhold: bool,
 }
 
 impl<'a> Act<'a> {
     pub fn input(&'a self, observed: &'a Observed<'_>) -> Input<'a> {
-        let input = observed.input(self.read, self.restore, self.restored);
+        let input = Input { withhold: self.withhold, ..observed.input(self.read, self.restore, self.restored) };
         match &self.upgraded {
             Some(upgraded) => Input { previous: &upgraded.previous, live: &upgraded.live, ..input },
             None => input,
+        }
+    }
+
+    /// The status the events are told against: an owed one's were told when its stamps landed.
+    fn previous<'s>(&'s self, observed: &'s Observed<'_>) -> &'s ConsulBindingStatus {
+        match (&self.upgraded, self.withhold) {
+            (Some(upgraded), true) => &upgraded.previous,
+            _ => &observed.previous,
         }
     }
 }
 
 /// Decides a reconcile of what `observed` holds, keeping in `record` what the next one needs.
 pub fn decide<'a>(observed: &'a Observed<'_>, record: &mut Record, now: Instant) -> Decision<'a> {
-    let previous = &observed.previous;
+    let owed = record.owed.as_deref().cloned();
+    let previous = owed.as_ref().unwrap_or(&observed.previous);
     let read = match &observed.read {
         Ok(read) => read,
         Err(refused) => {
@@ -69,10 +81,12 @@ pub fn decide<'a>(observed: &'a Observed<'_>, record: &mut Record, now: Instant)
     let (restore, restored) =
         record.restore.grace(held, read.found_restored, reset, observed.started, read.restore_grace);
     let restored = restored && read.consul_ready();
-    let mut act = Act { read, plan: Plan::default(), upgraded: None, restore, restored };
+    let withhold = owed.is_some();
+    let upgraded = owed.clone().map(|previous| Upgraded { previous, live: read.resolved.live.clone() });
+    let mut act = Act { read, plan: Plan::default(), upgraded, restore, restored, withhold };
     if let Some(values) = &read.values {
         match upgrade::upgrade(&act.input(observed), values) {
-            Ok(upgraded) => act.upgraded = upgraded,
+            Ok(upgraded) => act.upgraded = upgraded.or(act.upgraded.take()),
             // The content changed in between: its wake brings the next try.
             Err(_) => return Decision::Retry(Duration::from_secs(1)),
         }
@@ -151,11 +165,11 @@ pub fn conclude(
     outcome: &Outcome,
     settled: Option<&(String, Vec<u64>)>,
 ) -> Report {
-    let previous = &observed.previous;
+    let previous = act.previous(observed);
     let plan = &act.plan;
     let input = act.input(observed);
     let mut status = status::status(&input, plan, outcome, &Time(observed.clock));
-    let mut events: Vec<Event> = caution(observed, act.read, &mut status).into_iter().collect();
+    let mut events: Vec<Event> = caution(observed, previous, act.read, &mut status).into_iter().collect();
     let event = if !outcome.rolled.is_empty() {
         let applied = settled.filter(|(checksum, _)| previous.applied_checksum.as_ref() == Some(checksum));
         Some(Event::RolledOut { applied: applied.map(|(_, fingerprints)| fingerprints.clone()) })
@@ -186,10 +200,15 @@ pub fn conclude(
 
 /// Shows what the spec does that newer API servers refuse, as the `SpecWarning` condition; a
 /// Warning event when it is new.
-fn caution(observed: &Observed<'_>, read: &Read, status: &mut ConsulBindingStatus) -> Option<Event> {
+fn caution(
+    observed: &Observed<'_>,
+    previous: &ConsulBindingStatus,
+    read: &Read,
+    status: &mut ConsulBindingStatus,
+) -> Option<Event> {
     let message = read.caution.clone()?;
     let reason = conditions::reason::MAX_DELAY_BELOW_QUIET_PERIOD;
-    let previous = &observed.previous.conditions;
+    let previous = &previous.conditions;
     let new = !previous.iter().any(|c| c.type_ == conditions::SPEC_WARNING && c.message == message);
     let time = Time(observed.clock);
     let warning = status::condition(
@@ -276,7 +295,7 @@ mod tests {
         change(&mut read);
         let observed = observed(&spec, previous, read);
         let Ok(read) = &observed.read else { unreachable!() };
-        let act = Act { read, plan, upgraded: None, restore: None, restored: false };
+        let act = Act { read, plan, upgraded: None, restore: None, restored: false, withhold: false };
         let outcome = Outcome { rolled: if rolled { vec![web()] } else { Vec::new() }, failed: Vec::new() };
         let settled = settled.map(|(checksum, fingerprints)| (checksum.to_owned(), fingerprints));
         conclude(&observed, &act, &outcome, settled.as_ref())
@@ -295,7 +314,8 @@ mod tests {
         let spec = spec();
         let observed = observed(&spec, applied("old"), read(&spec));
         let Ok(read) = &observed.read else { unreachable!() };
-        let mut act = Act { read, plan: Plan::default(), upgraded: None, restore: None, restored: false };
+        let mut act =
+            Act { read, plan: Plan::default(), upgraded: None, restore: None, restored: false, withhold: false };
         assert_eq!(act.input(&observed).previous.applied_checksum.as_deref(), Some("old"));
         let live = BTreeMap::from([(web(), Live { value: "new".into(), owned: true })]);
         act.upgraded = Some(Upgraded { previous: applied("new"), live });
@@ -374,7 +394,8 @@ mod tests {
             }
             let observed = observed(&spec, applied("a"), read);
             let Ok(read) = &observed.read else { unreachable!() };
-            let act = Act { read, plan: Plan::default(), upgraded: None, restore: None, restored: false };
+            let act =
+                Act { read, plan: Plan::default(), upgraded: None, restore: None, restored: false, withhold: false };
             let failed = if failed { vec![(web(), "conflict".to_owned())] } else { Vec::new() };
             conclude(&observed, &act, &Outcome { rolled: Vec::new(), failed }, None).healthy
         };

@@ -92,6 +92,9 @@ pub struct Input<'a> {
     pub labels: &'a BTreeMap<Workload, BTreeMap<String, String>>,
     /// The wall clock, for what the status records across restarts.
     pub clock: Timestamp,
+    /// The previous status records stamps that the one the API server holds does not: it is
+    /// written before anything rolls.
+    pub withhold: bool,
 }
 
 /// The annotation value that rolls a workload whose template already carries `checksum` (put

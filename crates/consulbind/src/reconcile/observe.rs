@@ -123,6 +123,7 @@ impl Observed<'_> {
             health: &resolved.health,
             labels: &resolved.labels,
             clock: self.clock,
+            withhold: false,
         }
     }
 }

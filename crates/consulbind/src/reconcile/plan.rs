@@ -204,6 +204,17 @@ fn roll_when_settled(
         }
         return plan;
     }
+    // The previous status is owed: it records stamps the one the API server holds does not. It
+    // is written first, and the change rolls at the next reconcile, its quiet period not
+    // started over.
+    if input.withhold && !input.dry_run {
+        let message = "recording the rollouts of a status write that failed; rolling out next".into();
+        plan.hold = Some((reason::PENDING, message));
+        if let Some(staging) = staging {
+            plan.stage(waves::step(staging, input, &behind, false, &desired, continues), now);
+        }
+        return plan;
+    }
     // A dry run already reported this very rollout: no second debounce, and no second event.
     let dry_run = input.dry_run && !behind.is_empty();
     if let Some(reported) = input.previous.dry_run.as_ref().filter(|_| dry_run) {
@@ -466,6 +477,7 @@ mod tests {
             health: &NO_HEALTH,
             labels: &NO_LABELS,
             clock: Timestamp::UNIX_EPOCH,
+            withhold: false,
         }
     }
 

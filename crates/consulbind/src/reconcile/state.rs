@@ -29,6 +29,10 @@ pub struct Record {
     /// it, for as long as the workload cache has not caught up.
     pub stamps: BTreeMap<Workload, (Version, String)>,
     pub written: Written,
+    /// A status whose write failed after its stamps landed, the only record of them (rollout
+    /// times, the budget spent, a wave's progress): the next reconcile plans on it, and
+    /// stamps nothing until a status is written.
+    pub owed: Option<Box<ConsulBindingStatus>>,
     backoffs: Option<Box<Backoffs>>,
     /// A hash of the generation and annotations last let through to a reconcile.
     seen: Option<u64>,
@@ -171,7 +175,12 @@ impl States {
         let uid = binding.uid().unwrap_or_default();
         let mut records = self.records.locked();
         let record = records.entry(binding_ref(binding)).or_default();
-        record.cached = Some((hashed(uid), packed));
+        let uid = hashed(uid);
+        // A binding made again under the name is owed nothing.
+        if record.cached.as_ref().is_some_and(|(cached, _)| *cached != uid) {
+            record.owed = None;
+        }
+        record.cached = Some((uid, packed));
         record.settle();
     }
 

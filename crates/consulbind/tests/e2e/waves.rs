@@ -463,6 +463,46 @@ async fn a_refused_patch_spends_no_budget_and_the_change_rolls_once_the_rule_is_
     s.finish().await;
 }
 
+/// A status write refused after the stamp landed (the controller's account without its rule on
+/// `consulbindings/status`) leaves the status owed: a change made meanwhile rolls nothing, and
+/// once the rule is back the status records the roll and the budget it spent holds that change.
+/// Before, the retry planned on the status the API server held, and rolled again.
+#[tokio::test]
+async fn a_status_write_refused_after_a_roll_spends_the_budget_all_the_same() {
+    let Some(mut s) = Scene::without_controller("waves-owed").await else { return };
+    let twin = crate::rbac::Twin::new(&s, "consulbind-owed-probe").await;
+    let mut without = twin.cluster_rules.clone();
+    without.retain(|rule| !rule.resources.iter().flatten().any(|r| r == "consulbindings/status"));
+    assert_ne!(without, twin.cluster_rules, "no rule grants the status");
+    let kubeconfig = support::kubeconfig_for(twin.name);
+    let args = twin.args();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    s.start_controller_with_env(&args, &[("KUBECONFIG", kubeconfig.to_str().unwrap())]).await;
+    let key = s.key("config");
+    s.put(&key, "v1").await;
+    s.deployments(&[("web", 0, "stable")]).await;
+    s.binding("app", staged(&key, json!({"budget": {"maxRollouts": 1, "per": "1h"}}))).await;
+    s.wait_condition("app", conditions::READY, "True", reason::BASELINED).await;
+
+    twin.set_rules(&without, &twin.own_rules).await;
+    s.put(&key, "v2").await;
+    let rolled = || async { Ok(s.generation("web").await == 2) };
+    wait("web to roll to v2", rolled).await.unwrap();
+    let refused = || async { Ok(s.log().contains("writing status")) };
+    wait("the status write to be refused", refused).await.unwrap();
+    s.put(&key, "v3").await;
+    tokio::time::sleep(support::SETTLE).await;
+    assert_eq!(s.generation("web").await, 2, "rolled again while the status owed the last roll");
+
+    twin.set_rules(&twin.cluster_rules, &twin.own_rules).await;
+    let held = s.wait_condition("app", conditions::READY, "False", reason::ROLLOUT_BUDGET_EXHAUSTED).await;
+    let row = held.status.unwrap().targets.into_iter().find(|t| t.name == "web").expect("web's row");
+    assert_eq!(row.rolled_times.len(), 1, "{row:?}");
+    tokio::time::sleep(support::SETTLE).await;
+    assert_eq!(s.generation("web").await, 2, "the budget the roll spent holds the next change");
+    s.finish().await;
+}
+
 /// An `OnDelete` StatefulSet and an `OnDelete` DaemonSet in the first wave are healthy once their
 /// controllers observe the change, as `kubectl rollout status` has it: their pods change only when
 /// deleted. The DaemonSet has a node to run on (a Node object no other workload tolerates) and a

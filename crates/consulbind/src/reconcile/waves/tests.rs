@@ -781,3 +781,44 @@ fn targets_are_updated_only_once_the_last_wave_is_healthy() {
     world.tick();
     assert_eq!(updated(&world), ("True".into(), reason::UP_TO_DATE.into()));
 }
+
+/// A status write that fails after the stamps landed leaves its status owed: the next reconcile
+/// plans on it, and stamps nothing until a status records what landed. Here the budget the
+/// roll spent holds the next change, which rolled again before (the retry planned on the status
+/// the API server held).
+#[test]
+fn a_status_write_that_fails_after_a_roll_spends_the_budget_all_the_same() {
+    let budget = RolloutBudget { max_rollouts: 1, per: "1h".into() };
+    let mut world = World::new(&["web"], Vec::new(), Some(budget));
+    world.write("v2");
+    world.status_fails = true;
+    assert_eq!(world.tick(), ["web"]);
+    world.write("v3");
+    assert_eq!(world.tick(), Vec::<String>::new(), "nothing rolls before the status records the roll");
+    world.status_fails = false;
+    assert_eq!(world.tick(), Vec::<String>::new(), "the owed status is written first");
+    assert_eq!(world.status.targets[0].rolled_times.len(), 1, "{:?}", world.status.targets[0]);
+    assert_eq!(world.tick(), Vec::<String>::new(), "the budget is spent");
+    assert_eq!(world.ready().reason, reason::ROLLOUT_BUDGET_EXHAUSTED);
+    assert_eq!(world.rolls("web"), 1);
+}
+
+/// The canary's roll, whose status write failed, still starts its wave's pause, and the rest
+/// wait for it: the retry does not take the canary for one that needed no roll.
+#[test]
+fn a_status_write_that_fails_after_the_canary_rolled_keeps_its_pause() {
+    let mut world = World::staged(&["canary", "web"], canary_then_rest(Some("2m"), None));
+    world.write("v2");
+    world.status_fails = true;
+    assert_eq!(world.tick(), ["canary"]);
+    world.healthy("canary");
+    assert_eq!(world.tick(), Vec::<String>::new());
+    world.advance(Duration::from_secs(10));
+    world.status_fails = false;
+    assert_eq!(world.tick(), Vec::<String>::new(), "the owed status is written first");
+    assert_eq!(world.tick(), Vec::<String>::new(), "the canary's pause");
+    assert_eq!((world.ready().reason.as_str(), world.phase()), (reason::WAVE_PAUSED, Some((1, RolloutPhase::Paused))));
+    world.advance(Duration::from_secs(120));
+    assert_eq!(world.tick(), ["web"]);
+    assert_eq!((world.rolls("canary"), world.rolls("web")), (1, 1));
+}

@@ -24,6 +24,9 @@ pub struct World {
     pub rolls: BTreeMap<String, u32>,
     /// Patches of these workloads fail (a rule missing, a webhook refusing).
     pub refusing: BTreeSet<Workload>,
+    /// Writes of the binding's status fail (the API server overloaded, a rule missing), after
+    /// the stamps landed.
+    pub status_fails: bool,
     /// What the last plan said each target should carry, and the content's checksum.
     pub content: BTreeMap<Workload, String>,
     pub desired: Option<String>,
@@ -98,6 +101,7 @@ impl World {
             record: Record::default(),
             rolls: BTreeMap::new(),
             refusing: BTreeSet::new(),
+            status_fails: false,
             content: BTreeMap::new(),
             desired: None,
             refs: BTreeSet::new(),
@@ -122,8 +126,8 @@ impl World {
         self.record = Record::default();
     }
 
-    /// One reconcile; returns the workloads it rolled. Each takes a microsecond: no two
-    /// reconciles happen at the same instant.
+    /// One reconcile; returns the workloads it rolled, whether its status write landed or
+    /// not. Each takes a microsecond: no two reconciles happen at the same instant.
     pub fn tick(&mut self) -> Vec<String> {
         self.advance(Duration::from_micros(1));
         self.wake = None;
@@ -164,8 +168,14 @@ impl World {
         };
         let decision = decide::decide(&observed, &mut self.record, now);
         let mut port = Writes { world: self, rolled: Vec::new(), now };
-        futures::executor::block_on(apply::apply(&mut port, &observed, decision)).expect("the model takes every write");
-        port.rolled
+        let applied = futures::executor::block_on(apply::apply(&mut port, &observed, decision));
+        let rolled = port.rolled;
+        if let Err(error) = applied {
+            assert!(self.status_fails, "only a status write fails: {error}");
+            // The error policy looks again soon.
+            self.wake = Some(Duration::from_secs(5));
+        }
+        rolled
     }
 
     /// A person changes `name`'s pod template to reference ConfigMap `cm`, or no longer: its
@@ -250,6 +260,10 @@ impl Port for Writes<'_> {
     }
 
     async fn status(&mut self, _: &ConsulBindingStatus, status: &ConsulBindingStatus) -> Result<(), crate::Error> {
+        if self.world.status_fails {
+            let refused = kube::core::Status { code: 503, ..Default::default() };
+            return Err(crate::Error::Status(kube::Error::Api(Box::new(refused))));
+        }
         self.world.status = status.clone();
         Ok(())
     }
