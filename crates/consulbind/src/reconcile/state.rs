@@ -172,16 +172,20 @@ impl States {
     pub fn cache(&self, binding: &mut ConsulBinding) {
         let json = binding.status.take().and_then(|status| serde_json::to_vec(&status).ok());
         let packed = Packed::new(&json.unwrap_or_default());
-        let uid = binding.uid().unwrap_or_default();
+        let uid = hashed(binding.uid().unwrap_or_default());
+        let name = binding_ref(binding);
         let mut records = self.records.locked();
-        let record = records.entry(binding_ref(binding)).or_default();
-        let uid = hashed(uid);
-        // A binding made again under the name is owed nothing.
-        if record.cached.as_ref().is_some_and(|(cached, _)| *cached != uid) {
-            record.owed = None;
-        }
+        let record = records.entry(name.clone()).or_default();
+        // A binding made again under the name, its deletion unseen (a watch that listed again):
+        // nothing the record holds is the new one's, and its first version is news.
+        let gone =
+            record.cached.as_ref().is_some_and(|(cached, _)| *cached != uid).then(|| std::mem::take(&mut **record));
         record.cached = Some((uid, packed));
         record.settle();
+        drop(records);
+        if let Some(gone) = gone {
+            self.forget(&name, Some(Box::new(gone)));
+        }
     }
 
     /// This replica wrote `status` for the binding whose uid is `uid`. The watch event of the
@@ -348,6 +352,16 @@ mod tests {
         assert!(!states.spec_changed(&a));
         states.delete(&binding_ref(&a));
         assert!(states.spec_changed(&a), "made again after a deletion");
+        // Made again while the watch was away: its deletion unseen, another uid is news, and the
+        // record of the one before goes.
+        let name = binding_ref(&a);
+        states.cache(&mut a.clone());
+        states.update(&name, |r| r.backoffs().refuse(Some(2), Instant::now(), "too large".into()));
+        let mut again = a.clone();
+        again.metadata.uid = Some("uid-2".into());
+        states.cache(&mut again);
+        assert!(states.spec_changed(&again), "made again unseen");
+        assert!(states.update(&name, |r| r.refusal(Some(2), Instant::now()).is_none()), "the old record went");
     }
 
     #[test]
@@ -365,7 +379,7 @@ mod tests {
     }
 
     #[test]
-    fn the_written_copy_goes_once_the_cache_has_it_for_the_same_object() {
+    fn the_written_copy_goes_once_the_cache_has_it_or_another_object_has_the_name() {
         let states = states();
         let a = BindingRef::new("ns", "a");
         let kept = |states: &States| states.update(&a, |r| r.written.status.is_some());
@@ -374,12 +388,14 @@ mod tests {
 
         states.cache(&mut binding("a", "uid-1", None));
         assert!(kept(&states), "the cache has not seen the write");
-        states.cache(&mut binding("a", "uid-2", Some(status("sum"))));
-        assert!(kept(&states), "another object of the same name");
         states.cache(&mut binding("a", "uid-1", Some(status("sum"))));
         assert!(!kept(&states));
         states.wrote_status(&a, "uid-1".into(), &status("sum"));
         assert!(!kept(&states), "a write whose watch event came first");
+
+        states.wrote_status(&a, "uid-1".into(), &status("new"));
+        states.cache(&mut binding("a", "uid-2", None));
+        assert!(!kept(&states), "the record is the new object's");
     }
 
     #[test]

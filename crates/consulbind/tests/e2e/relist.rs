@@ -7,6 +7,8 @@ use std::time::Duration;
 use futures::StreamExt;
 use serde_json::json;
 
+use consulbind_api::conditions::{READY, reason};
+
 use crate::support::{SETTLE, Scene, controller_kubeconfig, deploy, wait_for, workload};
 
 /// Enough objects of each kind that a list takes two pages, after the bound ones.
@@ -118,4 +120,35 @@ async fn changes_made_while_the_api_server_was_away_are_seen_at_the_relist_and_r
     assert_eq!(s.generation("a-web").await, before + 3, "one rollout for one change");
     s.finish().await;
     drop(second);
+}
+
+/// A binding deleted and made again while the controller's API server was away (a GitOps tool
+/// that replaces it) is new to the controller once its watch has listed again: its deletion was
+/// never seen, and the new one, the same spec under the same name, still gets its first status.
+/// Before, the record of the old one took it for a version already seen, and nothing reconciled
+/// it until the next resync.
+#[tokio::test]
+async fn a_binding_made_again_while_the_api_server_was_away_is_reconciled_at_the_relist() {
+    let Some(mut s) = Scene::without_controller("remade").await else { return };
+    s.apply(config_map("app", "v1")).await.unwrap();
+    s.workload("Deployment", "web", json!({})).await;
+    let second = Second::start();
+    let kubeconfig = kubeconfig_of_second().display().to_string();
+    s.start_controller_with_env(&[], &[("KUBECONFIG", &kubeconfig)]).await;
+    let spec = json!({"configMaps": [{"name": "app"}], "targets": deploy("web"), "rollout": {"quietPeriod": "0s"}});
+    s.binding("b", spec.clone()).await;
+    let first = s.wait_condition("b", READY, "True", reason::BASELINED).await;
+    let before = s.generation("web").await;
+
+    drop(second);
+    s.bindings().delete("b", &Default::default()).await.unwrap();
+    let gone = || async { Ok(s.bindings().get_opt("b").await.unwrap().is_none()) };
+    wait_for("the binding to go", Duration::from_secs(30), gone).await.unwrap();
+    s.binding("b", spec).await;
+    let _second = Second::start();
+    let again = s.wait_condition("b", READY, "True", reason::BASELINED).await;
+    assert_ne!(again.metadata.uid, first.metadata.uid, "the same object");
+    tokio::time::sleep(SETTLE).await;
+    assert_eq!(s.generation("web").await, before, "made again, it rolled");
+    s.finish().await;
 }
