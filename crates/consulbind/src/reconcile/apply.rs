@@ -55,6 +55,10 @@ pub async fn apply(port: &mut impl Port, observed: &Observed<'_>, decision: Deci
     };
     port.hold(&act.plan);
     let outcome = port.stamp(act.read, &act.plan).await;
+    if !outcome.failed.is_empty() && act.settled.is_some() {
+        // The retry rolls what failed without waiting out the quiet period again.
+        port.record(|record| record.pending = record.pending.take().or_else(|| act.settled.clone()));
+    }
     port.due(act.plan.wake_at);
     // What the targets carried last, to name what a rollout brings.
     let settled = match outcome.rolled.is_empty() {

@@ -9,6 +9,7 @@ use kube::runtime::controller::Action;
 use tokio::time::Instant;
 
 use super::{
+    debounce,
     input::{Consul, Input, Outcome, Plan},
     loss,
     observe::{Observed, Read},
@@ -42,6 +43,9 @@ pub struct Act<'a> {
     /// The previous status is one owed since its write failed after its stamps landed: it is
     /// written before anything rolls, so that the stamps are never more than one status ahead.
     pub withhold: bool,
+    /// The change's quiet period that the plan took as over: a patch that fails leaves it to the
+    /// retry, which rolls without a second one.
+    pub settled: Option<Box<debounce::Pending>>,
 }
 
 impl<'a> Act<'a> {
@@ -83,7 +87,7 @@ pub fn decide<'a>(observed: &'a Observed<'_>, record: &mut Record, now: Instant)
     let restored = restored && read.consul_ready();
     let withhold = owed.is_some();
     let upgraded = owed.clone().map(|previous| Upgraded { previous, live: read.resolved.live.clone() });
-    let mut act = Act { read, plan: Plan::default(), upgraded, restore, restored, withhold };
+    let mut act = Act { read, plan: Plan::default(), upgraded, restore, restored, withhold, settled: None };
     if let Some(values) = &read.values {
         match upgrade::upgrade(&act.input(observed), values) {
             Ok(upgraded) => act.upgraded = upgraded.or(act.upgraded.take()),
@@ -110,6 +114,9 @@ pub fn decide<'a>(observed: &'a Observed<'_>, record: &mut Record, now: Instant)
             }
             return Decision::WriteLimited(free);
         }
+    }
+    if record.pending.is_none() {
+        act.settled = before;
     }
     act.plan = plan;
     Decision::Act(Box::new(act))
@@ -295,7 +302,7 @@ mod tests {
         change(&mut read);
         let observed = observed(&spec, previous, read);
         let Ok(read) = &observed.read else { unreachable!() };
-        let act = Act { read, plan, upgraded: None, restore: None, restored: false, withhold: false };
+        let act = Act { read, plan, upgraded: None, restore: None, restored: false, withhold: false, settled: None };
         let outcome = Outcome { rolled: if rolled { vec![web()] } else { Vec::new() }, failed: Vec::new() };
         let settled = settled.map(|(checksum, fingerprints)| (checksum.to_owned(), fingerprints));
         conclude(&observed, &act, &outcome, settled.as_ref())
@@ -314,8 +321,15 @@ mod tests {
         let spec = spec();
         let observed = observed(&spec, applied("old"), read(&spec));
         let Ok(read) = &observed.read else { unreachable!() };
-        let mut act =
-            Act { read, plan: Plan::default(), upgraded: None, restore: None, restored: false, withhold: false };
+        let mut act = Act {
+            read,
+            plan: Plan::default(),
+            upgraded: None,
+            restore: None,
+            restored: false,
+            withhold: false,
+            settled: None,
+        };
         assert_eq!(act.input(&observed).previous.applied_checksum.as_deref(), Some("old"));
         let live = BTreeMap::from([(web(), Live { value: "new".into(), owned: true })]);
         act.upgraded = Some(Upgraded { previous: applied("new"), live });
@@ -394,8 +408,15 @@ mod tests {
             }
             let observed = observed(&spec, applied("a"), read);
             let Ok(read) = &observed.read else { unreachable!() };
-            let act =
-                Act { read, plan: Plan::default(), upgraded: None, restore: None, restored: false, withhold: false };
+            let act = Act {
+                read,
+                plan: Plan::default(),
+                upgraded: None,
+                restore: None,
+                restored: false,
+                withhold: false,
+                settled: None,
+            };
             let failed = if failed { vec![(web(), "conflict".to_owned())] } else { Vec::new() };
             conclude(&observed, &act, &Outcome { rolled: Vec::new(), failed }, None).healthy
         };

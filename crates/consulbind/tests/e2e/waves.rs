@@ -463,6 +463,52 @@ async fn a_refused_patch_spends_no_budget_and_the_change_rolls_once_the_rule_is_
     s.finish().await;
 }
 
+/// A patch refused once the quiet period is over leaves the change settled: once the rule is
+/// back, the retry rolls it without showing `ChangePending` for a second quiet period.
+#[tokio::test]
+async fn a_patch_refused_after_the_quiet_period_rolls_at_the_retry_without_a_second_one() {
+    let Some(mut s) = Scene::without_controller("quiet-refused").await else { return };
+    let twin = crate::rbac::Twin::new(&s, "consulbind-quiet-probe").await;
+    let without = twin.cluster_rules_with(|rule| {
+        if rule.resources.iter().flatten().any(|r| r == "deployments") {
+            rule.verbs.retain(|v| v != "patch");
+        }
+    });
+    let kubeconfig = support::kubeconfig_for(twin.name);
+    let args = twin.args();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    s.start_controller_with_env(&args, &[("KUBECONFIG", kubeconfig.to_str().unwrap())]).await;
+    let key = s.key("config");
+    s.put(&key, "v1").await;
+    s.deployments(&[("web", 0, "stable")]).await;
+    let spec = json!({"keys": [{"key": key}], "targets": [{"kind": "Deployment", "name": "web"}],
+                      "rollout": {"quietPeriod": "5s"}});
+    s.binding("app", spec).await;
+    s.wait_condition("app", conditions::READY, "True", reason::BASELINED).await;
+
+    twin.set_rules(&without, &twin.own_rules).await;
+    s.put(&key, "v2").await;
+    s.wait_condition("app", conditions::READY, "False", reason::PATCH_FAILED).await;
+    twin.set_rules(&twin.cluster_rules, &twin.own_rules).await;
+    let mut seen = Vec::new();
+    loop {
+        let binding = s.get_binding("app").await;
+        let ready = binding.status.iter().flat_map(|s| &s.conditions).find(|c| c.type_ == conditions::READY).cloned();
+        let now = ready.map(|c| c.reason).unwrap_or_default();
+        if now == reason::UP_TO_DATE {
+            break;
+        }
+        seen.push(now);
+        assert!(seen.len() < 400, "not rolled within a minute: {seen:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+    }
+    seen.dedup();
+    assert!(!seen.iter().any(|r| r == reason::PENDING), "a second quiet period: {seen:?}");
+    tokio::time::sleep(support::SETTLE).await;
+    assert_eq!(s.generation("web").await, 2, "one rollout");
+    s.finish().await;
+}
+
 /// A status write refused after the stamp landed (the controller's account without its rule on
 /// `consulbindings/status`) leaves the status owed: a change made meanwhile rolls nothing, and
 /// once the rule is back the status records the roll and the budget it spent holds that change.

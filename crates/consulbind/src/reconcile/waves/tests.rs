@@ -822,3 +822,24 @@ fn a_status_write_that_fails_after_the_canary_rolled_keeps_its_pause() {
     assert_eq!(world.tick(), ["web"]);
     assert_eq!((world.rolls("canary"), world.rolls("web")), (1, 1));
 }
+
+/// A patch that fails once the quiet period is over leaves the retry to roll at once: the change
+/// settled, and the failure does not make it wait out a second quiet period.
+#[tokio::test(start_paused = true)]
+async fn a_patch_that_fails_after_the_quiet_period_rolls_at_the_retry_without_a_second_one() {
+    let mut world = World::new(&["web"], Vec::new(), None);
+    world.spec.rollout.as_mut().expect("a rollout").quiet_period = Some("30s".into());
+    world.refusing.insert(deploy("web"));
+    world.write("v2");
+    assert_eq!(world.tick(), Vec::<String>::new());
+    assert_eq!(world.ready().reason, reason::PENDING);
+    world.advance(Duration::from_secs(30));
+    tokio::time::advance(Duration::from_secs(30)).await;
+    assert_eq!(world.tick(), Vec::<String>::new());
+    assert_eq!(world.ready().reason, reason::PATCH_FAILED);
+    world.refusing.clear();
+    world.advance(Duration::from_secs(15));
+    tokio::time::advance(Duration::from_secs(15)).await;
+    assert_eq!(world.tick(), ["web"], "the retry waited for a second quiet period");
+    assert_eq!(world.ready().reason, reason::UP_TO_DATE);
+}
