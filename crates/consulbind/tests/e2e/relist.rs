@@ -129,7 +129,7 @@ async fn changes_made_while_the_api_server_was_away_are_seen_at_the_relist_and_r
 /// it until the next resync.
 #[tokio::test]
 async fn a_binding_made_again_while_the_api_server_was_away_is_reconciled_at_the_relist() {
-    let Some(mut s) = Scene::without_controller("remade").await else { return };
+    let Some(mut s) = Scene::without_controller("relist-remade").await else { return };
     s.apply(config_map("app", "v1")).await.unwrap();
     s.workload("Deployment", "web", json!({})).await;
     let second = Second::start();
