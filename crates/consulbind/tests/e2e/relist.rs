@@ -19,6 +19,9 @@ fn second_apiserver(up: bool) {
     crate::support::xtask_env(if up { &["second-apiserver"] } else { &["second-apiserver", "--stop"] });
 }
 
+/// The tests here start and stop the one second API server: one at a time.
+static SECOND: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// Stops the second API server when the test ends, however it ends.
 struct Second;
 
@@ -58,6 +61,7 @@ fn config_map(name: &str, value: &str) -> serde_json::Value {
 #[tokio::test]
 async fn changes_made_while_the_api_server_was_away_are_seen_at_the_relist_and_roll_once() {
     let Some(mut s) = Scene::without_controller("relist").await else { return };
+    let _alone = SECOND.lock().await;
     let filler = futures::stream::iter(0..FILLER)
         .map(|i| {
             let s = &s;
@@ -130,6 +134,7 @@ async fn changes_made_while_the_api_server_was_away_are_seen_at_the_relist_and_r
 #[tokio::test]
 async fn a_binding_made_again_while_the_api_server_was_away_is_reconciled_at_the_relist() {
     let Some(mut s) = Scene::without_controller("relist-remade").await else { return };
+    let _alone = SECOND.lock().await;
     s.apply(config_map("app", "v1")).await.unwrap();
     s.workload("Deployment", "web", json!({})).await;
     let second = Second::start();
