@@ -266,6 +266,13 @@ mod tests {
         watches::{Content, KeyState},
     };
 
+    impl<'a> Act<'a> {
+        /// An act of `plan` on `read`, with nothing upgraded, restored, withheld or settled.
+        fn of(read: &'a Read, plan: Plan) -> Self {
+            Act { read, plan, upgraded: None, restore: None, restored: false, withhold: false, settled: None }
+        }
+    }
+
     fn spec() -> ConsulBindingSpec {
         ConsulBindingSpec {
             include_target_references: true,
@@ -302,7 +309,7 @@ mod tests {
         change(&mut read);
         let observed = observed(&spec, previous, read);
         let Ok(read) = &observed.read else { unreachable!() };
-        let act = Act { read, plan, upgraded: None, restore: None, restored: false, withhold: false, settled: None };
+        let act = Act::of(read, plan);
         let outcome = Outcome { rolled: if rolled { vec![web()] } else { Vec::new() }, failed: Vec::new() };
         let settled = settled.map(|(checksum, fingerprints)| (checksum.to_owned(), fingerprints));
         conclude(&observed, &act, &outcome, settled.as_ref())
@@ -321,15 +328,7 @@ mod tests {
         let spec = spec();
         let observed = observed(&spec, applied("old"), read(&spec));
         let Ok(read) = &observed.read else { unreachable!() };
-        let mut act = Act {
-            read,
-            plan: Plan::default(),
-            upgraded: None,
-            restore: None,
-            restored: false,
-            withhold: false,
-            settled: None,
-        };
+        let mut act = Act::of(read, Plan::default());
         assert_eq!(act.input(&observed).previous.applied_checksum.as_deref(), Some("old"));
         let live = BTreeMap::from([(web(), Live { value: "new".into(), owned: true })]);
         act.upgraded = Some(Upgraded { previous: applied("new"), live });
@@ -408,15 +407,7 @@ mod tests {
             }
             let observed = observed(&spec, applied("a"), read);
             let Ok(read) = &observed.read else { unreachable!() };
-            let act = Act {
-                read,
-                plan: Plan::default(),
-                upgraded: None,
-                restore: None,
-                restored: false,
-                withhold: false,
-                settled: None,
-            };
+            let act = Act::of(read, Plan::default());
             let failed = if failed { vec![(web(), "conflict".to_owned())] } else { Vec::new() };
             conclude(&observed, &act, &Outcome { rolled: Vec::new(), failed }, None).healthy
         };
