@@ -168,6 +168,15 @@ impl Twin {
         ]
     }
 
+    /// Starts the scene's controller as the twin, with `extra` arguments.
+    pub async fn start_controller(&self, s: &mut Scene, extra: &[&str]) {
+        let kubeconfig = kubeconfig_for(self.name);
+        let mut args = self.args();
+        args.extend(extra.iter().map(|a| (*a).to_owned()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        s.start_controller_with_env(&args, &[("KUBECONFIG", kubeconfig.to_str().unwrap())]).await;
+    }
+
     /// Starting the controller as the twin, with `kubeconfig`.
     fn start(&self, kubeconfig: &str) -> Start {
         let envs = vec![("KUBECONFIG".to_owned(), kubeconfig.to_owned())];

@@ -11,7 +11,7 @@ use kube::api::{Patch, PatchParams};
 
 use crate::{
     DEPLOY,
-    support::{SETTLE, Scene, deploy, kubeconfig_for, spec, workload},
+    support::{SETTLE, Scene, deploy, spec, workload},
 };
 
 fn config_map(name: &str, labels: Value, data: Value) -> Value {
@@ -608,11 +608,7 @@ async fn a_config_map_unreadable_for_less_than_the_grace_shows_nowhere_and_for_l
     let without =
         twin.cluster_rules_with(|rule| rule.resources.iter_mut().for_each(|r| r.retain(|r| r != "configmaps")));
     assert_ne!(without, twin.cluster_rules, "no rule grants ConfigMaps");
-    let kubeconfig = kubeconfig_for(twin.name);
-    let mut args = twin.args();
-    args.push("--object-failure-grace=8s".into());
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    s.start_controller_with_env(&args, &[("KUBECONFIG", kubeconfig.to_str().unwrap())]).await;
+    twin.start_controller(&mut s, &["--object-failure-grace=8s"]).await;
     s.apply(config_map("app", json!({}), json!({"a.conf": "1"}))).await.unwrap();
     s.workload(DEPLOY, "web", json!({})).await;
     s.binding(

@@ -418,11 +418,7 @@ async fn a_refusal_cut_short_before_its_status_write_is_shown_by_the_next_reconc
     let without =
         twin.cluster_rules_with(|rule| rule.resources.iter_mut().for_each(|r| r.retain(|r| r != "configmaps")));
     twin.set_rules(&without, &twin.own_rules).await;
-    let mut args = twin.args();
-    args.extend(["--max-binding-bytes=100".into(), "--object-failure-grace=1h".into()]);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let kubeconfig = crate::support::kubeconfig_for(twin.name);
-    s.start_controller_with_env(&args, &[("KUBECONFIG", kubeconfig.to_str().unwrap())]).await;
+    twin.start_controller(&mut s, &["--max-binding-bytes=100", "--object-failure-grace=1h"]).await;
     let key = s.key("config");
     s.put(&key, &"x".repeat(200)).await;
     let config_map = json!({"apiVersion": "v1", "kind": "ConfigMap",

@@ -437,10 +437,7 @@ async fn a_refused_patch_spends_no_budget_and_the_change_rolls_once_the_rule_is_
         }
     });
     assert_ne!(without, twin.cluster_rules, "no rule grants patch on Deployments");
-    let kubeconfig = support::kubeconfig_for(twin.name);
-    let args = twin.args();
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    s.start_controller_with_env(&args, &[("KUBECONFIG", kubeconfig.to_str().unwrap())]).await;
+    twin.start_controller(&mut s, &[]).await;
     let key = s.key("config");
     s.put(&key, "v1").await;
     s.deployments(&[("web", 0, "stable")]).await;
@@ -474,10 +471,7 @@ async fn a_patch_refused_after_the_quiet_period_rolls_at_the_retry_without_a_sec
             rule.verbs.retain(|v| v != "patch");
         }
     });
-    let kubeconfig = support::kubeconfig_for(twin.name);
-    let args = twin.args();
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    s.start_controller_with_env(&args, &[("KUBECONFIG", kubeconfig.to_str().unwrap())]).await;
+    twin.start_controller(&mut s, &[]).await;
     let key = s.key("config");
     s.put(&key, "v1").await;
     s.deployments(&[("web", 0, "stable")]).await;
@@ -520,10 +514,7 @@ async fn a_status_write_refused_after_a_roll_spends_the_budget_all_the_same() {
     let mut without = twin.cluster_rules.clone();
     without.retain(|rule| !rule.resources.iter().flatten().any(|r| r == "consulbindings/status"));
     assert_ne!(without, twin.cluster_rules, "no rule grants the status");
-    let kubeconfig = support::kubeconfig_for(twin.name);
-    let args = twin.args();
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    s.start_controller_with_env(&args, &[("KUBECONFIG", kubeconfig.to_str().unwrap())]).await;
+    twin.start_controller(&mut s, &[]).await;
     let key = s.key("config");
     s.put(&key, "v1").await;
     s.deployments(&[("web", 0, "stable")]).await;
