@@ -66,7 +66,9 @@ pub async fn apply(port: &mut impl Port, observed: &Observed<'_>, decision: Deci
         false => port.record(|record| record.written.settled.clone()),
     };
     let Report { status, events, wake_at, healthy } = decide::conclude(observed, &act, &outcome, settled.as_ref());
-    for event in events {
+    // A status write that fails is retried, and the retry would tell the rest again.
+    let (of_stamps, shown_events): (Vec<_>, Vec<_>) = events.into_iter().partition(Event::of_stamps);
+    for event in of_stamps {
         port.publish(event, act.read, &status, &outcome);
     }
     let shown = decide::shown(&act);
@@ -76,6 +78,9 @@ pub async fn apply(port: &mut impl Port, observed: &Observed<'_>, decision: Deci
             port.record(|record| record.owed = Some(Box::new(status)));
         }
         return Err(error);
+    }
+    for event in shown_events {
+        port.publish(event, act.read, &status, &outcome);
     }
     port.record(|record| {
         record.owed = None;
@@ -180,10 +185,13 @@ mod tests {
     use super::*;
     use crate::{checksum, cluster::workloads::Resolved};
 
-    /// A port whose writes all land, keeping nothing but the record.
+    /// A port whose stamps land, and whose status writes land unless `refused`, keeping the
+    /// record and the events told.
     #[derive(Default)]
     struct Landing {
         record: Record,
+        refused: bool,
+        told: Vec<&'static str>,
     }
 
     impl Port for Landing {
@@ -195,39 +203,57 @@ mod tests {
             Outcome { rolled: plan.roll.clone(), failed: Vec::new() }
         }
         fn due(&mut self, _: Option<Instant>) {}
-        fn publish(&mut self, _: Event, _: &Read, _: &ConsulBindingStatus, _: &Outcome) {}
+        fn publish(&mut self, event: Event, _: &Read, _: &ConsulBindingStatus, _: &Outcome) {
+            self.told.push(event.kind());
+        }
         async fn status(&mut self, _: &ConsulBindingStatus, _: &ConsulBindingStatus) -> Result<(), Error> {
-            Ok(())
+            match self.refused {
+                true => Err(Error::Config("refused".into())),
+                false => Ok(()),
+            }
         }
         async fn write_limited(&mut self, _: &ConsulBindingStatus, _: Instant) -> Result<Action, Error> {
             Ok(Action::await_change())
         }
     }
 
-    /// When a reconcile of a settled binding says to look again, with its objects read or not.
-    async fn then(objects_read: bool) -> Action {
-        let spec = ConsulBindingSpec {
+    fn spec() -> ConsulBindingSpec {
+        ConsulBindingSpec {
             include_target_references: true,
             targets: vec![TargetRef { kind: WorkloadKind::Deployment, name: Some("web".into()), selector: None }],
             ..Default::default()
-        };
-        let key = checksum::Key::new([7; checksum::KEY_LEN]);
-        let mut read = crate::sim::read_of(&spec, key, Vec::new(), Resolved::default(), Vec::new(), Vec::new());
-        if !objects_read {
-            read.objects = Err(("ObjectUnreadable", "forbidden".into()));
         }
-        let previous = ConsulBindingStatus::default();
+    }
+
+    /// One reconcile of `spec`'s binding through `port`, its read changed by `change`.
+    async fn reconcile(
+        spec: &ConsulBindingSpec,
+        port: &mut Landing,
+        change: impl FnOnce(&mut Read),
+    ) -> Result<Action, Error> {
+        let key = checksum::Key::new([7; checksum::KEY_LEN]);
+        let mut read = crate::sim::read_of(spec, key, Vec::new(), Resolved::default(), Vec::new(), Vec::new());
+        change(&mut read);
         let observed = Observed {
-            spec: &spec,
+            spec,
             generation: Some(1),
-            previous,
+            previous: ConsulBindingStatus::default(),
             started: Instant::now(),
             clock: Timestamp::now(),
             read: Ok(read),
         };
-        let mut port = Landing::default();
         let decision = decide::decide(&observed, &mut port.record, Instant::now());
-        apply(&mut port, &observed, decision).await.expect("every write lands")
+        apply(port, &observed, decision).await
+    }
+
+    /// When a reconcile of a settled binding says to look again, with its objects read or not.
+    async fn then(objects_read: bool) -> Action {
+        let unread = |read: &mut Read| {
+            if !objects_read {
+                read.objects = Err(("ObjectUnreadable", "forbidden".into()));
+            }
+        };
+        reconcile(&spec(), &mut Landing::default(), unread).await.expect("every write lands")
     }
 
     #[tokio::test]
@@ -235,5 +261,20 @@ mod tests {
         assert_eq!(then(true).await, Action::await_change());
         // A rule granted later changes nothing the watches see.
         assert_eq!(then(false).await, Action::requeue(RETRY));
+    }
+
+    /// An event that tells what the status shows waits for the status: a write that fails is
+    /// retried, and each retry would raise it again.
+    #[tokio::test]
+    async fn an_event_of_the_status_is_raised_once_the_status_is_written() {
+        let caution = |read: &mut Read| read.caution = Some("maxDelay below quietPeriod".into());
+        let mut port = Landing { refused: true, ..Landing::default() };
+        for _ in 0..2 {
+            assert!(reconcile(&spec(), &mut port, caution).await.is_err());
+        }
+        assert_eq!(port.told, Vec::<&str>::new(), "told while the status was refused");
+        port.refused = false;
+        reconcile(&spec(), &mut port, caution).await.expect("written");
+        assert_eq!(port.told, ["Warning", "Baselined"]);
     }
 }

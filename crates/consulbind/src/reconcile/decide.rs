@@ -149,6 +149,14 @@ pub enum Event {
     Notice { reason: &'static str, message: String },
 }
 
+impl Event {
+    /// Whether the event tells what stamps did: that happened whether or not the status that
+    /// records it is written. The others tell what the status shows, once it does.
+    pub fn of_stamps(&self) -> bool {
+        matches!(self, Event::RolledOut { .. } | Event::Notice { .. })
+    }
+}
+
 #[cfg(test)]
 impl Event {
     /// The variant's name, for tests to list what was told.

@@ -5,7 +5,7 @@
 use consulbind_api::{ConsulBinding, ConsulBindingStatus, WorkloadKind, conditions};
 use k8s_openapi::{
     api::{core::v1::ObjectReference, events::v1::Event},
-    apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time},
+    apimachinery::pkg::apis::meta::v1::{Condition, MicroTime, ObjectMeta, Time},
     jiff::Timestamp,
 };
 use kube::{
@@ -33,7 +33,6 @@ pub async fn status(
     previous: &ConsulBindingStatus,
     status: &ConsulBindingStatus,
 ) -> Result<(), Error> {
-    let oref = binding_ref(binding);
     // The replica that serves the binding, written with the first status after a handover.
     let sharded;
     let status = match ctx.writes.gate().map(|gate| gate.me()) {
@@ -43,16 +42,43 @@ pub async fn status(
         }
         _ => status,
     };
-    let ready = |s: &ConsulBindingStatus| s.conditions.iter().find(|c| c.type_ == conditions::READY).cloned();
+    if needs_write(previous, status) {
+        write(ctx, binding, status).await?;
+    }
+    told(ctx, binding, previous, status);
+    Ok(())
+}
+
+/// Writes the whole status of `binding`.
+async fn write(ctx: &Context, binding: &ConsulBinding, status: &ConsulBindingStatus) -> Result<(), Error> {
+    let namespace = binding.namespace().unwrap_or_default();
+    let api: Api<ConsulBinding> = Api::namespaced(ctx.client.clone(), &namespace);
+    let uid = binding.uid().unwrap_or_default();
+    let params = PatchParams { field_manager: Some(STATUS_MANAGER.into()), ..PatchParams::default() };
+    let patch = status_patch(&uid, status);
+    let slot = match ready(status).is_some_and(|c| c.reason == conditions::reason::WRITE_LIMITED) {
+        true => ctx.writes.notice(&namespace).await,
+        false => ctx.writes.permit(&namespace).await,
+    }?;
+    api.patch_status(&binding.name_any(), &params, &Patch::<()>::Json(patch)).await.map_err(Error::Status)?;
+    drop(slot);
+    ctx.states.wrote_status(&binding_ref(binding), uid, status);
+    Ok(())
+}
+
+/// Raises an event when Ready turns to a new problem, once the status shows it: a status write
+/// that fails is retried, and each retry would raise it again.
+fn told(ctx: &Context, binding: &ConsulBinding, previous: &ConsulBindingStatus, status: &ConsulBindingStatus) {
+    let oref = binding_ref(binding);
     let (old, new) = (ready(previous), ready(status));
-    if let Some(new) = &new {
+    if let Some(new) = new {
         let state = match new.status.as_str() {
             "True" => "True",
             "False" => "False",
             _ => "Unknown",
         };
         ctx.states.set_ready(&oref, state);
-        let is_new_problem = new.status == "False" && old.as_ref().is_none_or(|o| o.reason != new.reason);
+        let is_new_problem = new.status == "False" && old.is_none_or(|o| o.reason != new.reason);
         let quiet = [
             conditions::reason::PENDING,
             conditions::reason::SUSPENDED,
@@ -67,22 +93,10 @@ pub async fn status(
             publish(ctx, binding.object_ref(&()), EventType::Warning, &new.reason, new.message.clone());
         }
     }
-    if !needs_write(previous, status) {
-        return Ok(());
-    }
-    let namespace = binding.namespace().unwrap_or_default();
-    let api: Api<ConsulBinding> = Api::namespaced(ctx.client.clone(), &namespace);
-    let uid = binding.uid().unwrap_or_default();
-    let params = PatchParams { field_manager: Some(STATUS_MANAGER.into()), ..PatchParams::default() };
-    let patch = status_patch(&uid, status);
-    let slot = match ready(status).is_some_and(|c| c.reason == conditions::reason::WRITE_LIMITED) {
-        true => ctx.writes.notice(&namespace).await,
-        false => ctx.writes.permit(&namespace).await,
-    }?;
-    api.patch_status(&binding.name_any(), &params, &Patch::<()>::Json(patch)).await.map_err(Error::Status)?;
-    drop(slot);
-    ctx.states.wrote_status(&oref, uid, status);
-    Ok(())
+}
+
+fn ready(status: &ConsulBindingStatus) -> Option<&Condition> {
+    status.conditions.iter().find(|c| c.type_ == conditions::READY)
 }
 
 /// Whether a reconcile would write: stamp a workload, or a status that says something new.

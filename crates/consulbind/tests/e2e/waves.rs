@@ -540,6 +540,31 @@ async fn a_status_write_refused_after_a_roll_spends_the_budget_all_the_same() {
     s.finish().await;
 }
 
+/// A problem raises its Warning event once the status shows it, not on each retry of a status
+/// write that the API server refuses meanwhile.
+#[tokio::test]
+async fn a_problem_whose_status_write_is_refused_for_a_while_is_told_once() {
+    let Some(mut s) = Scene::without_controller("waves-told-once").await else { return };
+    let twin = crate::rbac::Twin::new(&s, "consulbind-told-probe").await;
+    let mut without = twin.cluster_rules.clone();
+    without.retain(|rule| !rule.resources.iter().flatten().any(|r| r == "consulbindings/status"));
+    twin.set_rules(&without, &twin.own_rules).await;
+    twin.start_controller(&mut s, &[]).await;
+    s.deployments(&[("web", 0, "stable")]).await;
+    s.binding("app", staged(&s.key("absent"), json!({}))).await;
+    let refused = || async { Ok(s.log().matches("writing status").count() >= 3) };
+    wait("three refused status writes", refused).await.unwrap();
+    let told =
+        || async { s.events_for("app").await.into_iter().filter(|(reason, _)| reason == reason::KEY_MISSING).count() };
+    assert_eq!(told().await, 0, "told before the status could show it");
+
+    twin.set_rules(&twin.cluster_rules, &twin.own_rules).await;
+    s.wait_condition("app", conditions::READY, "False", reason::KEY_MISSING).await;
+    tokio::time::sleep(support::SETTLE).await;
+    assert_eq!(told().await, 1);
+    s.finish().await;
+}
+
 /// An `OnDelete` StatefulSet and an `OnDelete` DaemonSet in the first wave are healthy once their
 /// controllers observe the change, as `kubectl rollout status` has it: their pods change only when
 /// deleted. The DaemonSet has a node to run on (a Node object no other workload tolerates) and a
