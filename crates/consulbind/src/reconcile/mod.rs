@@ -79,9 +79,11 @@ pub fn error_policy(binding: Arc<ConsulBinding>, error: &Error, _ctx: Arc<Contex
 async fn reconcile_marked(binding: Arc<ConsulBinding>, ctx: &Context) -> Result<Action, Error> {
     // A sharded replica leaves alone a binding of a namespace it does not serve, or whose fresh
     // list is still under way: it reads, decides and writes nothing of it.
+    let oref = binding_ref(&binding);
     if let Some(gate) = ctx.writes.gate()
-        && !gate.ready(binding.metadata.namespace.as_deref().unwrap_or_default())
+        && !gate.ready(oref.namespace())
     {
+        ctx.desk.done(&oref);
         return Ok(Action::requeue(SHARD_WAIT));
     }
     let started = std::time::Instant::now();
@@ -90,7 +92,12 @@ async fn reconcile_marked(binding: Arc<ConsulBinding>, ctx: &Context) -> Result<
         Err(panic) => Err(panicked(ctx, &binding, panic).await),
     };
     // Whatever way it ended, no stamp waits for this run any more.
-    ctx.desk.done(&binding_ref(&binding));
+    ctx.desk.done(&oref);
+    // Deleted while this run was in flight: the watches, record and gauge it made again go, as
+    // nothing else would take them (a healthy binding's run asks for no retry).
+    if ctx.bindings.get(&oref.object_ref()).is_none() {
+        ctx.forget(&oref);
+    }
     let label = match &result {
         Ok(_) => "ok",
         Err(e) => e.metric_label(),
