@@ -7,7 +7,7 @@ use consulbind_api::conditions::{self, reason};
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
 
-use crate::support::{SETTLE, Scene, deploy, spec, wait_for};
+use crate::support::{self, SETTLE, Scene, deploy, spec, wait_for};
 
 const DEPLOY: &str = "Deployment";
 const GRACE: &str = "--consul-failure-grace=6s";
@@ -38,8 +38,7 @@ pub(crate) async fn faults_consul() -> Consul {
 }
 
 fn ready_reason(binding: &consulbind_api::ConsulBinding) -> Option<(String, String)> {
-    let c = binding.status.as_ref()?.conditions.iter().find(|c| c.type_ == conditions::READY)?;
-    Some((c.status.clone(), c.reason.clone()))
+    support::ready(binding).map(|c| (c.status, c.reason))
 }
 
 /// One test, so that its phases never restart the agent under each other.

@@ -374,12 +374,11 @@ fn record_ready(s: &Scene) -> std::sync::Arc<std::sync::Mutex<Vec<(String, Strin
     let events = watcher(s.bindings(), watcher::Config::default()).applied_objects();
     let record = seen.clone();
     tokio::spawn(events.for_each(move |binding| {
-        if let Ok(binding) = binding {
-            let ready = binding.status.iter().flat_map(|s| &s.conditions).find(|c| c.type_ == conditions::READY);
-            if let Some(c) = ready {
-                let name = binding.metadata.name.clone().unwrap_or_default();
-                record.lock().unwrap().push((name, c.status.clone(), c.reason.clone()));
-            }
+        if let Ok(binding) = binding
+            && let Some(c) = support::ready(&binding)
+        {
+            let name = binding.metadata.name.clone().unwrap_or_default();
+            record.lock().unwrap().push((name, c.status, c.reason));
         }
         futures::future::ready(())
     }));
@@ -810,10 +809,7 @@ async fn missing_target_is_reported_and_picked_up_without_rollout() {
     s.put(&key, "v1").await;
     s.binding("cfg", spec(json!([{"key": key}]), deploy("web"), "0s")).await;
     let binding = s.wait_condition("cfg", conditions::TARGETS_UPDATED, "False", reason::TARGET_MISSING).await;
-    assert_eq!(
-        binding.status.unwrap().conditions.iter().find(|c| c.type_ == conditions::READY).unwrap().reason,
-        reason::TARGET_MISSING
-    );
+    assert_eq!(support::ready(&binding).unwrap().reason, reason::TARGET_MISSING);
 
     s.workload(DEPLOY, "web", json!({})).await;
     let binding = s.wait_condition("cfg", conditions::READY, "True", reason::UP_TO_DATE).await;

@@ -21,8 +21,7 @@ fn rollout(name: &str, labels: Value) -> Value {
 }
 
 fn ready_message(binding: &consulbind_api::ConsulBinding) -> String {
-    let status = binding.status.clone().unwrap_or_default();
-    status.conditions.into_iter().find(|c| c.type_ == conditions::READY).map(|c| c.message).unwrap_or_default()
+    support::ready(binding).map(|c| c.message).unwrap_or_default()
 }
 
 #[tokio::test]

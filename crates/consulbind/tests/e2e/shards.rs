@@ -4,14 +4,14 @@
 
 use std::{collections::BTreeMap, time::Duration};
 
-use consulbind_api::{ConsulBinding, conditions};
+use consulbind_api::ConsulBinding;
 use k8s_openapi::api::{apps::v1::Deployment, coordination::v1::Lease, core::v1::Namespace};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use consulbind::{cluster::policy::PREFIXES_ANNOTATION, shards::View};
 
-use crate::support::{Controller, SYSTEM_NS, Scene, deploy, spec, wait, wait_for, workload};
+use crate::support::{self, Controller, SYSTEM_NS, Scene, deploy, spec, wait, wait_for, workload};
 
 const NAMESPACES: usize = 30;
 const LEASE_SECS: u64 = 6;
@@ -156,7 +156,7 @@ async fn sharded_replicas_hand_namespaces_over_on_a_crash_a_restart_and_a_partit
     let shards = ring.settled(&running(&names, &replicas)).await;
     for ns in &ring.namespaces {
         let binding = ring.binding(ns).await;
-        let ready = binding.status.unwrap().conditions.into_iter().find(|c| c.type_ == conditions::READY).unwrap();
+        let ready = support::ready(&binding).unwrap();
         assert_eq!(ready.status, "True", "{ns}: {}", ready.message);
     }
     let leases = Api::<Lease>::namespaced(client.clone(), SYSTEM_NS);

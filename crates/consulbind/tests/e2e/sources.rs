@@ -11,7 +11,7 @@ use kube::api::{Patch, PatchParams};
 
 use crate::{
     DEPLOY,
-    support::{SETTLE, Scene, deploy, spec, workload},
+    support::{self, SETTLE, Scene, deploy, spec, workload},
 };
 
 fn config_map(name: &str, labels: Value, data: Value) -> Value {
@@ -625,7 +625,7 @@ async fn a_config_map_unreadable_for_less_than_the_grace_shows_nowhere_and_for_l
     let mut seen = Vec::new();
     for _ in 0..15 {
         let binding = s.get_binding("cfg").await;
-        let ready = binding.status.iter().flat_map(|s| &s.conditions).find(|c| c.type_ == conditions::READY).cloned();
+        let ready = support::ready(&binding);
         seen.extend(ready.filter(|c| c.status != "True").map(|c| c.reason));
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

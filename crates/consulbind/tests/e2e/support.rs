@@ -13,7 +13,7 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use consul_kv::{Client as Consul, ClientConfig, Token};
 use consulbind::{checksum, cluster::policy::PREFIXES_ANNOTATION};
-use consulbind_api::ConsulBinding;
+use consulbind_api::{ConsulBinding, conditions};
 use k8s_openapi::api::{
     apps::v1::{ControllerRevision, DaemonSet, Deployment, ReplicaSet, StatefulSet},
     core::v1::{Namespace, Secret},
@@ -650,6 +650,11 @@ pub fn acl_consul() -> Option<(String, Token)> {
 }
 
 /// The names of every object of `kind` the binding's status lists as targets.
+/// The binding's Ready condition, once its status has one.
+pub fn ready(binding: &ConsulBinding) -> Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    binding.status.as_ref()?.conditions.iter().find(|c| c.type_ == conditions::READY).cloned()
+}
+
 pub fn status_targets(binding: &ConsulBinding) -> Vec<String> {
     binding.status.iter().flat_map(|s| &s.targets).map(|t| format!("{}/{}", t.kind, t.name)).collect()
 }

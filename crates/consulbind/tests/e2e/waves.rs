@@ -487,7 +487,7 @@ async fn a_patch_refused_after_the_quiet_period_rolls_at_the_retry_without_a_sec
     let mut seen = Vec::new();
     loop {
         let binding = s.get_binding("app").await;
-        let ready = binding.status.iter().flat_map(|s| &s.conditions).find(|c| c.type_ == conditions::READY).cloned();
+        let ready = support::ready(&binding);
         let now = ready.map(|c| c.reason).unwrap_or_default();
         if now == reason::UP_TO_DATE {
             break;
