@@ -83,6 +83,8 @@ pub fn status(input: &Input<'_>, plan: &Plan, outcome: &Outcome, now: &Time) -> 
             && applied == previous.applied_checksum
             && outcome.rolled.is_empty();
     let (ready, ready_reason, ready_message) = match (&plan.hold, &target_problem) {
+        // A refused patch needs a person; the hold of the wave that tried it would end by itself.
+        (_, Some((r, m))) if *r == reason::PATCH_FAILED => (false, *r, m.clone()),
         // A dry run holding back a rollout is the mode working, not a problem.
         (Some((r, m)), None) if *r == reason::DRY_RUN => (true, *r, m.clone()),
         (Some((r, m)), _) | (None, Some((r, m))) => (false, *r, m.clone()),

@@ -425,10 +425,11 @@ async fn on_bind_with_a_canary_wave_rolls_the_canary_first() {
 }
 
 /// A patch the API server refuses (the controller's account without `patch` on Deployments)
-/// spends no budget: once the rule is back, the change rolls at once, and the budget counts
-/// that one rollout.
+/// shows as `PatchFailed` with its event, not as the wave in progress that tried it, and spends
+/// no budget: once the rule is back, the change rolls at once, and the budget counts that one
+/// rollout.
 #[tokio::test]
-async fn a_refused_patch_spends_no_budget_and_the_change_rolls_once_the_rule_is_back() {
+async fn a_refused_patch_in_a_wave_shows_spends_no_budget_and_rolls_once_the_rule_is_back() {
     let Some(mut s) = Scene::without_controller("waves-refused").await else { return };
     let twin = crate::rbac::Twin::new(&s, "consulbind-refused-probe").await;
     let without = twin.cluster_rules_with(|rule| {
@@ -441,7 +442,9 @@ async fn a_refused_patch_spends_no_budget_and_the_change_rolls_once_the_rule_is_
     let key = s.key("config");
     s.put(&key, "v1").await;
     s.deployments(&[("web", 0, "stable")]).await;
-    s.binding("app", staged(&key, json!({"budget": {"maxRollouts": 1, "per": "1h"}}))).await;
+    let mut rollout = canary_first("0s");
+    rollout["budget"] = json!({"maxRollouts": 1, "per": "1h"});
+    s.binding("app", staged(&key, rollout)).await;
     s.wait_condition("app", conditions::READY, "True", reason::BASELINED).await;
 
     twin.set_rules(&without, &twin.own_rules).await;
@@ -450,6 +453,8 @@ async fn a_refused_patch_spends_no_budget_and_the_change_rolls_once_the_rule_is_
     let row = failed.status.unwrap().targets.into_iter().find(|t| t.name == "web").expect("web's row");
     assert!(row.rolled_times.is_empty(), "no roll time for a refused patch: {row:?}");
     assert_eq!(s.generation("web").await, 1);
+    let told = || async { Ok(s.events_for("app").await.iter().any(|(r, _)| r == reason::PATCH_FAILED)) };
+    wait("a PatchFailed event", told).await.unwrap();
 
     twin.set_rules(&twin.cluster_rules, &twin.own_rules).await;
     let done = s.wait_condition("app", conditions::READY, "True", reason::UP_TO_DATE).await;

@@ -593,12 +593,13 @@ fn a_reference_dropped_by_a_canary_rolled_as_its_rollout_began_rolls_nothing_mor
 /// A patch that fails rolled nothing: its target is not shown rolling, while one of its wave
 /// whose patch landed is.
 #[test]
-fn a_target_whose_patch_failed_is_not_shown_rolling() {
+fn a_target_whose_patch_failed_is_not_shown_rolling_and_ready_says_so() {
     let mut world = World::staged(&["canary", "web-a", "web-b"], canary_then_rest(None, None));
     world.refusing.insert(deploy("canary"));
     world.write("v2");
     assert_eq!(world.tick(), Vec::<String>::new());
     assert_eq!(world.state("canary"), None, "it was never rolled");
+    assert_eq!(world.ready().reason, reason::PATCH_FAILED, "{}", world.ready().message);
     world.refusing = [deploy("web-a")].into();
     world.advance(Duration::from_secs(15));
     assert_eq!(world.tick(), ["canary"]);
@@ -606,6 +607,7 @@ fn a_target_whose_patch_failed_is_not_shown_rolling() {
     world.healthy("canary");
     assert_eq!(world.tick(), ["web-b"]);
     assert_eq!((world.state("web-a"), world.state("web-b")), (None, Some(TargetState::Rolling)));
+    assert_eq!(world.ready().reason, reason::PATCH_FAILED, "not a wave in progress: {}", world.ready().message);
 }
 
 /// Waits and targets in messages read as people write them.
