@@ -17,6 +17,7 @@ pub mod tokens;
 pub mod workloads;
 
 use consulbind_api::WorkloadKind;
+use k8s_openapi::jiff::Timestamp;
 use kube::Resource;
 
 /// A workload found for one of a binding's targets.
@@ -72,6 +73,8 @@ pub struct Live {
     /// The binding's own field manager set it. Otherwise someone else did: a rollout undo, a
     /// hand edit, a copy of the manifest.
     pub owned: bool,
+    /// When the binding's field manager last changed the workload, to the second, if owned.
+    pub at: Option<Timestamp>,
 }
 
 impl Live {

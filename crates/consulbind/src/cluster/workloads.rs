@@ -10,7 +10,10 @@ use std::collections::BTreeMap;
 
 use consulbind_api::{TargetRef, WorkloadKind};
 use futures::Stream;
-use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
+use k8s_openapi::{
+    api::apps::v1::{DaemonSet, Deployment, StatefulSet},
+    jiff::Timestamp,
+};
 use kube::{
     Client,
     core::{Selector, SelectorExt},
@@ -247,8 +250,9 @@ pub struct Wants<'a> {
 
 fn selected(obj: &Kept, wants: &Wants<'_>) -> Selected {
     let (annotation, annotations) = (wants.annotation, &obj.annotations);
-    let owned = |key: &str| annotations.contains_key(&format!("{OWNED}{key}"));
-    let live = annotations.get(annotation).map(|value| Live { value: value.to_owned(), owned: owned(annotation) });
+    let owned = annotations.get(&format!("{OWNED}{annotation}"));
+    let at = owned.and_then(|at| Timestamp::from_second(at.parse().ok()?).ok());
+    let live = annotations.get(annotation).map(|value| Live { value: value.to_owned(), owned: owned.is_some(), at });
     Selected {
         name: obj.name().to_owned(),
         live,

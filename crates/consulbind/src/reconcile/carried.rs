@@ -13,14 +13,21 @@
 
 use std::collections::BTreeMap;
 
-use consulbind_api::{ConsulBindingStatus, TargetStatus, conditions};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use consulbind_api::{
+    ConsulBindingStatus, RolloutPhase, RolloutStatus, TargetState, TargetStatus,
+    conditions::{self, reason},
+};
+use k8s_openapi::{
+    apimachinery::pkg::apis::meta::v1::Time,
+    jiff::{SignedDuration, Timestamp},
+};
 
 use super::input::{Input, Outcome, Plan};
 use crate::cluster::{Live, Version, Workload};
 
 /// The most rows of former targets kept, the newest.
 const MAX_FORMER: usize = 16;
+const SECOND: SignedDuration = SignedDuration::from_secs(1);
 
 /// The status's memory of what each workload carries.
 pub struct Carried<'a> {
@@ -60,6 +67,69 @@ impl<'a> Carried<'a> {
             _ => live.checksum(),
         }
     }
+}
+
+/// The previous status with the rolls it does not record, or `None` when it records every one.
+/// A target whose own stamp is neither what its row says it runs nor the stamp it carried then
+/// was stamped after that status was written: its status write failed before a restart or a
+/// handover, its patch landed though the answer was lost, or another binding's write carried
+/// its stamp. Its row is moved to what it runs, rolled when the stamp was set. The managed
+/// fields keep that to the second, so the end of that second is taken, and no earlier than the
+/// start of the rollout the status records for that content: a pause, a health timeout and the
+/// budget count from no earlier than the roll. A rollout of that content that no status records
+/// begins with these rolls.
+pub fn unrecorded(input: &Input<'_>) -> Option<ConsulBindingStatus> {
+    let staging = input.staging?;
+    let carried = Carried::new(input.previous, input.versions);
+    let now = input.clock;
+    let recorded = |runs: &str| input.previous.rollout.as_ref().filter(|r| r.checksum == runs);
+    let rolls: Vec<(&Workload, &str, Timestamp)> = input
+        .found
+        .iter()
+        .filter_map(|w| {
+            let (live, row) = (input.live.get(w).filter(|l| l.owned)?, carried.row(w)?);
+            let runs = live.checksum();
+            if row.checksum == runs || row.stamp.as_deref() == Some(runs) {
+                return None;
+            }
+            let at = live.at.and_then(|at| at.checked_add(SECOND).ok()).map_or(now, |at| at.min(now));
+            Some((w, runs, recorded(runs).map_or(at, |r| at.max(r.started_time.0))))
+        })
+        .collect();
+    let (_, latest, _) = *rolls.iter().max_by_key(|(_, _, at)| *at)?;
+    let mut status = input.previous.clone();
+    for &(w, runs, at) in &rolls {
+        let uid = carried.row(w).and_then(|r| r.uid.clone());
+        let rows = status.targets.iter_mut().chain(status.former_targets.iter_mut());
+        let Some(row) = rows.filter(|t| (t.kind, t.name.as_str()) == (w.0, w.1.as_str())).find(|t| t.uid == uid) else {
+            continue;
+        };
+        (row.checksum, row.stamp, row.last_rolled_time) = (runs.to_owned(), None, Some(Time(at)));
+        (row.state, row.message) = (Some(TargetState::Rolling), None);
+        if staging.budget.is_some() {
+            row.rolled_times.push(Time(at));
+        }
+    }
+    // Its sources are not what these rows now stand for: no target is taken as rebased on them.
+    if let Some(ready) = status.conditions.iter_mut().find(|c| c.type_ == conditions::READY) {
+        (ready.status, ready.reason) = ("False".into(), reason::PENDING.into());
+    }
+    // A rollout the status records of other content is over: these rolls came after its start.
+    if recorded(latest).is_none() {
+        let started = rolls.iter().filter(|(_, runs, _)| *runs == latest).map(|(_, _, at)| *at).min()?;
+        let waves = u32::try_from(staging.waves.len() + 1).unwrap_or(u32::MAX);
+        status.rollout = Some(RolloutStatus {
+            checksum: latest.to_owned(),
+            wave: 1,
+            waves,
+            phase: RolloutPhase::Rolling,
+            since: Time(started),
+            started_time: Time(started),
+            progress: format!("1/{waves} {}", RolloutPhase::Rolling.as_str()),
+            next_window: None,
+        });
+    }
+    Some(status)
 }
 
 /// The targets' rows of the status to write after `plan` and its `outcome`.

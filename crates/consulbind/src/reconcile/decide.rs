@@ -9,7 +9,7 @@ use kube::runtime::controller::Action;
 use tokio::time::Instant;
 
 use super::{
-    debounce,
+    carried, debounce,
     input::{Consul, Input, Outcome, Plan},
     loss,
     observe::{Observed, Read},
@@ -40,8 +40,9 @@ pub struct Act<'a> {
     restore: Option<Duration>,
     /// This replica's first read found a restore that no status written since shows.
     pub restored: bool,
-    /// The previous status is one owed since its write failed after its stamps landed: it is
-    /// written before anything rolls, so that the stamps are never more than one status ahead.
+    /// The previous status records stamps the one the API server holds does not (one owed since
+    /// its write failed after its stamps landed, or rolls found on the workloads): it is written
+    /// before anything rolls, so that the stamps are never more than one status ahead.
     pub withhold: bool,
     /// The change's quiet period that the plan took as over: a patch that fails leaves it to the
     /// retry, which rolls without a second one.
@@ -57,7 +58,8 @@ impl<'a> Act<'a> {
         }
     }
 
-    /// The status the events are told against: an owed one's were told when its stamps landed.
+    /// The status the events are told against: the rolls it records were told when they landed,
+    /// or cannot be told now.
     fn previous<'s>(&'s self, observed: &'s Observed<'_>) -> &'s ConsulBindingStatus {
         match (&self.upgraded, self.withhold) {
             (Some(upgraded), true) => &upgraded.previous,
@@ -98,6 +100,13 @@ pub fn decide<'a>(observed: &'a Observed<'_>, record: &mut Record, now: Instant)
     let mut input = act.input(observed);
     if let Some(rescoped) = upgrade::rescoped(&input) {
         act.upgraded = Some(rescoped);
+        input = act.input(observed);
+    }
+    // Rolls no status records (not even an owed one), as the workloads show them, are written
+    // before anything rolls.
+    if let Some(previous) = carried::unrecorded(&input) {
+        act.upgraded = Some(Upgraded { previous, live: input.live.clone() });
+        act.withhold = true;
         input = act.input(observed);
     }
     let before = record.pending.clone();
@@ -338,7 +347,7 @@ mod tests {
         let Ok(read) = &observed.read else { unreachable!() };
         let mut act = Act::of(read, Plan::default());
         assert_eq!(act.input(&observed).previous.applied_checksum.as_deref(), Some("old"));
-        let live = BTreeMap::from([(web(), Live { value: "new".into(), owned: true })]);
+        let live = BTreeMap::from([(web(), Live { value: "new".into(), owned: true, at: None })]);
         act.upgraded = Some(Upgraded { previous: applied("new"), live });
         let input = act.input(&observed);
         assert_eq!(input.previous.applied_checksum.as_deref(), Some("new"));

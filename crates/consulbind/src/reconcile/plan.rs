@@ -204,11 +204,11 @@ fn roll_when_settled(
         }
         return plan;
     }
-    // The previous status is owed: it records stamps the one the API server holds does not. It
-    // is written first, and the change rolls at the next reconcile, its quiet period not
-    // started over.
+    // The previous status records stamps the one the API server holds does not (one owed since
+    // its write failed, or rolls found on the workloads): it is written first, and the change
+    // rolls at the next reconcile, its quiet period not started over.
     if input.withhold && !input.dry_run {
-        let message = "recording the rollouts of a status write that failed; rolling out next".into();
+        let message = "recording rollouts that no status shows yet; rolling out next".into();
         plan.hold = Some((reason::PENDING, message));
         if let Some(staging) = staging {
             plan.stage(waves::step(staging, input, &behind, false, &desired, continues), now);
@@ -434,7 +434,7 @@ mod tests {
         let found = web();
         let live: BTreeMap<Workload, Live> = live
             .iter()
-            .map(|(value, owned)| (found[0].clone(), Live { value: value.to_string(), owned: *owned }))
+            .map(|(value, owned)| (found[0].clone(), Live { value: value.to_string(), owned: *owned, at: None }))
             .collect();
         let input = Input { live: &live, ..input(&spec, previous, entries, &found) };
         plan(&input, &mut None, Instant::now())
@@ -534,12 +534,14 @@ mod tests {
                 };
                 let found = if rng.u8(..5) == 0 { vec![] } else { web() };
                 let live: BTreeMap<Workload, Live> = match (found.first(), rng.usize(..4)) {
-                    (Some(w), 0) => {
-                        [(w.clone(), Live { value: lives[rng.usize(..lives.len())].into(), owned: rng.bool() })].into()
-                    }
+                    (Some(w), 0) => [(
+                        w.clone(),
+                        Live { value: lives[rng.usize(..lives.len())].into(), owned: rng.bool(), at: None },
+                    )]
+                    .into(),
                     (Some(w), 1) => {
                         let value = previous.applied_checksum.clone().unwrap_or_default();
-                        [(w.clone(), Live { value, owned: rng.bool() })].into()
+                        [(w.clone(), Live { value, owned: rng.bool(), at: None })].into()
                     }
                     _ => BTreeMap::new(),
                 };
@@ -612,7 +614,7 @@ mod tests {
     async fn a_row_says_what_the_targets_own_stamp_stands_for_while_nothing_rolls_it() {
         let suspended = ConsulBindingSpec { suspend: true, ..spec(false) };
         let (v0, v1) = (checksum_of("v0"), checksum_of("v1"));
-        let live = BTreeMap::from([(web()[0].clone(), Live { value: v0.clone(), owned: true })]);
+        let live = BTreeMap::from([(web()[0].clone(), Live { value: v0.clone(), owned: true, at: None })]);
         let found = web();
         let row = |status: &ConsulBindingStatus| (status.targets[0].checksum.clone(), status.targets[0].stamp.clone());
 
@@ -651,7 +653,7 @@ mod tests {
             let upgrade = |previous: &ConsulBindingStatus, value: &str, live: &str| {
                 let entries = entry(value);
                 let live: BTreeMap<Workload, Live> =
-                    [(found[0].clone(), Live { value: live.into(), owned: true })].into();
+                    [(found[0].clone(), Live { value: live.into(), owned: true, at: None })].into();
                 let input = Input { live: &live, ..input(&spec, previous, &entries, &found) };
                 assert!(older_values(&input));
                 let upgraded = upgrade::upgrade(&input, &[raw(value)]).expect("the same content");
@@ -689,10 +691,11 @@ mod tests {
         let spec = spec(false);
         let (found, entries) = (web(), entry("v2"));
         let live: BTreeMap<Workload, Live> =
-            [(found[0].clone(), Live { value: checksum_of("v1"), owned: true })].into();
+            [(found[0].clone(), Live { value: checksum_of("v1"), owned: true, at: None })].into();
         assert!(!older_values(&Input { live: &live, ..input(&spec, &status, &entries, &found) }));
         // A value someone else set is drift, whatever its format.
-        let live: BTreeMap<Workload, Live> = [(found[0].clone(), Live { value: "abc".into(), owned: false })].into();
+        let live: BTreeMap<Workload, Live> =
+            [(found[0].clone(), Live { value: "abc".into(), owned: false, at: None })].into();
         assert!(!older_values(&Input { live: &live, ..input(&spec, &status, &entries, &found) }));
     }
 
@@ -720,7 +723,7 @@ mod tests {
     async fn a_baseline_over_an_old_stamp_of_its_own_rolls_nothing_later() {
         let spec = spec(false);
         let found = web();
-        let old = BTreeMap::from([(found[0].clone(), Live { value: checksum_of("v1"), owned: true })]);
+        let old = BTreeMap::from([(found[0].clone(), Live { value: checksum_of("v1"), owned: true, at: None })]);
         let fresh = ConsulBindingStatus::default();
         let entries = entry("v2");
         let baseline = Input { live: &old, ..input(&spec, &fresh, &entries, &found) };
@@ -1265,8 +1268,10 @@ mod tests {
             })
             .collect();
         let (entries, found) = (entry(value), web());
-        let live: BTreeMap<Workload, Live> =
-            stamp.map(|s| (found[0].clone(), Live { value: s.to_owned(), owned: true })).into_iter().collect();
+        let live: BTreeMap<Workload, Live> = stamp
+            .map(|s| (found[0].clone(), Live { value: s.to_owned(), owned: true, at: None }))
+            .into_iter()
+            .collect();
         let uses = sources
             .iter()
             .map(|s| {
@@ -1423,7 +1428,7 @@ mod tests {
         let mut older = baseline.clone();
         older.targets.iter_mut().for_each(|t| t.checksum = applied.clone());
         let live: BTreeMap<Workload, Live> =
-            t.found.iter().map(|w| (w.clone(), Live { value: applied.clone(), owned: true })).collect();
+            t.found.iter().map(|w| (w.clone(), Live { value: applied.clone(), owned: true, at: None })).collect();
         let (plan, upgraded) = at(&older, &t.one, &live);
         assert!(plan.roll.is_empty(), "an upgrade rolled {:?}", plan.roll);
         assert_eq!(
@@ -1463,7 +1468,8 @@ mod tests {
         let (_, older) = at(&KEY, &fresh, &t.one, &NO_LIVE);
         let stamps = |status: &ConsulBindingStatus| -> BTreeMap<Workload, Live> {
             let rows = status.targets.iter();
-            rows.map(|t| ((t.kind, t.name.clone()), Live { value: t.checksum.clone(), owned: true })).collect()
+            rows.map(|t| ((t.kind, t.name.clone()), Live { value: t.checksum.clone(), owned: true, at: None }))
+                .collect()
         };
         let live = stamps(&older);
         assert!(checksum::is_v2(older.applied_checksum.as_deref().unwrap()));
@@ -1736,7 +1742,7 @@ mod tests {
         let first = |live: &[(&str, bool)]| {
             let live: BTreeMap<Workload, Live> = live
                 .iter()
-                .map(|(value, owned)| (found[0].clone(), Live { value: value.to_string(), owned: *owned }))
+                .map(|(value, owned)| (found[0].clone(), Live { value: value.to_string(), owned: *owned, at: None }))
                 .collect();
             let (entries, previous) = (entry("v1"), ConsulBindingStatus::default());
             let input = Input { live: &live, ..input(&spec, &previous, &entries, &found) };
@@ -1980,7 +1986,7 @@ mod tests {
         let applied = ConsulBindingStatus { applied_checksum: Some(older.clone()), ..current.clone() };
         let mut row = current.clone();
         row.targets[0].checksum = older.clone();
-        let live: BTreeMap<Workload, Live> = [(found[0].clone(), Live { value: older, owned: true })].into();
+        let live: BTreeMap<Workload, Live> = [(found[0].clone(), Live { value: older, owned: true, at: None })].into();
         assert!(older_values(&input(&spec, &applied, &entries, &found)), "the applied checksum");
         assert!(older_values(&input(&spec, &row, &entries, &found)), "a target's row");
         assert!(older_values(&Input { live: &live, ..input(&spec, &current, &entries, &found) }), "a stamp");
@@ -1996,8 +2002,9 @@ mod tests {
         let fresh = ConsulBindingStatus::default();
         let (_, current) = plan_and_status(&t.input(&scoped, &fresh, &t.one, &NO_LIVE));
         let rows = current.targets.iter();
-        let stamps: BTreeMap<Workload, Live> =
-            rows.map(|r| ((r.kind, r.name.clone()), Live { value: r.checksum.clone(), owned: true })).collect();
+        let stamps: BTreeMap<Workload, Live> = rows
+            .map(|r| ((r.kind, r.name.clone()), Live { value: r.checksum.clone(), owned: true, at: None }))
+            .collect();
         let rescoped = |previous, live| super::super::upgrade::rescoped(&t.input(&scoped, previous, &t.one, live));
         assert!(rescoped(&current, &stamps).is_none());
         let (_, older) = plan_and_status(&t.input(&KEY, &fresh, &t.one, &NO_LIVE));

@@ -304,7 +304,7 @@ pub fn trust_stamps(
         let Some(cached) = versions.get(workload) else { return false };
         let behind = cached.uid == stamped.uid && cached.generation < stamped.generation;
         if behind {
-            live.insert(workload.clone(), Live { value: value.clone(), owned: true });
+            live.insert(workload.clone(), Live { value: value.clone(), owned: true, at: None });
         }
         behind
     });
@@ -358,7 +358,7 @@ mod tests {
         // The cache lags behind the stamp: the stamp is what the workload carries.
         let (mut stamps, mut lagging) = (stamped(), resolved(Some(version("a", 2))));
         trust(&mut stamps, &mut lagging);
-        assert_eq!(lagging.live[&web], Live { value: "sum".into(), owned: true });
+        assert_eq!(lagging.live[&web], Live { value: "sum".into(), owned: true, at: None });
         assert_eq!(stamps.len(), 1, "kept until the cache catches up");
 
         // Caught up: the cache speaks for itself, and the stamp is forgotten.

@@ -200,7 +200,7 @@ impl Sim {
                 let content = self.content(name);
                 let work = self.works.get_mut(name).expect("a simulated workload");
                 let values = work.stamps[self.rng.usize(..work.stamps.len() - 1)].clone();
-                work.live = values.map(|v| Some(Live { value: v?, owned: false }));
+                work.live = values.map(|v| Some(Live { value: v?, owned: false, at: None }));
                 work.generation += 1;
                 work.runs = content;
                 work.undone = true;

@@ -260,7 +260,7 @@ impl Sim {
         let recorded = !self.cut_short();
         let work = self.works.get_mut(name).expect("a simulated workload");
         for (binding, value) in stamps {
-            work.live[binding] = Some(Live { value, owned: true });
+            work.live[binding] = Some(Live { value, owned: true, at: None });
         }
         work.generation += 1;
         work.stamps.push(work.live.clone().map(|l| l.map(|l| l.value)));

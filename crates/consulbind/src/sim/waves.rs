@@ -3,8 +3,10 @@
 //! and a simulator that drives it with random waves, `maxParallel`, pauses, health timeouts and
 //! budgets and rollout windows, against schedules of content changes (reverts among them), targets that become
 //! healthy, fail or hang after a roll, sour after they were healthy, and are fixed later,
-//! patches that fail, and restarts that keep only the status. Time is Tokio's paused clock and
-//! the status's wall clock, moved together.
+//! patches that fail, patches that land though their answer is lost, status writes that fail
+//! after the stamps landed, and restarts that keep only the status (so that rolls no status
+//! recorded are known from the workloads alone, to the second their stamps were set). Time is
+//! Tokio's paused clock and the status's wall clock, moved together.
 //!
 //! After every reconcile, against a model that knows what happened:
 //! - a target is rolled only to content it does not carry: never twice for one change;
@@ -14,7 +16,9 @@
 //! - a target rolls outside the rollout windows, as the model reads them by arithmetic on the
 //!   clock, only while another of its wave carries that content already: a wave under way
 //!   finishes, and no other starts;
-//! - no target is rolled more often than its budget allows, and a patch that failed costs none;
+//! - no target is rolled more often than its budget allows, and a patch that failed costs none
+//!   (one that landed, answered or not, counts; one no status recorded counts to the end of
+//!   its second);
 //! - once the content is stable and every target can become healthy, every target carries the
 //!   current content and the binding is up to date.
 //!
@@ -80,6 +84,9 @@ struct Sim {
     fates: BTreeMap<Workload, Fate>,
     /// Each target's rolls: when, and to what.
     history: BTreeMap<Workload, Vec<Timestamp>>,
+    /// Rolls made while no status could record them, or their answer was lost: the controller
+    /// may know them only from the workload, to the second.
+    unrecorded: BTreeSet<(Workload, Timestamp)>,
     /// When each target last became healthy after a roll.
     healthy_at: BTreeMap<Workload, Timestamp>,
     /// When the content last changed to what it is.
@@ -164,6 +171,7 @@ impl Sim {
             staging,
             fates: BTreeMap::new(),
             history: BTreeMap::new(),
+            unrecorded: BTreeSet::new(),
             healthy_at: BTreeMap::new(),
             changed_at,
             windows,
@@ -263,6 +271,9 @@ impl Sim {
                 self.fail(format_args!("{name} started wave {wave} outside the rollout windows"));
             }
             self.history.entry(w.clone()).or_default().push(now);
+            if self.world.status_fails || self.world.unanswered.contains(&w) {
+                self.unrecorded.insert((w.clone(), now));
+            }
             self.healthy_at.remove(&w);
             let fate = match self.rng.usize(..10) {
                 0..=5 => Fate::HealthyAt(at(&self.world, self.rng.u64(1..30))),
@@ -283,14 +294,19 @@ impl Sim {
             }
         }
         // A target waits for the budget only once it was rolled as often as the budget allows:
-        // a patch that failed was no rollout.
-        if let Some(budget) = self.staging.budget {
+        // a patch that failed was no rollout. (A status that could not be written is older.)
+        if let Some(budget) = self.staging.budget.filter(|_| !self.world.status_fails) {
             let per = k8s_openapi::jiff::SignedDuration::try_from(budget.per).unwrap();
             for t in self.world.status.targets.iter().filter(|t| t.state == Some(TargetState::Waiting)) {
-                let rolls = self
-                    .history
-                    .get(&deploy(&t.name))
-                    .map_or(0, |h| h.iter().filter(|at| now.duration_since(**at) < per).count());
+                let w = deploy(&t.name);
+                let within = |at: &&Timestamp| {
+                    let known = match self.unrecorded.contains(&(w.clone(), **at)) {
+                        true => per + k8s_openapi::jiff::SignedDuration::from_secs(1),
+                        false => per,
+                    };
+                    now.duration_since(**at) < known
+                };
+                let rolls = self.history.get(&w).map_or(0, |h| h.iter().filter(within).count());
                 if rolls < budget.max as usize {
                     self.fail(format_args!("{} waits for the budget after {rolls} rollouts within {per}", t.name));
                 }
@@ -316,7 +332,7 @@ impl Sim {
 
     async fn run(&mut self) {
         for _ in 0..STEPS {
-            match self.rng.usize(..13) {
+            match self.rng.usize(..15) {
                 0..=2 => {
                     let value = VALUES[self.rng.usize(..VALUES.len())];
                     if value != self.world.value {
@@ -365,6 +381,21 @@ impl Sim {
                     }
                     self.note(format_args!("patches of {} {}", w.1, if refused { "fail" } else { "work again" }));
                 }
+                // The binding's status cannot be written for a while; the stamps still land.
+                11 => {
+                    self.world.status_fails = !self.world.status_fails;
+                    let now = if self.world.status_fails { "fail" } else { "work again" };
+                    self.note(format_args!("status writes {now}"));
+                }
+                // A target's patches land, but their answers are lost (timeouts), or come again.
+                12 => {
+                    let w = self.world.found[self.rng.usize(..self.world.found.len())].clone();
+                    let lost = !self.world.unanswered.remove(&w);
+                    if lost {
+                        self.world.unanswered.insert(w.clone());
+                    }
+                    self.note(format_args!("answers to patches of {} {}", w.1, if lost { "lost" } else { "come" }));
+                }
                 _ => {}
             }
             self.reconcile().await;
@@ -372,6 +403,8 @@ impl Sim {
         // Settle: no more changes, every target can be patched and become healthy.
         self.note("settling");
         self.world.refusing.clear();
+        self.world.unanswered.clear();
+        self.world.status_fails = false;
         for w in self.world.health.keys().cloned().collect::<Vec<_>>() {
             self.fates.insert(w, Fate::HealthyAt(at(&self.world, 5)));
         }

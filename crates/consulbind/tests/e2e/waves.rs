@@ -570,6 +570,45 @@ async fn a_problem_whose_status_write_is_refused_for_a_while_is_told_once() {
     s.finish().await;
 }
 
+/// The canary rolled, and the controller stopped before any status could record it (its
+/// status writes refused): the controller that starts next finds the roll on the canary itself,
+/// when its stamp was set, and keeps the canary's pause.
+#[tokio::test]
+async fn a_canary_roll_no_status_recorded_before_a_restart_keeps_its_pause() {
+    let Some(mut s) = Scene::without_controller("waves-unrecorded").await else { return };
+    let twin = crate::rbac::Twin::new(&s, "consulbind-unrecorded-probe").await;
+    let mut without = twin.cluster_rules.clone();
+    without.retain(|rule| !rule.resources.iter().flatten().any(|r| r == "consulbindings/status"));
+    twin.start_controller(&mut s, &[]).await;
+    let key = s.key("config");
+    s.put(&key, "v1").await;
+    s.deployments(&[("canary", 0, "canary"), ("web", 0, "stable")]).await;
+    s.binding("app", staged(&key, canary_first("1h"))).await;
+    s.wait_condition("app", conditions::READY, "True", reason::BASELINED).await;
+
+    twin.set_rules(&without, &twin.own_rules).await;
+    let before = k8s_openapi::jiff::Timestamp::now();
+    s.put(&key, "v2").await;
+    let rolled = || async { Ok(s.generation("canary").await == 2) };
+    wait("the canary to roll to v2", rolled).await.unwrap();
+    let refused = || async { Ok(s.log().contains("writing status")) };
+    wait("the status write to be refused", refused).await.unwrap();
+    s.stop_controller().await;
+    let after = k8s_openapi::jiff::Timestamp::now();
+
+    twin.set_rules(&twin.cluster_rules, &twin.own_rules).await;
+    twin.start_controller(&mut s, &[]).await;
+    let paused = s.wait_condition("app", conditions::READY, "False", reason::WAVE_PAUSED).await;
+    let canary = paused.status.unwrap().targets.into_iter().find(|t| t.name == "canary").expect("the canary's row");
+    let at = canary.last_rolled_time.expect("the canary's roll").0;
+    // The managed fields keep the second of the stamp; the end of that second is taken.
+    let latest = after + std::time::Duration::from_secs(1);
+    assert!(before < at && at <= latest, "rolled at {at}, after {before} and by {latest}");
+    tokio::time::sleep(support::SETTLE).await;
+    assert_eq!(s.generations(&["canary", "web"]).await, [2, 1], "the rest waits out the canary's pause");
+    s.finish().await;
+}
+
 /// An `OnDelete` StatefulSet and an `OnDelete` DaemonSet in the first wave are healthy once their
 /// controllers observe the change, as `kubectl rollout status` has it: their pods change only when
 /// deleted. The DaemonSet has a node to run on (a Node object no other workload tolerates) and a

@@ -10,7 +10,7 @@ use k8s_openapi::{
         apps::v1::{DaemonSet, Deployment, StatefulSet},
         core::v1::PodSpec,
     },
-    apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectMeta},
+    apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectMeta, Time},
 };
 use kube::Resource;
 
@@ -111,7 +111,8 @@ macro_rules! cronjob_template {
 cronjob_template!(CronJob, CronJobV1Beta1);
 
 /// Marks, in a cached workload's annotations, that the binding's own field manager set the
-/// annotation after it; anything else (a rollout undo, a hand edit) set the live value.
+/// annotation after it; anything else (a rollout undo, a hand edit) set the live value. The
+/// mark's value is when, in seconds since the epoch as the managed fields keep it (or empty).
 pub(super) const OWNED: &str = "owned.";
 
 /// What the caches keep of a workload: name, namespace, uid, generation and labels, and as annotations this
@@ -128,8 +129,8 @@ pub(super) fn live_meta<K: Resource<DynamicType = ()> + Template>(obj: K) -> Kep
         .collect();
     let mut annotations = BTreeMap::new();
     for (key, value) in ours {
-        if owned_by_its_binding(meta, K::KIND, &key) {
-            annotations.insert(format!("{OWNED}{key}"), String::new());
+        if let Some(at) = stamped_by_its_binding(meta, K::KIND, &key) {
+            annotations.insert(format!("{OWNED}{key}"), at.map(|t| t.0.as_second().to_string()).unwrap_or_default());
         }
         annotations.insert(key, value);
     }
@@ -146,18 +147,18 @@ pub(super) fn live_meta<K: Resource<DynamicType = ()> + Template>(obj: K) -> Kep
 }
 
 /// Whether this controller set `annotation` for its binding, from the object's managed fields:
-/// the binding's own field manager, or the joint write of several bindings' stamps.
-fn owned_by_its_binding(meta: &ObjectMeta, kind: WorkloadKind, annotation: &str) -> bool {
-    let Some(part) = annotation.strip_prefix(names::ANNOTATION_PREFIX).and_then(|p| p.strip_prefix('/')) else {
-        return false;
-    };
+/// the binding's own field manager, or the joint write of several bindings' stamps; and if so,
+/// when that manager last changed the object, if the entry says.
+fn stamped_by_its_binding(meta: &ObjectMeta, kind: WorkloadKind, annotation: &str) -> Option<Option<Time>> {
+    let part = annotation.strip_prefix(names::ANNOTATION_PREFIX).and_then(|p| p.strip_prefix('/'))?;
     let manager = format!("consulbind-{part}");
     let field = format!("f:{annotation}");
-    meta.managed_fields.iter().flatten().filter(|m| stamps_for(m, &manager)).any(|m| {
+    let entry = meta.managed_fields.iter().flatten().filter(|m| stamps_for(m, &manager)).find(|m| {
         let Some(fields) = m.fields_v1.as_ref().map(|f| &f.0) else { return false };
         let template = kind.template_path().iter().fold(fields, |at, part| &at[format!("f:{part}").as_str()]);
         !template["f:metadata"]["f:annotations"][&field].is_null()
-    })
+    })?;
+    Some(entry.time.clone())
 }
 
 fn stamps_for(entry: &ManagedFieldsEntry, manager: &str) -> bool {
@@ -204,7 +205,8 @@ mod tests {
         };
         let owned = |entries: Vec<serde_json::Value>, binding: &str| {
             let meta: ObjectMeta = serde_json::from_value(json!({"managedFields": entries})).unwrap();
-            owned_by_its_binding(&meta, WorkloadKind::Deployment, &format!("checksum.consulbind.dev/{binding}"))
+            stamped_by_its_binding(&meta, WorkloadKind::Deployment, &format!("checksum.consulbind.dev/{binding}"))
+                .is_some()
         };
         assert!(owned(vec![entry("consulbind-a", "Apply", &["a"])], "a"));
         assert!(!owned(vec![entry("consulbind-b", "Apply", &["a", "b"])], "a"), "another binding's manager");
@@ -212,13 +214,19 @@ mod tests {
         assert!(!owned(vec![entry("consulbind", "Apply", &["a"])], "a"), "a joint write is an update");
         assert!(!owned(vec![entry("kube-controller-manager", "Update", &["a"])], "a"), "a rollback");
         assert!(!owned(vec![entry("consulbind", "Update", &["b"])], "a"));
+        // When it was set: its manager's entry's time.
+        let mut timed = entry("consulbind-a", "Apply", &["a"]);
+        timed["time"] = json!("2026-11-29T10:00:00Z");
+        let meta: ObjectMeta = serde_json::from_value(json!({"managedFields": [timed]})).unwrap();
+        let at = stamped_by_its_binding(&meta, WorkloadKind::Deployment, "checksum.consulbind.dev/a");
+        assert_eq!(at.flatten().map(|t| t.0.to_string()), Some("2026-11-29T10:00:00Z".to_owned()));
         // A CronJob's is on its job template.
         let meta: ObjectMeta = serde_json::from_value(json!({"managedFields": [{
             "manager": "consulbind-a", "operation": "Apply", "fieldsType": "FieldsV1",
             "fieldsV1": {"f:spec": {"f:jobTemplate": {"f:spec": {"f:template": {"f:metadata": {"f:annotations": {
                 "f:checksum.consulbind.dev/a": {}}}}}}}}}]}))
         .unwrap();
-        assert!(owned_by_its_binding(&meta, WorkloadKind::CronJob, "checksum.consulbind.dev/a"));
-        assert!(!owned_by_its_binding(&meta, WorkloadKind::Deployment, "checksum.consulbind.dev/a"));
+        assert!(stamped_by_its_binding(&meta, WorkloadKind::CronJob, "checksum.consulbind.dev/a").is_some());
+        assert!(stamped_by_its_binding(&meta, WorkloadKind::Deployment, "checksum.consulbind.dev/a").is_none());
     }
 }

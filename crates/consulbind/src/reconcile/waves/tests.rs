@@ -845,3 +845,76 @@ async fn a_patch_that_fails_after_the_quiet_period_rolls_at_the_retry_without_a_
     assert_eq!(world.tick(), ["web"], "the retry waited for a second quiet period");
     assert_eq!(world.ready().reason, reason::UP_TO_DATE);
 }
+
+/// The canary rolled, and its status write failed until the replica stopped: the next one finds
+/// the roll on the canary itself, records it at the second its stamp was set, and keeps the
+/// canary's health gate and pause.
+#[test]
+fn a_canary_roll_no_status_recorded_before_a_restart_keeps_its_gate_and_pause() {
+    let mut world = World::staged(&["canary", "web"], canary_then_rest(Some("1h"), None));
+    world.status_fails = true;
+    world.advance(Duration::from_millis(700));
+    world.write("v2");
+    assert_eq!(world.tick(), ["canary"]);
+    world.restart();
+    world.status_fails = false;
+    world.advance(Duration::from_secs(10));
+    assert_eq!(world.tick(), Vec::<String>::new(), "recorded first");
+    assert_eq!(world.ready().reason, reason::PENDING);
+    assert_eq!(world.state("canary"), Some(TargetState::Rolling));
+    let canary = world.status.targets.iter().find(|t| t.name == "canary").unwrap().clone();
+    let rolled = canary.last_rolled_time.expect("the canary's roll").0;
+    let second = |t: Timestamp| t.as_second();
+    assert_eq!(second(rolled), second(world.clock) - 10 + 1, "the end of the second of its stamp");
+    assert_eq!(world.tick(), Vec::<String>::new(), "web waits for the canary's health");
+    world.healthy("canary");
+    assert_eq!(world.tick(), Vec::<String>::new());
+    assert_eq!(world.phase(), Some((1, RolloutPhase::Paused)));
+    world.advance(Duration::from_secs(3599));
+    assert_eq!(world.tick(), Vec::<String>::new());
+    world.advance(Duration::from_secs(1));
+    assert_eq!(world.tick(), ["web"]);
+    assert_eq!([world.rolls("canary"), world.rolls("web")], [1, 1]);
+}
+
+/// A patch that landed though its answer was lost counts as the roll it was: the budget is
+/// spent, and the next change waits for it.
+#[test]
+fn a_patch_that_landed_though_its_answer_was_lost_spends_the_budget() {
+    let budget = RolloutBudget { max_rollouts: 1, per: "1h".into() };
+    let mut world = World::new(&["web"], Vec::new(), Some(budget));
+    world.unanswered.insert(deploy("web"));
+    world.write("v2");
+    assert_eq!(world.tick(), ["web"]);
+    assert_eq!(world.ready().reason, reason::PATCH_FAILED);
+    world.unanswered.clear();
+    world.advance(Duration::from_secs(15));
+    assert_eq!(world.tick(), Vec::<String>::new(), "web carries v2");
+    world.tick();
+    assert_eq!(world.ready().reason, reason::UP_TO_DATE);
+    assert_eq!(world.status.targets[0].rolled_times.len(), 1, "{:?}", world.status.targets[0]);
+    world.write("v3");
+    assert_eq!(world.tick(), Vec::<String>::new());
+    assert_eq!(world.ready().reason, reason::ROLLOUT_BUDGET_EXHAUSTED);
+    assert_eq!(world.rolls("web"), 1);
+}
+
+/// A canary whose patch landed though its answer was lost is judged and paused for like one
+/// whose answer came.
+#[test]
+fn a_canary_whose_patch_answer_was_lost_still_gates_the_next_wave() {
+    let mut world = World::staged(&["canary", "web"], canary_then_rest(Some("1m"), None));
+    world.unanswered.insert(deploy("canary"));
+    world.write("v2");
+    assert_eq!(world.tick(), ["canary"]);
+    world.unanswered.clear();
+    world.advance(Duration::from_secs(15));
+    assert_eq!(world.tick(), Vec::<String>::new(), "recorded first");
+    assert_eq!(world.tick(), Vec::<String>::new(), "web waits for the canary's health");
+    assert_eq!(world.state("canary"), Some(TargetState::Rolling));
+    world.healthy("canary");
+    assert_eq!(world.tick(), Vec::<String>::new());
+    assert_eq!(world.phase(), Some((1, RolloutPhase::Paused)));
+    world.advance(Duration::from_secs(60));
+    assert_eq!(world.tick(), ["web"]);
+}

@@ -2,6 +2,7 @@
 //! controller's own decide and apply: the waves simulator's and the state machine's unit tests'.
 
 use super::*;
+use k8s_openapi::jiff::{RoundMode, TimestampRound, Unit};
 
 /// Deployments `names`, the canary labelled `track=canary`, all healthy and carrying nothing,
 /// under one binding that stages its rollouts. Each [`World::tick`] is one reconcile, the
@@ -24,6 +25,9 @@ pub struct World {
     pub rolls: BTreeMap<String, u32>,
     /// Patches of these workloads fail (a rule missing, a webhook refusing).
     pub refusing: BTreeSet<Workload>,
+    /// Patches of these workloads land, but their answer is lost (a timeout, a reset
+    /// connection): the controller sees them fail.
+    pub unanswered: BTreeSet<Workload>,
     /// Writes of the binding's status fail (the API server overloaded, a rule missing), after
     /// the stamps landed.
     pub status_fails: bool,
@@ -101,6 +105,7 @@ impl World {
             record: Record::default(),
             rolls: BTreeMap::new(),
             refusing: BTreeSet::new(),
+            unanswered: BTreeSet::new(),
             status_fails: false,
             content: BTreeMap::new(),
             desired: None,
@@ -239,12 +244,17 @@ impl Port for Writes<'_> {
                 outcome.failed.push((w.clone(), "deployments.apps is forbidden".into()));
                 continue;
             }
-            world.live.insert(w.clone(), Live { value: plan.values[w].clone(), owned: true });
+            // The managed fields keep the second of the write.
+            let at = world.clock.round(TimestampRound::new().smallest(Unit::Second).mode(RoundMode::Trunc)).ok();
+            world.live.insert(w.clone(), Live { value: plan.values[w].clone(), owned: true, at });
             world.versions.get_mut(w).expect("a found workload").generation += 1;
             *world.rolls.entry(w.1.clone()).or_default() += 1;
             world.health.insert(w.clone(), Health::Progressing("0 of 1 replicas updated".into()));
-            outcome.rolled.push(w.clone());
             self.rolled.push(w.1.clone());
+            match world.unanswered.contains(w) {
+                true => outcome.failed.push((w.clone(), "etcdserver: request timed out".into())),
+                false => outcome.rolled.push(w.clone()),
+            }
         }
         outcome
     }
