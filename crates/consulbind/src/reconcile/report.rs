@@ -285,7 +285,7 @@ fn event(
 }
 
 /// `text` in at most `limit` bytes, cut at a character with an ellipsis.
-fn clip(mut text: String, limit: usize) -> String {
+pub fn clip(mut text: String, limit: usize) -> String {
     const MORE: &str = "…";
     if text.len() > limit {
         let mut end = limit - MORE.len();

@@ -183,6 +183,10 @@ pub fn kstatus(previous: &[Condition], conditions: &mut Vec<Condition>, generati
     }
 }
 
+/// The longest message a condition keeps, as Kubernetes' own conditions: one that names what a
+/// spec holds (every target missing, say) could otherwise make the status too large to write.
+const MESSAGE_LIMIT: usize = 32 * 1024;
+
 /// A condition, keeping the previous transition time when its status did not change.
 pub fn condition(
     previous: &[Condition],
@@ -206,7 +210,7 @@ pub fn condition(
         type_: type_.to_owned(),
         status: status.to_owned(),
         reason: reason.to_owned(),
-        message,
+        message: super::report::clip(message, MESSAGE_LIMIT),
         observed_generation: generation,
         last_transition_time,
     }
@@ -240,6 +244,15 @@ mod tests {
             "the API server takes no empty message"
         );
         (reconciling.status, stalled.status, stalled.message)
+    }
+
+    /// A message that names what the spec holds stays within Kubernetes' limit for a condition.
+    #[test]
+    fn a_condition_message_is_cut_to_the_limit() {
+        let now = Time(Timestamp::UNIX_EPOCH);
+        let long = format!("Deployment {:?} not found", "w".repeat(700 << 10));
+        let c = condition(&[], conditions::READY, Some(false), "TargetMissing", long, Some(1), &now);
+        assert!(c.message.len() <= MESSAGE_LIMIT && c.message.starts_with("Deployment \"www"), "{}", c.message.len());
     }
 
     #[test]

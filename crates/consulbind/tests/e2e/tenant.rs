@@ -337,6 +337,21 @@ async fn a_plain_checksum_put_on_a_workload_confirms_no_guess() {
     s.finish().await;
 }
 
+/// A target's name is not bounded by the schema, and no workload has one of 600 KiB: the binding
+/// says `TargetMissing`, its message cut, where naming it whole in the status beside the spec
+/// would be over what the API server stores, and no status would show anything.
+#[tokio::test]
+async fn a_target_named_past_any_workloads_length_is_shown_missing() {
+    let Some(s) = Scene::new("longname").await else { return };
+    let key = s.key("config");
+    s.put(&key, "v1").await;
+    let name = "w".repeat(600 << 10);
+    s.binding("cfg", spec(json!([{"key": key}]), json!([{"kind": DEPLOY, "name": name}]), "0s")).await;
+    let message = s.wait_message("cfg", conditions::READY, "False", reason::TARGET_MISSING).await;
+    assert!(message.len() <= 32 << 10 && message.ends_with('…'), "{}", message.len());
+    s.finish().await;
+}
+
 /// What the 64 MiB target leaves above an idle release build's 18 MiB.
 const BIG_BINDING_KIB: u64 = 46 << 10;
 
