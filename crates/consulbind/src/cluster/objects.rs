@@ -67,6 +67,9 @@ pub struct Objects {
     versions: [Arc<RwLock<Relist<ObjectId>>>; 2],
     /// Digests of the objects that bindings read, by the version they were read at.
     digests: Arc<Mutex<HashMap<ObjectId, Arc<Digested>>>>,
+    /// Objects with more data keys than `max_keys`, by the version read and how many: each
+    /// binding that names one looks again every few seconds, and only a new version is read.
+    refused: Arc<Mutex<HashMap<ObjectId, (String, usize)>>>,
     listed: [watch::Receiver<Listed>; 2],
     /// The most data keys of a bound object: each costs a digest in the cache.
     max_keys: usize,
@@ -109,7 +112,8 @@ impl Objects {
         );
         let listed = [config_maps_listed, secrets_listed];
         let fingerprints = std::hash::RandomState::new();
-        let objects = Self { client: client.clone(), key, versions, digests, listed, max_keys, fingerprints };
+        let refused = Arc::default();
+        let objects = Self { client: client.clone(), key, versions, digests, refused, listed, max_keys, fingerprints };
         (objects, stream::select(config_maps, secrets))
     }
 
@@ -120,6 +124,9 @@ impl Objects {
         }
         let mut digests = self.digests.locked();
         objects.iter().for_each(|o| drop(digests.remove(o)));
+        drop(digests);
+        let mut refused = self.refused.locked();
+        objects.iter().for_each(|o| drop(refused.remove(o)));
     }
 
     /// How many objects' digests are kept.
@@ -143,8 +150,19 @@ impl Objects {
         }
         let known = known.as_deref();
         let (kind, namespace, name) = id;
+        let too_large = |keys: usize| {
+            Unknown::TooLarge(format!(
+                "{kind} {name:?} has {keys} data keys, more than the {} (--max-object-keys) a bound object may \
+                 have; bind fewer keys with larger values, or ask for a higher limit",
+                self.max_keys
+            ))
+        };
+        if let Some((_, keys)) = self.refused.locked().get(id).filter(|(at, _)| *at == version) {
+            return Err(too_large(*keys));
+        }
         // A list by name, which the API server serves as a read of that one object: the
         // controller needs no `get` beyond the `list` its watch has.
+        tracing::debug!(%kind, %namespace, %name, "reading a bound object's data");
         let by_name = ListParams::default().fields(&format!("metadata.name={name}"));
         let fetched = match kind {
             ObjectKind::ConfigMap => first::<ConfigMap>(&self.client, namespace, &by_name)
@@ -155,15 +173,11 @@ impl Objects {
                 .map(|o| o.map(|o| self.digest_secret(o, known))),
         };
         let digested = match fetched {
-            Ok(Some(digested)) if digested.entries.len() > self.max_keys => {
-                return Err(Unknown::TooLarge(format!(
-                    "{kind} {name:?} has {} data keys, more than the {} (--max-object-keys) a bound object may \
-                     have; bind fewer keys with larger values, or ask for a higher limit",
-                    digested.entries.len(),
-                    self.max_keys
-                )));
+            Ok(Some(Err((version, keys)))) => {
+                self.refused.locked().insert(id.clone(), (version, keys));
+                return Err(too_large(keys));
             }
-            Ok(Some(digested)) => Arc::new(digested),
+            Ok(Some(Ok(digested))) => Arc::new(digested),
             // Deleted since the watch saw it: its deletion wakes the binding again.
             Ok(None) => return Ok(None),
             Err(kube::Error::Api(status)) => {
@@ -171,6 +185,7 @@ impl Objects {
             }
             Err(error) => return Err(Unknown::Failed(format!("could not read {kind} {name}: {error}"))),
         };
+        self.refused.locked().remove(id);
         let mut digests = self.digests.locked();
         // A slower read must not replace a newer one.
         if digests.get(id).is_none_or(|known| newer(&digested.version, &known.version)) {
@@ -179,21 +194,31 @@ impl Objects {
         Ok(Some(digested))
     }
 
-    fn digest_config_map(&self, object: ConfigMap, known: Option<&Digested>) -> Digested {
+    fn digest_config_map(&self, object: ConfigMap, known: Option<&Digested>) -> Result<Digested, (String, usize)> {
         let version = object.resource_version().unwrap_or_default();
         let data = object.data.iter().flatten().map(|(k, v)| (k, Field::Data, v.as_bytes()));
         let binary = object.binary_data.iter().flatten().map(|(k, v)| (k, Field::BinaryData, &v.0[..]));
         self.digest(version, data.chain(binary).collect(), known)
     }
 
-    fn digest_secret(&self, object: Secret, known: Option<&Digested>) -> Digested {
+    fn digest_secret(&self, object: Secret, known: Option<&Digested>) -> Result<Digested, (String, usize)> {
         let version = object.resource_version().unwrap_or_default();
         let data = object.data.iter().flatten().map(|(k, v)| (k, Field::Data, &v.0[..]));
         self.digest(version, data.collect(), known)
     }
 
-    fn digest(&self, version: String, data: Vec<(&String, Field, &[u8])>, known: Option<&Digested>) -> Digested {
-        digest(&self.key, &self.fingerprints, version, data, known)
+    /// The digests of `data`, or its version and size when it has more keys than a bound object
+    /// may: those are counted before any value is digested.
+    fn digest(
+        &self,
+        version: String,
+        data: Vec<(&String, Field, &[u8])>,
+        known: Option<&Digested>,
+    ) -> Result<Digested, (String, usize)> {
+        match data.len() > self.max_keys {
+            true => Err((version, data.len())),
+            false => Ok(digest(&self.key, &self.fingerprints, version, data, known)),
+        }
     }
 }
 

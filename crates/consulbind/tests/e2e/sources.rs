@@ -531,8 +531,8 @@ async fn a_workload_deleted_and_made_again_while_the_content_changed_rolls_nothi
 }
 
 /// A ConfigMap with more data keys than `--max-object-keys` is refused with a reason naming it,
-/// rolls nothing, and takes nothing from the binding beside it; back within the limit it is
-/// read, and its next change rolls.
+/// rolls nothing, is not read again until it changes, and takes nothing from the binding beside
+/// it; back within the limit it is read, and its next change rolls.
 #[tokio::test]
 async fn a_config_map_over_the_key_limit_is_refused_and_rolls_nothing() {
     let Some(s) = Scene::with_args("object-keys", &["--max-object-keys=100"]).await else { return };
@@ -549,6 +549,14 @@ async fn a_config_map_over_the_key_limit_is_refused_and_rolls_nothing() {
     s.wait_condition("few", conditions::READY, "True", reason::BASELINED).await;
     let events = s.events_for("many").await;
     assert!(events.iter().any(|(r, _)| r == reason::BINDING_TOO_LARGE), "{events:?}");
+    // Looked at again every 15 s, and read again only once it changes.
+    let reads = || {
+        s.log().matches(&format!("reading a bound object's data kind=ConfigMap namespace={} name=many", s.ns)).count()
+    };
+    let refused = reads();
+    assert!(refused >= 1, "the refused read is logged");
+    tokio::time::sleep(std::time::Duration::from_secs(17)).await;
+    assert_eq!(reads(), refused, "the same version read again");
 
     let mut changed = many.clone();
     changed.insert("k000".into(), json!("2"));
