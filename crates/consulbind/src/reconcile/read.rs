@@ -7,7 +7,6 @@ use consul_kv::{KvQuery, Token};
 use consulbind_api::{
     ConsulBinding, ConsulBindingSpec, KeySource, MAX_DELAY, MAX_QUIET_PERIOD, ObjectKind, ObjectSource, parse_duration,
 };
-use kube::ResourceExt as _;
 
 use super::{
     context::Context,
@@ -320,20 +319,21 @@ pub fn beyond_namespace_share(
     if bindings.len() <= limit {
         return None;
     }
-    let namespace = binding.namespace();
-    let key = |b: &ConsulBinding| (b.metadata.creation_timestamp.clone(), b.name_any());
-    let mut ranks: Vec<_> = bindings.iter().filter(|b| b.namespace() == namespace).map(|b| key(b)).collect();
-    if ranks.len() <= limit {
-        return None;
+    // Counted, not sorted: every binding past the limit asks again every few seconds.
+    fn key(b: &ConsulBinding) -> (Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>, Option<&str>) {
+        (b.metadata.creation_timestamp.as_ref(), b.metadata.name.as_deref())
     }
-    ranks.sort_unstable();
-    let rank = ranks.iter().position(|r| *r == key(binding))?;
-    (rank >= limit).then(|| {
+    let own = key(binding);
+    let (mut count, mut older) = (0, 0);
+    for b in bindings.iter().filter(|b| b.metadata.namespace == binding.metadata.namespace) {
+        count += 1;
+        older += usize::from(key(b) < own);
+    }
+    (count > limit && older >= limit).then(|| {
         format!(
-            "this namespace has {} ConsulBindings, more than the {limit} the controller serves in one namespace \
-             (--max-bindings-per-namespace); the oldest {limit} are served, and this one once older ones are \
-             deleted, or the limit is raised",
-            ranks.len()
+            "this namespace has {count} ConsulBindings, more than the {limit} the controller serves in one \
+             namespace (--max-bindings-per-namespace); the oldest {limit} are served, and this one once older ones \
+             are deleted, or the limit is raised"
         )
     })
 }
