@@ -229,13 +229,18 @@ pub fn carrying(previous: &ConsulBindingStatus, plan: &Plan, rows: &[TargetStatu
 }
 
 /// The rows of workloads no longer found, the newest [`MAX_FORMER`]: the last status's, with
-/// the targets it had that are gone now.
-pub fn former(previous: &ConsulBindingStatus, found: &[Workload]) -> Vec<TargetStatus> {
+/// the targets it had that are gone now. After an `edited` spec their states are forgotten: one
+/// that halted the rollout as it went no longer holds it.
+pub fn former(previous: &ConsulBindingStatus, found: &[Workload], edited: bool) -> Vec<TargetStatus> {
     let gone = |t: &&TargetStatus| !found.iter().any(|w| w.0 == t.kind && w.1 == t.name);
     let mut former: Vec<TargetStatus> = Vec::new();
     for row in previous.former_targets.iter().chain(&previous.targets).filter(gone) {
         former.retain(|f| (f.kind, &f.name) != (row.kind, &row.name));
-        former.push(row.clone());
+        let mut row = row.clone();
+        if edited {
+            (row.state, row.message) = (None, None);
+        }
+        former.push(row);
     }
     former.drain(..former.len().saturating_sub(MAX_FORMER));
     former
@@ -274,15 +279,16 @@ mod tests {
         };
         // `a` came back; `b` left; `d` is still gone; `c` is found.
         let found = [deploy("a"), deploy("c")];
-        assert_eq!(names(&former(&previous, &found)), [("d", "c1"), ("b", "c2")]);
+        assert_eq!(names(&former(&previous, &found, false)), [("d", "c1"), ("b", "c2")]);
         // Gone from the targets, a workload's latest row is the one kept.
-        assert_eq!(names(&former(&previous, &[])), [("d", "c1"), ("a", "c2"), ("b", "c2"), ("c", "c2")]);
+        assert_eq!(names(&former(&previous, &[], false)), [("d", "c1"), ("a", "c2"), ("b", "c2"), ("c", "c2")]);
 
         previous.targets = (0..20).map(|i| row(&format!("w{i:02}"), "c3")).collect();
-        let kept = former(&previous, &[]);
+        let kept = former(&previous, &[], false);
         assert_eq!(kept.len(), MAX_FORMER);
         assert_eq!((kept[0].name.as_str(), kept[15].name.as_str()), ("w04", "w19"), "the newest are kept");
-        let kept = former(&ConsulBindingStatus { targets: previous.targets[..16].to_vec(), ..Default::default() }, &[]);
+        let kept =
+            former(&ConsulBindingStatus { targets: previous.targets[..16].to_vec(), ..Default::default() }, &[], false);
         assert_eq!(kept.len(), MAX_FORMER, "sixteen are all kept");
     }
 

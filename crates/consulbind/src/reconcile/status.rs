@@ -118,7 +118,7 @@ pub fn status(input: &Input<'_>, plan: &Plan, outcome: &Outcome, now: &Time) -> 
         observed_spec: Some(loss::spec_digest(input.spec)),
         // Named where the status is written, by the replica that writes it.
         shard: None,
-        former_targets: carried::former(previous, input.found),
+        former_targets: carried::former(previous, input.found, input.generation != previous.observed_generation),
         rollout: match &plan.staged {
             _ if input.staging.is_none() => None,
             Some(step) => step.rollout.clone(),

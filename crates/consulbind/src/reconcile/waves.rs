@@ -15,7 +15,7 @@ use std::{
     time::Duration,
 };
 
-use consulbind_api::{RolloutPhase, RolloutStatus, TargetState, conditions::reason};
+use consulbind_api::{RolloutPhase, RolloutStatus, TargetState, TargetStatus, conditions::reason};
 use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
 
 pub use super::staging::{Budget, Gate, MAX_WAIT, Staging};
@@ -104,6 +104,24 @@ pub fn step(
         step.rollout = previous.rollout.clone();
         return step;
     }
+    if let Some(row) = ours.and_then(|r| lost(input, r)) {
+        let shown = format!("{} {}", row.kind, row.name);
+        step.hold = Some((
+            reason::ROLLOUT_HALTED,
+            format!(
+                "{shown} was deleted before this rollout saw it healthy; the rollout is halted and targets not yet \
+                 rolled keep what they carry. It goes on once {shown} is back and healthy; a new change (a fix or \
+                 a revert), or an edit of the binding, releases it"
+            ),
+        ));
+        step.rollout = ours.cloned();
+        if let Some(rollout) = &mut step.rollout {
+            (rollout.phase, rollout.since) = (RolloutPhase::Halted, Time(now));
+            rollout.progress = format!("{}/{} {}", rollout.wave, rollout.waves, RolloutPhase::Halted.as_str());
+        }
+        step.wake = Some(HEALTH_POLL);
+        return step;
+    }
 
     let count =
         staging.waves.len() + usize::from(input.found.iter().any(|w| wave(staging, input, w) == staging.waves.len()));
@@ -151,18 +169,37 @@ fn judge_health(
 ) {
     let now = input.clock;
     for w in input.found {
-        let Some(row) = carried.row(w) else { continue };
+        let Some(row) = carried.row(w) else {
+            // Found with no row of its own while a rollout is in flight (made, or made again
+            // under its name): its pods start with this content, so its health is judged too,
+            // though nothing rolled it (no roll time: it starts no wave and has no timeout).
+            if in_flight && !behind.contains(w) {
+                let state = match input.health.get(w) {
+                    None | Some(Health::Healthy) => (TargetState::Healthy, None),
+                    Some(Health::Failed(what)) => (TargetState::Halted, Some(what.clone())),
+                    Some(Health::Progressing(what)) => (TargetState::Rolling, Some(what.clone())),
+                };
+                step.states.insert(w.clone(), state);
+            }
+            continue;
+        };
         let judged = match row.state {
             Some(TargetState::Rolling | TargetState::Halted | TargetState::Waiting) => true,
             Some(TargetState::Healthy) => in_flight,
-            None => false,
+            // Not rolled by a staged rollout, yet running this one's content: its wave is not
+            // healthy without it.
+            None => in_flight && !behind.contains(w),
         };
         let state = match row.state {
-            Some(_) if judged => match input.health.get(w) {
+            _ if judged => match input.health.get(w) {
                 None | Some(Health::Healthy) => (TargetState::Healthy, None),
                 Some(Health::Failed(what)) => (TargetState::Halted, Some(what.clone())),
                 Some(Health::Progressing(what)) => {
-                    let rolled = row.last_rolled_time.as_ref().map_or(Duration::MAX, |t| since(t, now));
+                    let Some(rolled) = row.last_rolled_time.as_ref().map(|t| since(t, now)) else {
+                        step.wake = Some(step.wake.map_or(HEALTH_POLL, |w| w.min(HEALTH_POLL)));
+                        step.states.insert(w.clone(), (TargetState::Rolling, Some(what.clone())));
+                        continue;
+                    };
                     match rolled >= staging.health_timeout {
                         true => {
                             let timeout = human(staging.health_timeout);
@@ -183,6 +220,22 @@ fn judge_health(
         };
         step.states.insert(w.clone(), state);
     }
+}
+
+/// A target this rollout rolled, halted or not healthy yet, that is gone since: its wave's gate
+/// would otherwise open without it. (One made again under its name is judged as rolled now.)
+fn lost<'a>(input: &Input<'a>, ours: &RolloutStatus) -> Option<&'a TargetStatus> {
+    let previous = input.previous;
+    // An edit of the binding is a person's word: the spec may no longer name it.
+    if ours.phase == RolloutPhase::Complete || previous.observed_generation != input.generation {
+        return None;
+    }
+    let unsettled = |t: &&TargetStatus| {
+        matches!(t.state, Some(TargetState::Halted | TargetState::Rolling))
+            && t.last_rolled_time.as_ref().is_some_and(|at| at.0 >= ours.started_time.0)
+    };
+    let gone = |t: &&TargetStatus| !input.found.iter().any(|w| (w.0, &w.1) == (t.kind, &t.name));
+    previous.targets.iter().chain(&previous.former_targets).filter(unsettled).find(gone)
 }
 
 /// The rolls of each target still within the budget's span, into `step.times`; a target behind

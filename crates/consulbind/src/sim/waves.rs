@@ -87,6 +87,11 @@ struct Sim {
     /// Rolls made while no status could record them, or their answer was lost: the controller
     /// may know them only from the workload, to the second.
     unrecorded: BTreeSet<(Workload, Timestamp)>,
+    /// Targets deleted, to be made again.
+    deleted: Vec<String>,
+    /// The Consul value each target's pods started with when it was made (bound, or made again)
+    /// and not stamped since.
+    made_with: BTreeMap<Workload, String>,
     /// When each target last became healthy after a roll.
     healthy_at: BTreeMap<Workload, Timestamp>,
     /// When the content last changed to what it is.
@@ -164,6 +169,7 @@ impl Sim {
         rollout.windows = windows.iter().map(|w| w.spec()).collect();
         let staging = Staging::of(&world.spec, &Default::default()).unwrap().unwrap();
         let changed_at = world.clock;
+        let made_with = world.found.iter().map(|w| (w.clone(), world.value.clone())).collect();
         let log = format!("seed {seed}: {names:?}, {:?}\n", world.spec.rollout);
         Self {
             rng,
@@ -172,6 +178,8 @@ impl Sim {
             fates: BTreeMap::new(),
             history: BTreeMap::new(),
             unrecorded: BTreeSet::new(),
+            deleted: Vec::new(),
+            made_with,
             healthy_at: BTreeMap::new(),
             changed_at,
             windows,
@@ -250,7 +258,8 @@ impl Sim {
             // Earlier waves carry the content, are healthy, and have had their pause.
             let wave = self.wave(&w);
             for e in self.world.found.iter().filter(|e| self.wave(e) < wave) {
-                if before[e] != self.wants(e) || !healthy[e] {
+                let made_since = before[e].is_none() && self.made_with.get(e) == Some(&self.world.value);
+                if (before[e] != self.wants(e) && !made_since) || !healthy[e] {
                     self.fail(format_args!("{name} (wave {wave}) rolled before {} of an earlier wave was done", e.1));
                 }
                 let pause = self.staging.waves[self.wave(e)].pause;
@@ -330,9 +339,21 @@ impl Sim {
         }
     }
 
+    fn make_again(&mut self, name: String) {
+        self.note(format_args!("{name} made again"));
+        self.world.make_again(&name);
+        let w = deploy(&name);
+        self.made_with.insert(w.clone(), self.world.value.clone());
+        // Another object: its budget is its own.
+        self.history.remove(&w);
+        self.unrecorded.retain(|(roll, _)| *roll != w);
+        let fate = Fate::HealthyAt(at(&self.world, self.rng.u64(1..30)));
+        self.fates.insert(deploy(&name), fate);
+    }
+
     async fn run(&mut self) {
         for _ in 0..STEPS {
-            match self.rng.usize(..15) {
+            match self.rng.usize(..16) {
                 0..=2 => {
                     let value = VALUES[self.rng.usize(..VALUES.len())];
                     if value != self.world.value {
@@ -396,6 +417,22 @@ impl Sim {
                     }
                     self.note(format_args!("answers to patches of {} {}", w.1, if lost { "lost" } else { "come" }));
                 }
+                // A person deletes a target, or a GitOps tool makes a deleted one again. (Not while
+                // status writes fail: one made then, whose content changes before a status shows
+                // it, is taken as started with the content of the first status that does.)
+                13 => match self.deleted.pop() {
+                    Some(name) if !self.world.status_fails => self.make_again(name),
+                    Some(name) => self.deleted.push(name),
+                    None if self.world.found.len() > 1 => {
+                        let w = self.world.found[self.rng.usize(..self.world.found.len())].clone();
+                        self.note(format_args!("{} deleted", w.1));
+                        self.world.delete(&w.1);
+                        self.fates.remove(&w);
+                        self.healthy_at.remove(&w);
+                        self.deleted.push(w.1);
+                    }
+                    None => {}
+                },
                 _ => {}
             }
             self.reconcile().await;
@@ -405,6 +442,9 @@ impl Sim {
         self.world.refusing.clear();
         self.world.unanswered.clear();
         self.world.status_fails = false;
+        while let Some(name) = self.deleted.pop() {
+            self.make_again(name);
+        }
         for w in self.world.health.keys().cloned().collect::<Vec<_>>() {
             self.fates.insert(w, Fate::HealthyAt(at(&self.world, 5)));
         }

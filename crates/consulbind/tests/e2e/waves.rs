@@ -150,6 +150,33 @@ async fn a_failing_canary_halts_the_rest_and_once_healthy_they_roll_once_each() 
     s.finish().await;
 }
 
+/// A halted canary deleted (to be made again by a GitOps tool, say) keeps the rest held: gone,
+/// it gates nothing, and the rest would take the content that halted it. Made again healthy, the
+/// rest roll, once each.
+#[tokio::test]
+async fn a_halted_canary_deleted_keeps_the_rest_held_until_it_is_back_and_healthy() {
+    let Some(s) = Scene::new("waves-gone").await else { return };
+    let key = s.key("config");
+    s.put(&key, "v1").await;
+    s.deployments(&[("canary", 1, "canary"), ("web", 0, "stable")]).await;
+    s.binding("app", staged(&key, canary_first("0s"))).await;
+    s.wait_condition("app", conditions::READY, "True", reason::BASELINED).await;
+    s.put(&key, "v2").await;
+    s.wait_condition("app", conditions::READY, "False", reason::ROLLOUT_HALTED).await;
+
+    s.kubectl(&["delete", "deployment", "canary"]);
+    let held = s.wait_message_containing("app", conditions::READY, reason::ROLLOUT_HALTED, "was deleted").await;
+    assert!(held.contains("Deployment canary"), "{held}");
+    tokio::time::sleep(support::SETTLE).await;
+    assert_eq!(s.generation("web").await, 1, "the rest keep what they carry");
+
+    s.deployments(&[("canary", 0, "canary")]).await;
+    s.wait_condition("app", conditions::READY, "True", reason::UP_TO_DATE).await;
+    tokio::time::sleep(support::SETTLE).await;
+    assert_eq!(s.generation("web").await, 2, "rolled once");
+    s.finish().await;
+}
+
 #[tokio::test]
 async fn a_revert_during_a_halt_rolls_back_only_the_canary() {
     let Some(s) = Scene::new("waves-revert").await else { return };

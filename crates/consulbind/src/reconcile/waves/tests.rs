@@ -918,3 +918,48 @@ fn a_canary_whose_patch_answer_was_lost_still_gates_the_next_wave() {
     world.advance(Duration::from_secs(60));
     assert_eq!(world.tick(), ["web"]);
 }
+
+/// A halted canary deleted, then made again from its manifest (a GitOps tool's way to unstick
+/// it), holds the rest: while it is gone, and until the one made again is healthy. Then the
+/// rest roll, once.
+#[test]
+fn a_halted_canary_deleted_and_made_again_holds_the_rest_until_it_is_healthy() {
+    let mut world = World::staged(&["canary", "web"], canary_then_rest(None, None));
+    world.write("v2");
+    assert_eq!(world.tick(), ["canary"]);
+    world.fail("canary");
+    world.tick();
+    assert_eq!(world.ready().reason, reason::ROLLOUT_HALTED);
+    world.delete("canary");
+    assert_eq!(world.tick(), Vec::<String>::new(), "held while the canary is gone");
+    assert_eq!(world.ready().reason, reason::ROLLOUT_HALTED, "{}", world.ready().message);
+    assert_eq!(world.tick(), Vec::<String>::new(), "still held");
+    world.make_again("canary");
+    assert_eq!(world.tick(), Vec::<String>::new(), "held while the canary made again is not healthy");
+    assert_eq!(world.tick(), Vec::<String>::new());
+    assert_eq!(world.ready().reason, reason::ROLLOUT_IN_PROGRESS, "{}", world.ready().message);
+    assert_eq!(world.state("canary"), Some(TargetState::Rolling), "judged as rolled when found");
+    world.healthy("canary");
+    assert_eq!(world.tick(), ["web"]);
+    assert_eq!(world.rolls("web"), 1);
+}
+
+/// A halted canary deleted for good is released by an edit of the binding (a person's word:
+/// the spec may no longer name it), or by a new change.
+#[test]
+fn a_halted_canary_deleted_for_good_is_released_by_an_edit_of_the_binding() {
+    let mut world = World::staged(&["canary", "web"], canary_then_rest(None, None));
+    world.write("v2");
+    assert_eq!(world.tick(), ["canary"]);
+    world.fail("canary");
+    world.tick();
+    world.delete("canary");
+    assert_eq!(world.tick(), Vec::<String>::new());
+    assert_eq!(world.ready().reason, reason::ROLLOUT_HALTED);
+    world.generation += 1;
+    assert_eq!(world.tick(), ["web"], "the edit releases it");
+    world.healthy("web");
+    world.tick();
+    assert_eq!(world.tick(), Vec::<String>::new());
+    assert_eq!(world.ready().reason, reason::UP_TO_DATE);
+}

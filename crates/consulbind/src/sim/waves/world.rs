@@ -21,6 +21,8 @@ pub struct World {
     pub clock: Timestamp,
     /// The controller's memory of the binding, which a restart drops.
     pub record: Record,
+    /// The binding's generation: a person's edit of its spec moves it.
+    pub generation: i64,
     /// Generations added by the binding's stamps, per workload.
     pub rolls: BTreeMap<String, u32>,
     /// Patches of these workloads fail (a rule missing, a webhook refusing).
@@ -103,6 +105,7 @@ impl World {
             health: BTreeMap::new(),
             clock: "2026-11-26T03:00:00Z".parse().unwrap(),
             record: Record::default(),
+            generation: 1,
             rolls: BTreeMap::new(),
             refusing: BTreeSet::new(),
             unanswered: BTreeSet::new(),
@@ -165,7 +168,7 @@ impl World {
         let now = Instant::now();
         let observed = Observed {
             spec: &spec,
-            generation: Some(1),
+            generation: Some(self.generation),
             previous: self.status.clone(),
             started: now,
             clock: self.clock,
@@ -216,6 +219,26 @@ impl World {
 
     pub fn rolls(&self, name: &str) -> u32 {
         self.rolls.get(name).copied().unwrap_or(0)
+    }
+
+    /// A person deletes workload `name`.
+    pub fn delete(&mut self, name: &str) {
+        let w = deploy(name);
+        self.found.retain(|f| *f != w);
+        self.live.remove(&w);
+        self.versions.remove(&w);
+        self.health.remove(&w);
+    }
+
+    /// A GitOps tool makes workload `name` again from its manifest, which has no stamp: its pods
+    /// start with what they read now, and are not ready yet.
+    pub fn make_again(&mut self, name: &str) {
+        let w = deploy(name);
+        let uid = format!("uid-{name}-{}", self.index);
+        self.versions.insert(w.clone(), Version { uid, generation: 1 });
+        self.health.insert(w.clone(), Health::Progressing("0 of 1 replicas available".into()));
+        self.found.push(w);
+        self.found.sort();
     }
 }
 
