@@ -63,14 +63,20 @@ impl Tokens {
         let Some(secret) = self.store.get(&ObjectRef::new(name).within(namespace)) else {
             return Lookup::NoSecret;
         };
-        let value = secret.data.as_ref().and_then(|d| d.get(key));
-        if value.is_some_and(|v| v.0 == TOO_LARGE) {
-            return Lookup::TooLarge;
-        }
-        match value.map(|v| String::from_utf8_lossy(&v.0).trim().to_owned()) {
-            Some(token) if !token.is_empty() => Lookup::Token(token),
-            _ => Lookup::NoKey,
-        }
+        lookup(secret.data.as_ref().and_then(|d| d.get(key)).map(|v| &v.0[..]))
+    }
+}
+
+/// What a labelled Secret's value under the key says of a token.
+fn lookup(value: Option<&[u8]>) -> Lookup {
+    if value == Some(TOO_LARGE) {
+        return Lookup::TooLarge;
+    }
+    match value.map(|v| String::from_utf8_lossy(v).trim().to_owned()) {
+        // Sent as a header, which carries visible ASCII alone: Consul's tokens are UUIDs.
+        Some(token) if !token.bytes().all(|b| b.is_ascii_graphic()) => Lookup::Unfit,
+        Some(token) if !token.is_empty() => Lookup::Token(token),
+        _ => Lookup::NoKey,
     }
 }
 
@@ -98,6 +104,8 @@ fn keep_token_sized(secret: &mut Secret) {
     }
 }
 
+// Never printed outside tests: it may hold a token.
+#[cfg_attr(test, derive(Debug, PartialEq))]
 pub enum Lookup {
     Token(String),
     /// No Secret of that name carries the label.
@@ -106,6 +114,8 @@ pub enum Lookup {
     NoKey,
     /// The value under the key is longer than any Consul token.
     TooLarge,
+    /// The value has characters no token has (a line break, a space or non-ASCII inside it).
+    Unfit,
 }
 
 #[cfg(test)]
@@ -131,5 +141,17 @@ mod tests {
         assert_eq!(data["k01"].0.len(), MAX_TOKEN_BYTES, "a value of a token's size is kept whole");
         let kept: usize = data.values().map(|v| v.0.len()).sum();
         assert!(kept < 2 * MAX_TOKEN_BYTES, "{kept} bytes kept");
+    }
+
+    #[test]
+    fn a_value_a_header_cannot_carry_is_no_token() {
+        let uuid = "00000000-1111-2222-3333-444444444444";
+        assert_eq!(lookup(Some(format!(" {uuid}\n").as_bytes())), Lookup::Token(uuid.into()), "trimmed");
+        for unfit in ["0000 1111", "0000\n1111", "t\u{e9}st"] {
+            assert_eq!(lookup(Some(unfit.as_bytes())), Lookup::Unfit, "{unfit:?}");
+        }
+        assert_eq!(lookup(Some(b"  ")), Lookup::NoKey);
+        assert_eq!(lookup(None), Lookup::NoKey);
+        assert_eq!(lookup(Some(TOO_LARGE)), Lookup::TooLarge);
     }
 }

@@ -159,6 +159,11 @@ pub fn token(ctx: &Context, namespace: &str, spec: &ConsulBindingSpec) -> TokenS
             secret_ref.name,
             crate::cluster::tokens::MAX_TOKEN_KEYS
         )),
+        Lookup::Unfit => TokenSource::Invalid(format!(
+            "the value of key {key:?} in token Secret {:?} is not a Consul token: it has characters no token has \
+             (a space, a line break or non-ASCII inside it)",
+            secret_ref.name
+        )),
         Lookup::TooLarge => TokenSource::Invalid(format!(
             "the value of key {key:?} in token Secret {:?} is longer than {} bytes, more than a Consul token",
             secret_ref.name,

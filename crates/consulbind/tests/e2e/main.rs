@@ -910,6 +910,7 @@ async fn acl_token_from_secret_syncs_and_a_bad_one_is_denied_without_leaking() {
     let bad = "00000000-1111-2222-3333-444444444444".to_owned();
     // The cache keeps no more of a labelled Secret than a token needs.
     let huge = "h".repeat(512 << 10);
+    let unfit = format!("{good}\u{e9}");
 
     s.workload(DEPLOY, "web", json!({})).await;
     let labelled = json!({"consulbind.dev/token": "true"});
@@ -918,6 +919,7 @@ async fn acl_token_from_secret_syncs_and_a_bad_one_is_denied_without_leaking() {
         ("bad-token", &bad, &labelled),
         ("unlabelled", &good, &json!({})),
         ("huge-token", &huge, &labelled),
+        ("unfit-token", &unfit, &labelled),
     ] {
         let metadata = json!({"name": name, "labels": labels});
         s.apply(json!({"apiVersion": "v1", "kind": "Secret", "metadata": metadata, "stringData": {"token": token}}))
@@ -932,9 +934,12 @@ async fn acl_token_from_secret_syncs_and_a_bad_one_is_denied_without_leaking() {
     s.binding("bad", with_secret("bad-token")).await;
     s.binding("unlabelled", with_secret("unlabelled")).await;
     s.binding("huge", with_secret("huge-token")).await;
+    s.binding("unfit", with_secret("unfit-token")).await;
     s.wait_condition("good", conditions::CONSUL_SYNCED, "True", reason::SYNCED).await;
     // Until the token cache has seen a Secret, the same reason says it was not found.
     s.wait_message_containing("huge", conditions::READY, reason::TOKEN_SECRET_INVALID, "longer than 1024 bytes").await;
+    let message = s.wait_message_containing("unfit", conditions::READY, reason::TOKEN_SECRET_INVALID, "no token").await;
+    assert!(!message.contains(&good), "the token leaked: {message}");
     // A Secret without the opt-in label never serves as a token, whatever it holds.
     let label = "consulbind.dev/token=true";
     let message = s.wait_message_containing("unlabelled", conditions::READY, reason::TOKEN_SECRET_INVALID, label).await;
