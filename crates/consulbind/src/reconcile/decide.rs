@@ -214,7 +214,7 @@ pub fn conclude(
             "rolled {} outside the rollout windows: the annotation {} lets checksum {} through",
             names.join(", "),
             consulbind_api::ROLL_OUTSIDE_WINDOW,
-            report::short(&status)
+            plan.desired.as_deref().map_or("-", crate::checksum::short)
         );
         events.push(Event::Notice { reason: conditions::reason::ROLLED_OUTSIDE_WINDOW, message });
     }

@@ -107,14 +107,15 @@ async fn a_deny_window_holds_a_change_that_rolls_once_it_has_passed() {
     s.finish().await;
 }
 
-/// The binding's annotation naming the held checksum rolls it now, with an event; the next
-/// change keeps to the windows.
+/// The binding's annotation naming the held checksum rolls it now, wave after wave, with events
+/// that name it; the next change keeps to the windows.
 #[tokio::test]
 async fn the_annotation_naming_the_held_checksum_rolls_it_now_with_an_event_and_only_it() {
     let Some(s) = Scene::new("windows-urgent").await else { return };
     // On the first of January only.
     let windows = json!([{"schedule": "0 0 1 1 *", "duration": "1h", "timeZone": "Pacific/Kiritimati"}]);
-    let key = s.set_up("config", &[("web", "stable")], windows, json!([])).await;
+    let waves = json!([{"selector": {"matchLabels": {"track": "canary"}}}, {}]);
+    let key = s.set_up("config", &[("canary", "canary"), ("web", "stable")], windows, waves).await;
     s.put(&key, "v2").await;
     let held = s.wait_condition("app", conditions::READY, "False", reason::OUTSIDE_ROLLOUT_WINDOW).await;
     let checksum = held.status.as_ref().and_then(|s| s.rollout.as_ref()).unwrap().checksum.clone();
@@ -128,13 +129,16 @@ async fn the_annotation_naming_the_held_checksum_rolls_it_now_with_an_event_and_
     s.kubectl(&["annotate", "--overwrite", "consulbinding", "app", &format!("{ROLL_OUTSIDE_WINDOW}={short}")]);
     s.rolled_at("web", 2).await;
     s.wait_condition("app", conditions::READY, "True", reason::UP_TO_DATE).await;
-    let what = "a RolledOutsideWindow event";
+    let what = "a RolledOutsideWindow event for each wave";
     wait(what, || async {
         let events = s.events_for("app").await;
-        Ok(events.iter().any(|(r, note)| r == reason::ROLLED_OUTSIDE_WINDOW && note.contains(&short)))
+        Ok(events.iter().filter(|(r, _)| r == reason::ROLLED_OUTSIDE_WINDOW).count() == 2)
     })
     .await
     .unwrap();
+    for (r, note) in s.events_for("app").await.iter().filter(|(r, _)| r == reason::ROLLED_OUTSIDE_WINDOW) {
+        assert!(note.contains(&short), "{r}: {note}");
+    }
 
     s.put(&key, "v3").await;
     s.wait_condition("app", conditions::READY, "False", reason::OUTSIDE_ROLLOUT_WINDOW).await;

@@ -520,6 +520,20 @@ fn the_annotation_naming_the_held_checksum_rolls_it_outside_the_windows_with_a_n
     assert_eq!(world.events.len(), 1);
 }
 
+/// Let through in its first wave, the rollout's event names the checksum it lets through, not
+/// the one the targets all carried before.
+#[test]
+fn the_notice_of_a_wave_let_through_names_the_checksum_let_through() {
+    let windows = vec![window(WindowKind::Deny, "0 3 * * *", "1h")];
+    let mut world = windowed(&["canary", "web"], canary_then_rest(None, None), windows);
+    world.write("v2");
+    assert_eq!(world.tick(), Vec::<String>::new());
+    let held = crate::checksum::short(&world.status.rollout.as_ref().unwrap().checksum).to_owned();
+    world.let_through = Some(held.clone());
+    assert_eq!(world.tick(), ["canary"]);
+    assert!(world.notes[0].contains(&format!("lets checksum {held} through")), "{}", world.notes[0]);
+}
+
 #[test]
 fn a_restart_while_waiting_for_a_window_rolls_once_when_it_opens() {
     let mut world = windowed(&["web"], vec![], vec![window(WindowKind::Allow, "30 3 * * *", "10m")]);

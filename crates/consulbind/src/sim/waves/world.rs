@@ -43,6 +43,8 @@ pub struct World {
     pub let_through: Option<String>,
     /// The reasons of the Notice and Warning events raised.
     pub events: Vec<String>,
+    /// And their notes.
+    pub notes: Vec<String>,
     /// How soon the last reconcile's plan asked to look again, if it did: the wake its requeue
     /// follows (the world refuses no binding and retries no read, so every tick has a plan).
     pub wake: Option<Duration>,
@@ -116,6 +118,7 @@ impl World {
             cm: "c1".into(),
             let_through: None,
             events: Vec::new(),
+            notes: Vec::new(),
             wake: None,
         }
     }
@@ -287,8 +290,9 @@ impl Port for Writes<'_> {
     }
 
     fn publish(&mut self, event: Event, _: &Read, _: &ConsulBindingStatus, _: &Outcome) {
-        if let Event::Notice { reason, .. } | Event::Warning { reason, .. } = event {
+        if let Event::Notice { reason, message } | Event::Warning { reason, message } = event {
             self.world.events.push(reason.to_owned());
+            self.world.notes.push(message);
         }
     }
 
