@@ -30,31 +30,20 @@ pub struct ChangedMeanwhile;
 /// A binding that names ConfigMaps or Secrets was made by a release that reads them: an older
 /// value on it stands for content without them, which is a change. (One that only references
 /// them through its targets is upgraded like a Consul-only binding, and then rebased.)
-///
-/// A workload's stamp counts only where the status records it: anyone who may patch the
-/// workload can set a value under the binding's field manager, and the plain checksum of the
-/// oldest releases, compared with the content, would confirm a guess of the values.
 pub fn older_values(input: &Input<'_>) -> bool {
     let older = |value: &str| !checksum::is_current(value) && !checksum::is_v2(value);
     matches!(input.consul, Consul::Ready(_))
         && input.spec.objects().next().is_none()
         && (input.previous.applied_checksum.as_deref().is_some_and(older)
             || input.previous.targets.iter().any(|t| older(&t.checksum))
-            || input.live.values().any(|l| l.owned && older(l.checksum()) && recorded(input.previous, l.checksum())))
-}
-
-/// Whether the status holds `value`, as the applied checksum or a target's.
-fn recorded(status: &ConsulBindingStatus, value: &str) -> bool {
-    status.applied_checksum.as_deref() == Some(value)
-        || status.targets.iter().any(|t| t.checksum == value || t.stamp.as_deref() == Some(value))
+            || input.live.values().any(|l| l.owned && older(l.checksum())))
 }
 
 /// Where a value of an older format is that of the current content, it stands for the current
-/// checksum of the same content, so an upgrade rolls nothing and the status shows current
-/// checksums; the workload keeps the old value until the content next changes, and its row
-/// records that stamp as what it stands for. `values` are the entries of each of the binding's
-/// keys, read with their values. `Err` when they are not the content the watches hold (it
-/// changed in between); `Ok(None)` when nothing reads differently.
+/// checksum of the same content, so an upgrade rolls nothing and the status shows only current
+/// checksums; the workload keeps the old value until the content next changes. `values` are the
+/// entries of each of the binding's keys, read with their values. `Err` when they are not the
+/// content the watches hold (it changed in between); `Ok(None)` when nothing reads differently.
 pub fn upgrade(input: &Input<'_>, values: &[Vec<KvEntry>]) -> Result<Option<Upgraded>, ChangedMeanwhile> {
     let Consul::Ready(contents) = &input.consul else { return Ok(None) };
     let read: Vec<KeyContent<'_>> =
@@ -77,13 +66,11 @@ pub fn upgrade(input: &Input<'_>, values: &[Vec<KvEntry>]) -> Result<Option<Upgr
         read(applied);
     }
     upgraded.previous.targets.iter_mut().for_each(|t| read(&mut t.checksum));
-    for row in &mut upgraded.previous.targets {
-        let live = input.live.get(&(row.kind, row.name.clone())).filter(|l| l.owned).map(Live::checksum);
-        let Some(live) = live.filter(|l| older.iter().any(|o| o == l) && recorded(input.previous, l)) else {
-            continue;
-        };
-        (row.checksum, row.stamp) = (desired.clone(), Some(live.to_owned()));
-        found = true;
+    for live in upgraded.live.values_mut() {
+        if let Some(old) = older.iter().find(|o| live.checksum() == o.as_str()) {
+            live.value = live.value.replacen(old.as_str(), &desired, 1);
+            found = true;
+        }
     }
     Ok(found.then_some(upgraded))
 }
