@@ -395,11 +395,7 @@ impl Sim {
                 }
                 // The controller may no longer patch a target (a rule taken away, a webhook), or may again.
                 10 => {
-                    let w = self.world.found[self.rng.usize(..self.world.found.len())].clone();
-                    let refused = !self.world.refusing.remove(&w);
-                    if refused {
-                        self.world.refusing.insert(w.clone());
-                    }
+                    let (w, refused) = toggle(&mut self.rng, &self.world.found, &mut self.world.refusing);
                     self.note(format_args!("patches of {} {}", w.1, if refused { "fail" } else { "work again" }));
                 }
                 // The binding's status cannot be written for a while; the stamps still land.
@@ -410,11 +406,7 @@ impl Sim {
                 }
                 // A target's patches land, but their answers are lost (timeouts), or come again.
                 12 => {
-                    let w = self.world.found[self.rng.usize(..self.world.found.len())].clone();
-                    let lost = !self.world.unanswered.remove(&w);
-                    if lost {
-                        self.world.unanswered.insert(w.clone());
-                    }
+                    let (w, lost) = toggle(&mut self.rng, &self.world.found, &mut self.world.unanswered);
                     self.note(format_args!("answers to patches of {} {}", w.1, if lost { "lost" } else { "come" }));
                 }
                 // A person deletes a target, or a GitOps tool makes a deleted one again. (Not while
@@ -467,6 +459,16 @@ impl Sim {
             self.fail(format_args!("settled, yet Ready is {}: {}", ready.reason, ready.message));
         }
     }
+}
+
+/// A found target drawn at random, taken into `set` or out of it; whether it is in now.
+fn toggle(rng: &mut fastrand::Rng, found: &[Workload], set: &mut BTreeSet<Workload>) -> (Workload, bool) {
+    let w = found[rng.usize(..found.len())].clone();
+    let added = !set.remove(&w);
+    if added {
+        set.insert(w.clone());
+    }
+    (w, added)
 }
 
 fn run(seed: u64) {

@@ -149,6 +149,13 @@ impl Twin {
         rules
     }
 
+    /// The controller's cluster rules without the one that lets it write a binding's status.
+    pub fn cluster_rules_without_status(&self) -> Vec<PolicyRule> {
+        let mut rules = self.cluster_rules.clone();
+        rules.retain(|rule| !rule.resources.iter().flatten().any(|r| r == "consulbindings/status"));
+        rules
+    }
+
     /// Binds the twin to these rules instead.
     pub async fn set_rules(&self, cluster: &[PolicyRule], own: &[PolicyRule]) {
         let pp = PatchParams::apply("e2e-rbac").force();

@@ -543,8 +543,7 @@ async fn a_patch_refused_after_the_quiet_period_rolls_at_the_retry_without_a_sec
 async fn a_status_write_refused_after_a_roll_spends_the_budget_all_the_same() {
     let Some(mut s) = Scene::without_controller("waves-owed").await else { return };
     let twin = crate::rbac::Twin::new(&s, "consulbind-owed-probe").await;
-    let mut without = twin.cluster_rules.clone();
-    without.retain(|rule| !rule.resources.iter().flatten().any(|r| r == "consulbindings/status"));
+    let without = twin.cluster_rules_without_status();
     assert_ne!(without, twin.cluster_rules, "no rule grants the status");
     twin.start_controller(&mut s, &[]).await;
     let key = s.key("config");
@@ -578,8 +577,7 @@ async fn a_status_write_refused_after_a_roll_spends_the_budget_all_the_same() {
 async fn a_problem_whose_status_write_is_refused_for_a_while_is_told_once() {
     let Some(mut s) = Scene::without_controller("waves-told-once").await else { return };
     let twin = crate::rbac::Twin::new(&s, "consulbind-told-probe").await;
-    let mut without = twin.cluster_rules.clone();
-    without.retain(|rule| !rule.resources.iter().flatten().any(|r| r == "consulbindings/status"));
+    let without = twin.cluster_rules_without_status();
     twin.set_rules(&without, &twin.own_rules).await;
     twin.start_controller(&mut s, &[]).await;
     s.deployments(&[("web", 0, "stable")]).await;
@@ -604,8 +602,7 @@ async fn a_problem_whose_status_write_is_refused_for_a_while_is_told_once() {
 async fn a_canary_roll_no_status_recorded_before_a_restart_keeps_its_pause() {
     let Some(mut s) = Scene::without_controller("waves-unrecorded").await else { return };
     let twin = crate::rbac::Twin::new(&s, "consulbind-unrecorded-probe").await;
-    let mut without = twin.cluster_rules.clone();
-    without.retain(|rule| !rule.resources.iter().flatten().any(|r| r == "consulbindings/status"));
+    let without = twin.cluster_rules_without_status();
     twin.start_controller(&mut s, &[]).await;
     let key = s.key("config");
     s.put(&key, "v1").await;

@@ -933,11 +933,8 @@ fn a_canary_whose_patch_answer_was_lost_still_gates_the_next_wave() {
     assert_eq!(world.tick(), ["web"]);
 }
 
-/// A halted canary deleted, then made again from its manifest (a GitOps tool's way to unstick
-/// it), holds the rest: while it is gone, and until the one made again is healthy. Then the
-/// rest roll, once.
-#[test]
-fn a_halted_canary_deleted_and_made_again_holds_the_rest_until_it_is_healthy() {
+/// A canary that rolled v2 and failed, halting the rollout, then deleted.
+fn halted_canary_deleted() -> World {
     let mut world = World::staged(&["canary", "web"], canary_then_rest(None, None));
     world.write("v2");
     assert_eq!(world.tick(), ["canary"]);
@@ -945,6 +942,15 @@ fn a_halted_canary_deleted_and_made_again_holds_the_rest_until_it_is_healthy() {
     world.tick();
     assert_eq!(world.ready().reason, reason::ROLLOUT_HALTED);
     world.delete("canary");
+    world
+}
+
+/// A halted canary deleted, then made again from its manifest (a GitOps tool's way to unstick
+/// it), holds the rest: while it is gone, and until the one made again is healthy. Then the
+/// rest roll, once.
+#[test]
+fn a_halted_canary_deleted_and_made_again_holds_the_rest_until_it_is_healthy() {
+    let mut world = halted_canary_deleted();
     assert_eq!(world.tick(), Vec::<String>::new(), "held while the canary is gone");
     assert_eq!(world.ready().reason, reason::ROLLOUT_HALTED, "{}", world.ready().message);
     assert_eq!(world.tick(), Vec::<String>::new(), "still held");
@@ -962,12 +968,7 @@ fn a_halted_canary_deleted_and_made_again_holds_the_rest_until_it_is_healthy() {
 /// the spec may no longer name it), or by a new change.
 #[test]
 fn a_halted_canary_deleted_for_good_is_released_by_an_edit_of_the_binding() {
-    let mut world = World::staged(&["canary", "web"], canary_then_rest(None, None));
-    world.write("v2");
-    assert_eq!(world.tick(), ["canary"]);
-    world.fail("canary");
-    world.tick();
-    world.delete("canary");
+    let mut world = halted_canary_deleted();
     assert_eq!(world.tick(), Vec::<String>::new());
     assert_eq!(world.ready().reason, reason::ROLLOUT_HALTED);
     world.generation += 1;
