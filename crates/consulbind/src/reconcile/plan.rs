@@ -685,6 +685,36 @@ mod tests {
         }
     }
 
+    /// An older stamp the status does not record (set by hand under the binding's manager, or
+    /// left on a workload upgraded across two formats) stands for what the target's row says it
+    /// runs, whatever values it digests: a right guess of the values and a wrong one are
+    /// answered alike, and a change since the row rolls.
+    #[tokio::test(start_paused = true)]
+    async fn an_older_stamp_no_status_records_stands_for_the_targets_row_whatever_it_digests() {
+        let legacy =
+            |value: &str| checksum::legacy(&[Source::Key { key: "app/config", value: Some(value.as_bytes()) }]);
+        let (_, at_v1) = step(&spec(false), &Default::default(), &entry("v1"), &web());
+        let spec = spec(false);
+        let found = web();
+        let decide = |value: &str, stamp: &str| {
+            let entries = entry(value);
+            let live: BTreeMap<Workload, Live> =
+                [(found[0].clone(), Live { value: stamp.into(), owned: true, at: None })].into();
+            let input = Input { live: &live, ..input(&spec, &at_v1, &entries, &found) };
+            assert!(older_values(&input));
+            let upgraded = upgrade::upgrade(&input, &[raw(value)]).expect("the same content");
+            let input = match &upgraded {
+                Some(u) => Input { previous: &u.previous, live: &u.live, ..input },
+                None => input,
+            };
+            plan(&input, &mut None, Instant::now()).roll
+        };
+        assert!(decide("v1", &legacy("v1")).is_empty(), "a right guess");
+        assert!(decide("v1", &legacy("a wrong guess")).is_empty(), "a wrong guess");
+        assert_eq!(decide("v2", &legacy("v2")), web(), "a right guess of a change since the row");
+        assert_eq!(decide("v2", &legacy("v1")), web());
+    }
+
     #[tokio::test(start_paused = true)]
     async fn current_checksums_need_no_second_read() {
         let (_, status) = step(&spec(false), &Default::default(), &entry("v1"), &web());

@@ -6,7 +6,10 @@ use std::collections::{BTreeMap, HashMap};
 use consul_kv::KvEntry;
 use consulbind_api::ConsulBindingStatus;
 
-use super::input::{Consul, Input, KeyContent, Plan, source};
+use super::{
+    carried::Carried,
+    input::{Consul, Input, KeyContent, Plan, source},
+};
 use crate::{
     checksum::{self, Source},
     cluster::{Live, Workload},
@@ -66,11 +69,30 @@ pub fn upgrade(input: &Input<'_>, values: &[Vec<KvEntry>]) -> Result<Option<Upgr
         read(applied);
     }
     upgraded.previous.targets.iter_mut().for_each(|t| read(&mut t.checksum));
-    for live in upgraded.live.values_mut() {
-        if let Some(old) = older.iter().find(|o| live.checksum() == o.as_str()) {
-            live.value = live.value.replacen(old.as_str(), &desired, 1);
-            found = true;
+    // An older stamp is read by its value only where the status records it on that workload:
+    // the oldest format is a plain digest of the values, which anyone who may patch a workload
+    // could set under the binding's manager to learn, by a roll or none, whether a guess is
+    // right. One it does not record (a workload upgraded across two formats: its row was
+    // upgraded and it kept its stamp) stands for what its row says it runs.
+    let was = Carried::new(input.previous, input.versions);
+    let Upgraded { previous, live } = &mut upgraded;
+    let rows = Carried::new(previous, input.versions);
+    for (w, live) in live.iter_mut().filter(|(_, l)| l.owned) {
+        let stamp = live.checksum();
+        if checksum::is_current(stamp) || checksum::is_v2(stamp) {
+            continue;
         }
+        let recorded = was.row(w).is_some_and(|r| r.checksum == stamp || r.stamp.as_deref() == Some(stamp));
+        let stands_for = match recorded {
+            true if older.iter().any(|o| o == stamp) => desired.as_str(),
+            false => match rows.checksum(w) {
+                Some(row) => row,
+                None => continue,
+            },
+            true => continue,
+        };
+        live.value = live.value.replacen(stamp, stands_for, 1);
+        found = true;
     }
     Ok(found.then_some(upgraded))
 }

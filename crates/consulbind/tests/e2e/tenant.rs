@@ -294,12 +294,52 @@ async fn upgrade_from(scene: &str, older: fn(&checksum::Key, &[checksum::Source<
     .unwrap();
     s.wait_revisions(DEPLOY, "web", 2).await;
     assert!(!serde_json::to_string(&s.get_binding("cfg").await.status).unwrap().contains(&legacy[..12]));
+    // Upgraded again: the status records the keyed checksum, the workload keeps the older one.
+    s.stop_controller().await;
+    s.start_controller(&[]).await;
+    tokio::time::sleep(support::SETTLE).await;
+    assert_eq!(s.generation("web").await, 2, "no roll after a second upgrade");
 
     // The next change moves the workload to keyed checksums, with one rollout.
     s.put(&key, "v2").await;
     s.wait_revisions(DEPLOY, "web", 3).await;
     let v2 = s.checksum_of(&key, b"v2").await;
     assert_eq!(s.template_annotations(DEPLOY, "web").await.get(&names::annotation_key("cfg")), Some(&v2));
+    s.finish().await;
+}
+
+/// A plain checksum (the oldest release's format) put on a workload under the binding's field
+/// manager, by anyone who may patch it, is not read by its value: compared with the content, a
+/// roll or none would tell whether a guess of the values is right. Right guess or wrong, it
+/// stands for what the status says the workload runs; the next change rolls it, once.
+#[tokio::test]
+async fn a_plain_checksum_put_on_a_workload_confirms_no_guess() {
+    let Some(s) = Scene::new("guess").await else { return };
+    let key = s.key("pin");
+    s.put(&key, "1234").await;
+    s.workload(DEPLOY, "web", json!({})).await;
+    s.binding("cfg", spec(json!([{"key": key}]), deploy("web"), "0s")).await;
+    s.wait_condition("cfg", conditions::READY, "True", reason::BASELINED).await;
+    let api = Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(s.client.clone(), &s.ns);
+    let pp = PatchParams::apply(&names::field_manager("cfg")).force();
+    for (guess, generation) in [("1234", 2), ("0000", 3)] {
+        let legacy = checksum::legacy(&[checksum::Source::Key { key: &key, value: Some(guess.as_bytes()) }]);
+        let patch = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
+            "spec": {"template": {"metadata": {"annotations": {names::annotation_key("cfg"): legacy}}}}});
+        api.patch("web", &pp, &Patch::Apply(&patch)).await.unwrap();
+        tokio::time::sleep(support::SETTLE).await;
+        assert_eq!(s.generation("web").await, generation, "the guess {guess} alone moved web");
+    }
+    let rolled = s.events_for("cfg").await.into_iter().filter(|(reason, _)| reason == reason::ROLLED_OUT).count();
+    assert_eq!(rolled, 0);
+
+    s.put(&key, "5678").await;
+    let keyed = s.checksum_of(&key, b"5678").await;
+    let stamped =
+        || async { Ok(s.template_annotations(DEPLOY, "web").await.get(&names::annotation_key("cfg")) == Some(&keyed)) };
+    support::wait("web stamped with the change", stamped).await.unwrap();
+    tokio::time::sleep(support::SETTLE).await;
+    assert_eq!(s.generation("web").await, 4, "rolled once");
     s.finish().await;
 }
 
