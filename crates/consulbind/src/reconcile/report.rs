@@ -132,7 +132,10 @@ pub async fn write_limited(
 }
 
 /// The status of a binding that cannot be served (an invalid spec, a controller bug): Ready
-/// and TargetsUpdated say why; the rest stays as it was.
+/// and TargetsUpdated say why; the rest stays as it was, but for the states of former targets
+/// after an edit: the edit that releases a rollout held for a deleted target
+/// ([`carried::former`](super::carried::former)) is not used up by a reconcile that could not
+/// act on it.
 pub fn not_served(
     previous: &ConsulBindingStatus,
     generation: Option<i64>,
@@ -149,7 +152,11 @@ pub fn not_served(
         conditions.push(condition);
     }
     status::kstatus(&previous.conditions, &mut conditions, generation, now);
-    ConsulBindingStatus { observed_generation: generation, conditions, ..previous.clone() }
+    let mut former_targets = previous.former_targets.clone();
+    if previous.observed_generation != generation {
+        former_targets.iter_mut().for_each(|row| (row.state, row.message) = (None, None));
+    }
+    ConsulBindingStatus { observed_generation: generation, conditions, former_targets, ..previous.clone() }
 }
 
 pub fn short(status: &ConsulBindingStatus) -> &str {

@@ -104,25 +104,6 @@ pub fn step(
         step.rollout = previous.rollout.clone();
         return step;
     }
-    if let Some(row) = ours.and_then(|r| lost(input, r)) {
-        let shown = format!("{} {}", row.kind, row.name);
-        step.hold = Some((
-            reason::ROLLOUT_HALTED,
-            format!(
-                "{shown} was deleted before this rollout saw it healthy; the rollout is halted and targets not yet \
-                 rolled keep what they carry. It goes on once {shown} is back and healthy; a new change (a fix or \
-                 a revert), or an edit of the binding, releases it"
-            ),
-        ));
-        step.rollout = ours.cloned();
-        if let Some(rollout) = &mut step.rollout {
-            (rollout.phase, rollout.since) = (RolloutPhase::Halted, Time(now));
-            rollout.progress = format!("{}/{} {}", rollout.wave, rollout.waves, RolloutPhase::Halted.as_str());
-        }
-        step.wake = Some(HEALTH_POLL);
-        return step;
-    }
-
     let count =
         staging.waves.len() + usize::from(input.found.iter().any(|w| wave(staging, input, w) == staging.waves.len()));
     let record = Record {
@@ -132,6 +113,21 @@ pub fn step(
         desired,
         now,
     };
+    if let Some((row, held)) = ours.and_then(|r| Some((lost(input, r)?, r))) {
+        let shown = format!("{} {}", row.kind, row.name);
+        step.hold = Some((
+            reason::ROLLOUT_HALTED,
+            format!(
+                "{shown} was deleted before this rollout saw it healthy; the rollout is halted and targets not yet \
+                 rolled keep what they carry. It goes on once {shown} is back and healthy; a new change (a fix or \
+                 a revert), or an edit of the binding, releases it"
+            ),
+        ));
+        // Kept at its wave, halted since the first look that saw the target gone.
+        record.at((held.wave as usize).saturating_sub(1), RolloutPhase::Halted, &mut step);
+        step.wake = Some(HEALTH_POLL);
+        return step;
+    }
     if staging.waves.is_empty() {
         // A budget or windows alone: everything they allow rolls now.
         step.roll = behind.iter().filter(|w| !blocked.contains_key(*w)).map(|w| (*w).clone()).collect();

@@ -58,7 +58,7 @@ use crate::{
         apply::{self, Port},
         decide::{self, Event},
         input::{Outcome, Plan},
-        observe::{Observed, Read},
+        observe::{Observed, Read, Refused},
         read,
         staging::Staging,
         state::Record,

@@ -3,6 +3,8 @@
 //! with `progressDeadlineSeconds` it reports `ProgressDeadlineExceeded`. A rollout is counted
 //! as a bump of `metadata.generation`, the binding's stamp as its pod-template annotation.
 
+use std::time::Duration;
+
 use consulbind::names;
 use consulbind_api::{
     ConsulBinding, RolloutPhase, TargetState,
@@ -169,11 +171,49 @@ async fn a_halted_canary_deleted_keeps_the_rest_held_until_it_is_back_and_health
     assert!(held.contains("Deployment canary"), "{held}");
     tokio::time::sleep(support::SETTLE).await;
     assert_eq!(s.generation("web").await, 1, "the rest keep what they carry");
+    // The controller looks again every 30 s while it holds; each look leaves the status as is.
+    let version = s.get_binding("app").await.metadata.resource_version;
+    tokio::time::sleep(Duration::from_secs(35)).await;
+    assert_eq!(s.get_binding("app").await.metadata.resource_version, version, "the held status is not written again");
 
     s.deployments(&[("canary", 0, "canary")]).await;
     s.wait_condition("app", conditions::READY, "True", reason::UP_TO_DATE).await;
     tokio::time::sleep(support::SETTLE).await;
     assert_eq!(s.generation("web").await, 2, "rolled once");
+    s.finish().await;
+}
+
+/// A halted canary deleted for good: the edit of the binding that releases the rest, made while
+/// the binding is refused (its namespace over `--max-bindings-per-namespace` for a while), still
+/// releases it once the binding is served again.
+#[tokio::test]
+async fn an_edit_made_while_the_binding_is_refused_releases_a_deleted_canarys_halt() {
+    let Some(mut s) = Scene::new("waves-gone-edit").await else { return };
+    let key = s.key("config");
+    s.put(&key, "v1").await;
+    s.deployments(&[("canary", 1, "canary"), ("web", 0, "stable")]).await;
+    // Older than "app": made first, and first by name should both be made in one second.
+    s.binding("aaa", json!({"keys": [{"key": key}], "targets": [{"kind": "Deployment", "name": "elsewhere"}]})).await;
+    let mut spec = staged(&key, canary_first("0s"));
+    s.binding("app", spec.clone()).await;
+    s.wait_condition("app", conditions::READY, "True", reason::BASELINED).await;
+    s.put(&key, "v2").await;
+    s.wait_condition("app", conditions::READY, "False", reason::ROLLOUT_HALTED).await;
+    s.kubectl(&["delete", "deployment", "canary"]);
+    s.wait_message_containing("app", conditions::READY, reason::ROLLOUT_HALTED, "was deleted").await;
+
+    s.stop_controller().await;
+    s.start_controller(&["--max-bindings-per-namespace=1"]).await;
+    s.wait_condition("app", conditions::READY, "False", reason::TOO_MANY_BINDINGS).await;
+    spec["rollout"]["healthTimeout"] = json!("20m");
+    s.binding("app", spec).await;
+    let seen = || async { Ok(s.get_binding("app").await.status.and_then(|st| st.observed_generation) == Some(2)) };
+    wait("the edit seen while the binding is refused", seen).await.unwrap();
+    assert_eq!(s.generation("web").await, 1, "nothing rolls while the binding is refused");
+
+    s.stop_controller().await;
+    s.start_controller(&[]).await;
+    s.wait_generation("web", 2).await;
     s.finish().await;
 }
 

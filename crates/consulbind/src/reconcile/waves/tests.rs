@@ -964,6 +964,34 @@ fn a_halted_canary_deleted_and_made_again_holds_the_rest_until_it_is_healthy() {
     assert_eq!(world.rolls("web"), 1);
 }
 
+/// The edit that would release the halt, made while the binding is refused (its token Secret
+/// spoilt, say), still releases it once the binding is served again.
+#[test]
+fn an_edit_made_while_the_binding_is_refused_still_releases_a_deleted_canarys_halt() {
+    let mut world = halted_canary_deleted();
+    assert_eq!(world.tick(), Vec::<String>::new());
+    world.refused = true;
+    world.generation += 1;
+    assert_eq!(world.tick(), Vec::<String>::new());
+    assert_eq!(world.ready().reason, reason::TOKEN_SECRET_INVALID);
+    world.refused = false;
+    assert_eq!(world.tick(), ["web"], "the edit releases it");
+}
+
+/// The halt kept for a deleted canary writes nothing new at each look: its record keeps the
+/// time it halted.
+#[test]
+fn a_halt_kept_for_a_deleted_canary_leaves_the_status_as_it_is() {
+    let mut world = halted_canary_deleted();
+    world.advance(Duration::from_secs(30));
+    world.tick();
+    let held = world.status.clone();
+    world.advance(Duration::from_secs(30));
+    world.tick();
+    assert_eq!(world.ready().reason, reason::ROLLOUT_HALTED);
+    assert!(!crate::reconcile::report::needs_write(&held, &world.status), "{:?}", world.status.rollout);
+}
+
 /// A halted canary deleted for good is released by an edit of the binding (a person's word:
 /// the spec may no longer name it), or by a new change.
 #[test]

@@ -33,6 +33,9 @@ pub struct World {
     /// Writes of the binding's status fail (the API server overloaded, a rule missing), after
     /// the stamps landed.
     pub status_fails: bool,
+    /// The binding is refused before anything is read (its token Secret holds no token, its namespace
+    /// is over its share): the reconcile shows why and acts on nothing.
+    pub refused: bool,
     /// What the last plan said each target should carry, and the content's checksum.
     pub content: BTreeMap<Workload, String>,
     pub desired: Option<String>,
@@ -120,6 +123,7 @@ impl World {
             events: Vec::new(),
             notes: Vec::new(),
             wake: None,
+            refused: false,
         }
     }
 
@@ -175,7 +179,14 @@ impl World {
             previous: self.status.clone(),
             started: now,
             clock: self.clock,
-            read: Ok(read),
+            read: match self.refused {
+                false => Ok(read),
+                true => Err(Refused {
+                    reason: reason::TOKEN_SECRET_INVALID,
+                    message: "the token Secret holds no token".into(),
+                    then: Action::await_change(),
+                }),
+            },
         };
         let decision = decide::decide(&observed, &mut self.record, now);
         let mut port = Writes { world: self, rolled: Vec::new(), now };
