@@ -82,7 +82,6 @@ pub fn unrecorded(input: &Input<'_>) -> Option<ConsulBindingStatus> {
     let staging = input.staging?;
     let carried = Carried::new(input.previous, input.versions);
     let now = input.clock;
-    let recorded = |runs: &str| input.previous.rollout.as_ref().filter(|r| r.checksum == runs);
     let rolls: Vec<(&Workload, &str, Timestamp)> = input
         .found
         .iter()
@@ -93,12 +92,34 @@ pub fn unrecorded(input: &Input<'_>) -> Option<ConsulBindingStatus> {
                 return None;
             }
             let at = live.at.and_then(|at| at.checked_add(SECOND).ok()).map_or(now, |at| at.min(now));
-            Some((w, runs, recorded(runs).map_or(at, |r| at.max(r.started_time.0))))
+            Some((w, runs, at))
         })
         .collect();
-    let (_, latest, _) = *rolls.iter().max_by_key(|(_, _, at)| *at)?;
+    if rolls.is_empty() {
+        return None;
+    }
+    // A rollout is of the whole content, a target's stamp of its own (which, with its template's
+    // references, differs from the whole): a roll to what the target reads now is the rollout of
+    // what the binding reads now.
+    let read = super::plan::contents(input);
+    let rollout_of = |w: &Workload, runs: &'_ str| -> String {
+        match &read {
+            Some((desired, content)) if content.get(w).is_some_and(|c| c == runs) => desired.clone(),
+            _ => runs.to_owned(),
+        }
+    };
+    let recorded = |of: &str| input.previous.rollout.as_ref().filter(|r| r.checksum == of);
+    let rolls: Vec<(&Workload, &str, String, Timestamp)> = rolls
+        .into_iter()
+        .map(|(w, runs, at)| {
+            let of = rollout_of(w, runs);
+            let at = recorded(&of).map_or(at, |r| at.max(r.started_time.0));
+            (w, runs, of, at)
+        })
+        .collect();
+    let (_, _, latest, _) = rolls.iter().max_by_key(|(_, _, _, at)| *at)?;
     let mut status = input.previous.clone();
-    for &(w, runs, at) in &rolls {
+    for &(w, runs, _, at) in &rolls {
         let uid = carried.row(w).and_then(|r| r.uid.clone());
         let rows = status.targets.iter_mut().chain(status.former_targets.iter_mut());
         let Some(row) = rows.filter(|t| (t.kind, t.name.as_str()) == (w.0, w.1.as_str())).find(|t| t.uid == uid) else {
@@ -116,10 +137,10 @@ pub fn unrecorded(input: &Input<'_>) -> Option<ConsulBindingStatus> {
     }
     // A rollout the status records of other content is over: these rolls came after its start.
     if recorded(latest).is_none() {
-        let started = rolls.iter().filter(|(_, runs, _)| *runs == latest).map(|(_, _, at)| *at).min()?;
+        let started = rolls.iter().filter(|(_, _, of, _)| of == latest).map(|(_, _, _, at)| *at).min()?;
         let waves = u32::try_from(staging.waves.len() + 1).unwrap_or(u32::MAX);
         status.rollout = Some(RolloutStatus {
-            checksum: latest.to_owned(),
+            checksum: latest.clone(),
             wave: 1,
             waves,
             phase: RolloutPhase::Rolling,

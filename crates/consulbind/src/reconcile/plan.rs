@@ -2,6 +2,8 @@
 //! look like now and what the status says was applied, which targets to roll and what to report.
 //! Its types are in [`input`](super::input).
 
+use std::collections::BTreeMap;
+
 use consulbind_api::{KeyStatus, ObjectStatus, RolloutPhase, conditions::reason};
 use tokio::time::Instant;
 
@@ -38,6 +40,13 @@ pub fn plan(input: &Input<'_>, pending: &mut Option<Pending>, now: Instant) -> P
     let Some(applied) = input.previous.applied_checksum.as_deref() else { return first_bind(input, plan, now) };
     let (behind, continues) = behind(input, &mut plan, applied, contents, objects);
     roll_when_settled(input, plan, behind, continues, applied, pending, now)
+}
+
+/// The checksum of the whole content and each target's, when every source is read.
+pub fn contents(input: &Input<'_>) -> Option<(String, BTreeMap<Workload, String>)> {
+    let (Consul::Ready(contents), Ok(objects)) = (&input.consul, &input.objects) else { return None };
+    let plan = read(input, contents, objects);
+    Some((plan.desired?, plan.content))
 }
 
 /// What the sources hold: their statuses, the checksum of the whole and each target's content.

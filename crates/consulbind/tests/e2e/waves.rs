@@ -640,16 +640,32 @@ async fn a_problem_whose_status_write_is_refused_for_a_while_is_told_once() {
 /// when its stamp was set, and keeps the canary's pause.
 #[tokio::test]
 async fn a_canary_roll_no_status_recorded_before_a_restart_keeps_its_pause() {
-    let Some(mut s) = Scene::without_controller("waves-unrecorded").await else { return };
-    let twin = crate::rbac::Twin::new(&s, "consulbind-unrecorded-probe").await;
+    unrecorded_canary_roll("waves-unrecorded", false).await;
+}
+
+/// The same where the rest also read a ConfigMap their templates reference, so that the
+/// canary's content is not the whole's: its roll is of the rollout all the same.
+#[tokio::test]
+async fn a_canary_roll_no_status_recorded_keeps_its_pause_where_the_rest_read_more() {
+    unrecorded_canary_roll("waves-unrecorded-refs", true).await;
+}
+
+async fn unrecorded_canary_roll(scene: &str, references: bool) {
+    let Some(mut s) = Scene::without_controller(scene).await else { return };
+    let probe = if references { "consulbind-unrecorded-refs-probe" } else { "consulbind-unrecorded-probe" };
+    let twin = crate::rbac::Twin::new(&s, probe).await;
     let without = twin.cluster_rules_without_status();
     twin.start_controller(&mut s, &[]).await;
     let key = s.key("config");
     s.put(&key, "v1").await;
-    s.deployments(&[("canary", 0, "canary"), ("web", 0, "stable")]).await;
-    s.binding("app", staged(&key, canary_first("1h"))).await;
+    s.apply(extra()).await.unwrap();
+    s.deployments(&[("canary", 0, "canary")]).await;
+    let web = deployment("web", 0, "stable");
+    s.apply(if references { reading_extra(web) } else { web }).await.unwrap();
+    let mut spec = staged(&key, canary_first("1h"));
+    spec["includeTargetReferences"] = json!(references);
+    s.binding("app", spec).await;
     s.wait_condition("app", conditions::READY, "True", reason::BASELINED).await;
-
     twin.set_rules(&without, &twin.own_rules).await;
     let before = k8s_openapi::jiff::Timestamp::now();
     s.put(&key, "v2").await;

@@ -891,6 +891,34 @@ fn a_canary_roll_no_status_recorded_before_a_restart_keeps_its_gate_and_pause() 
     assert_eq!([world.rolls("canary"), world.rolls("web")], [1, 1]);
 }
 
+/// The same where another target's template references a ConfigMap, so that the canary's
+/// content is not the whole's: the roll found on it is of this rollout all the same, which goes
+/// on from it with no second start.
+#[test]
+fn a_canary_roll_no_status_recorded_is_of_the_rollout_though_another_target_reads_more() {
+    let mut world = World::staged(&["canary", "web"], canary_then_rest(Some("1h"), None));
+    world.reference("web", true);
+    world.tick();
+    world.status_fails = true;
+    world.write("v2");
+    assert_eq!(world.tick(), ["canary"]);
+    let started = world.clock;
+    world.restart();
+    world.status_fails = false;
+    world.advance(Duration::from_secs(10));
+    assert_eq!(world.tick(), Vec::<String>::new(), "recorded first");
+    let rollout = world.status.rollout.clone().expect("the rollout found");
+    assert_eq!(Some(&rollout.checksum), world.desired.as_ref(), "of the whole content");
+    assert_eq!(rollout.started_time.0.as_second(), started.as_second() + 1);
+    world.healthy("canary");
+    assert_eq!(world.tick(), Vec::<String>::new());
+    assert_eq!(world.phase(), Some((1, RolloutPhase::Paused)));
+    assert_eq!(world.status.rollout.as_ref().map(|r| &r.started_time), Some(&rollout.started_time), "not started over");
+    world.advance(Duration::from_secs(3600));
+    assert_eq!(world.tick(), ["web"]);
+    assert_eq!([world.rolls("canary"), world.rolls("web")], [1, 1]);
+}
+
 /// A patch that landed though its answer was lost counts as the roll it was: the budget is
 /// spent, and the next change waits for it.
 #[test]
