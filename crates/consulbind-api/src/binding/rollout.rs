@@ -61,8 +61,9 @@ pub struct RolloutPolicy {
     #[schemars(length(max = 16))]
     pub waves: Vec<Wave>,
 
-    /// How long a target rolled in a wave may take to become healthy before the rollout halts.
-    /// Defaults to `10m`; at most `24h`. Only with `waves`.
+    /// How long a target rolled in a wave may take to become healthy before the rollout halts
+    /// (one made during the rollout: from when it was made). Defaults to `10m`; at most `24h`.
+    /// Only with `waves`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 24), regex(pattern = crate::DURATION_PATTERN))]
     pub health_timeout: Option<String>,

@@ -96,7 +96,8 @@ pub fn step(
         // earlier rollout, and soured since, holds the waves after its own (waves simulator
         // seed 684).
         let in_flight = ours.map_or(!behind.is_empty(), |r| r.phase != RolloutPhase::Complete);
-        judge_health(staging, input, &carried, &behind, in_flight, &mut step);
+        let started = ours.map(|r| r.started_time.0);
+        judge_health(staging, input, &carried, &behind, (in_flight, started), &mut step);
     }
     let blocked = spend_budget(staging, input, &carried, &behind, &mut step);
     if !go {
@@ -154,72 +155,62 @@ pub fn step(
 /// whose content changes and changes back is still the one rolled, and may not be healthy
 /// (dropped while it was behind, the next wave rolled: simulator seed 1). Until the rollout is
 /// complete, a target healthy once is judged again: one that sours during its wave's pause holds
-/// the next wave (waves simulator seed 9).
+/// the next wave (waves simulator seed 9). One the rollout did not roll that runs its content
+/// (made, or made again under its name, while it is under way) is judged too, and its health
+/// timeout counts from when it was made or the rollout `started`, whichever is later.
 fn judge_health(
     staging: &Staging,
     input: &Input<'_>,
     carried: &Carried<'_>,
     behind: &BTreeSet<&Workload>,
-    in_flight: bool,
+    (in_flight, started): (bool, Option<Timestamp>),
     step: &mut Step,
 ) {
     let now = input.clock;
     for w in input.found {
-        let Some(row) = carried.row(w) else {
-            // Found with no row of its own while a rollout is in flight (made, or made again
-            // under its name): its pods start with this content, so its health is judged too,
-            // though nothing rolled it (no roll time: it starts no wave and has no timeout).
-            if in_flight && !behind.contains(w) {
-                let state = match input.health.get(w) {
-                    None | Some(Health::Healthy) => (TargetState::Healthy, None),
-                    Some(Health::Failed(what)) => (TargetState::Halted, Some(what.clone())),
-                    Some(Health::Progressing(what)) => (TargetState::Rolling, Some(what.clone())),
-                };
-                step.states.insert(w.clone(), state);
-            }
-            continue;
-        };
-        let judged = match row.state {
+        let row = carried.row(w);
+        let judged = match row.and_then(|r| r.state) {
             Some(TargetState::Rolling | TargetState::Halted | TargetState::Waiting) => true,
             Some(TargetState::Healthy) => in_flight,
-            // Not rolled by a staged rollout, yet running this one's content: its wave is not
-            // healthy without it.
             None => in_flight && !behind.contains(w),
         };
-        let state = match row.state {
-            _ if judged => match input.health.get(w) {
-                None | Some(Health::Healthy) => (TargetState::Healthy, None),
-                Some(Health::Failed(what)) => (TargetState::Halted, Some(what.clone())),
-                Some(Health::Progressing(what)) => {
-                    let Some(rolled) = row.last_rolled_time.as_ref().map(|t| since(t, now)) else {
-                        step.wake = Some(step.wake.map_or(HEALTH_POLL, |w| w.min(HEALTH_POLL)));
-                        step.states.insert(w.clone(), (TargetState::Rolling, Some(what.clone())));
-                        continue;
-                    };
-                    match rolled >= staging.health_timeout {
-                        true => {
-                            let timeout = human(staging.health_timeout);
-                            let what = format!("not healthy within {timeout} (rollout.healthTimeout): {what}");
-                            (TargetState::Halted, Some(what))
-                        }
-                        false if behind.contains(w) => (TargetState::Rolling, Some(what.clone())),
-                        false => {
-                            let left = staging.health_timeout.saturating_sub(rolled);
-                            step.wake = Some(step.wake.map_or(left, |w| w.min(left)));
-                            (TargetState::Rolling, Some(what.clone()))
-                        }
+        if !judged {
+            if let Some(state) = row.and_then(|r| r.state) {
+                step.states.insert(w.clone(), (state, None));
+            }
+            continue;
+        }
+        let state = match input.health.get(w) {
+            None | Some(Health::Healthy) => (TargetState::Healthy, None),
+            Some(Health::Failed(what)) => (TargetState::Halted, Some(what.clone())),
+            Some(Health::Progressing(what)) => {
+                let rolled = row.and_then(|r| r.last_rolled_time.as_ref()).map(|t| t.0);
+                let made = input.versions.get(w).and_then(|v| Timestamp::from_second(v.created).ok());
+                let base = [rolled, made.filter(|m| m.as_second() > 0), started].into_iter().flatten().max();
+                let waited =
+                    base.map_or(Duration::ZERO, |b| Duration::try_from(now.duration_since(b)).unwrap_or_default());
+                match waited >= staging.health_timeout {
+                    true => {
+                        let timeout = human(staging.health_timeout);
+                        let what = format!("not healthy within {timeout} (rollout.healthTimeout): {what}");
+                        (TargetState::Halted, Some(what))
+                    }
+                    false if behind.contains(w) => (TargetState::Rolling, Some(what.clone())),
+                    false => {
+                        let left = staging.health_timeout.saturating_sub(waited);
+                        step.wake = Some(step.wake.map_or(left, |w| w.min(left)));
+                        (TargetState::Rolling, Some(what.clone()))
                     }
                 }
-            },
-            Some(state) => (state, None),
-            None => continue,
+            }
         };
         step.states.insert(w.clone(), state);
     }
 }
 
 /// A target this rollout rolled, halted or not healthy yet, that is gone since: its wave's gate
-/// would otherwise open without it. (One made again under its name is judged as rolled now.)
+/// would otherwise open without it. (One made again under its name is judged, from when it was
+/// made.)
 fn lost<'a>(input: &Input<'a>, ours: &RolloutStatus) -> Option<&'a TargetStatus> {
     let previous = input.previous;
     // An edit of the binding is a person's word: the spec may no longer name it.

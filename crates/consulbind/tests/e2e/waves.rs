@@ -183,6 +183,35 @@ async fn a_halted_canary_deleted_keeps_the_rest_held_until_it_is_back_and_health
     s.finish().await;
 }
 
+/// A halted canary deleted and made again that never becomes available (here a Deployment
+/// whose progress deadline is ten minutes away) halts the rollout again once the health timeout
+/// has passed since it was made, where it held the rest as in progress for ever.
+#[tokio::test]
+async fn a_canary_made_again_that_stays_progressing_halts_at_the_health_timeout() {
+    let Some(s) = Scene::new("waves-made-again").await else { return };
+    let key = s.key("config");
+    s.put(&key, "v1").await;
+    s.deployments(&[("canary", 1, "canary"), ("web", 0, "stable")]).await;
+    let mut rollout = canary_first("0s");
+    rollout["healthTimeout"] = json!("15s");
+    s.binding("app", staged(&key, rollout)).await;
+    s.wait_condition("app", conditions::READY, "True", reason::BASELINED).await;
+    s.put(&key, "v2").await;
+    s.wait_condition("app", conditions::READY, "False", reason::ROLLOUT_HALTED).await;
+    s.kubectl(&["delete", "deployment", "canary"]);
+    s.wait_message_containing("app", conditions::READY, reason::ROLLOUT_HALTED, "was deleted").await;
+
+    let mut canary = deployment("canary", 1, "canary");
+    canary["spec"].as_object_mut().unwrap().remove("progressDeadlineSeconds");
+    s.apply(canary).await.unwrap();
+    s.wait_condition("app", conditions::READY, "False", reason::ROLLOUT_IN_PROGRESS).await;
+    let halted =
+        s.wait_message_containing("app", conditions::READY, reason::ROLLOUT_HALTED, "not healthy within").await;
+    assert!(halted.contains("15s"), "{halted}");
+    assert_eq!(s.generation("web").await, 1, "the rest keep what they carry");
+    s.finish().await;
+}
+
 /// A halted canary deleted for good: the edit of the binding that releases the rest, made while
 /// the binding is refused (its namespace over `--max-bindings-per-namespace` for a while), still
 /// releases it once the binding is served again.

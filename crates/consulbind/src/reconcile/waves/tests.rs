@@ -1006,6 +1006,29 @@ fn an_edit_made_while_the_binding_is_refused_still_releases_a_deleted_canarys_ha
     assert_eq!(world.tick(), ["web"], "the edit releases it");
 }
 
+/// A canary made again that never becomes healthy (a StatefulSet or a DaemonSet reports no
+/// failure of its own) halts the rollout once the health timeout has passed since it was made.
+#[test]
+fn a_canary_made_again_that_stays_progressing_halts_at_the_health_timeout() {
+    let mut world = halted_canary_deleted();
+    world.spec.rollout.as_mut().unwrap().health_timeout = Some("5m".into());
+    world.tick();
+    world.advance(Duration::from_secs(600));
+    world.make_again("canary");
+    assert_eq!(world.tick(), Vec::<String>::new());
+    assert_eq!(world.ready().reason, reason::ROLLOUT_IN_PROGRESS, "{}", world.ready().message);
+    world.advance(Duration::from_secs(298));
+    world.tick();
+    assert_eq!(world.ready().reason, reason::ROLLOUT_IN_PROGRESS, "{}", world.ready().message);
+    world.advance(Duration::from_secs(2));
+    world.tick();
+    let ready = world.ready();
+    assert_eq!(ready.reason, reason::ROLLOUT_HALTED);
+    assert!(ready.message.contains("not healthy within 5m"), "{}", ready.message);
+    world.healthy("canary");
+    assert_eq!(world.tick(), ["web"]);
+}
+
 /// The halt kept for a deleted canary writes nothing new at each look: its record keeps the
 /// time it halted.
 #[test]
