@@ -244,6 +244,9 @@ impl Sim {
         let now = self.world.clock;
         if !rolled.is_empty() {
             self.note(format_args!("rolled {rolled:?}"));
+            if self.world.refused {
+                self.fail("a refused binding rolled");
+            }
         }
         let states: Vec<String> =
             self.world.status.targets.iter().map(|t| format!("{}={:?}", t.name, t.state)).collect();
@@ -303,8 +306,9 @@ impl Sim {
             }
         }
         // A target waits for the budget only once it was rolled as often as the budget allows:
-        // a patch that failed was no rollout. (A status that could not be written is older.)
-        if let Some(budget) = self.staging.budget.filter(|_| !self.world.status_fails) {
+        // a patch that failed was no rollout. (A status that could not be written is older; a
+        // refused binding's keeps the states it had.)
+        if let Some(budget) = self.staging.budget.filter(|_| !self.world.status_fails && !self.world.refused) {
             let per = k8s_openapi::jiff::SignedDuration::try_from(budget.per).unwrap();
             for t in self.world.status.targets.iter().filter(|t| t.state == Some(TargetState::Waiting)) {
                 let w = deploy(&t.name);
@@ -353,7 +357,7 @@ impl Sim {
 
     async fn run(&mut self) {
         for _ in 0..STEPS {
-            match self.rng.usize(..16) {
+            match self.rng.usize(..18) {
                 0..=2 => {
                     let value = VALUES[self.rng.usize(..VALUES.len())];
                     if value != self.world.value {
@@ -410,10 +414,11 @@ impl Sim {
                     self.note(format_args!("answers to patches of {} {}", w.1, if lost { "lost" } else { "come" }));
                 }
                 // A person deletes a target, or a GitOps tool makes a deleted one again. (Not while
-                // status writes fail: one made then, whose content changes before a status shows
-                // it, is taken as started with the content of the first status that does.)
+                // status writes fail or the binding is refused: one made then, whose content
+                // changes before a status shows it, is taken as started with the content of the
+                // first status that does.)
                 13 => match self.deleted.pop() {
-                    Some(name) if !self.world.status_fails => self.make_again(name),
+                    Some(name) if !self.world.status_fails && !self.world.refused => self.make_again(name),
                     Some(name) => self.deleted.push(name),
                     None if self.world.found.len() > 1 => {
                         let w = self.world.found[self.rng.usize(..self.world.found.len())].clone();
@@ -425,6 +430,16 @@ impl Sim {
                     }
                     None => {}
                 },
+                // The binding is refused for a while (its namespace over its share), or served again.
+                14 => {
+                    self.world.refused = !self.world.refused;
+                    self.note(format_args!("the binding is {}", if self.world.refused { "refused" } else { "served" }));
+                }
+                // A person edits the binding's spec (the same rules).
+                15 => {
+                    self.world.generation += 1;
+                    self.note("the binding is edited");
+                }
                 _ => {}
             }
             self.reconcile().await;
@@ -434,6 +449,7 @@ impl Sim {
         self.world.refusing.clear();
         self.world.unanswered.clear();
         self.world.status_fails = false;
+        self.world.refused = false;
         while let Some(name) = self.deleted.pop() {
             self.make_again(name);
         }
