@@ -22,7 +22,10 @@ use k8s_openapi::{
     jiff::{SignedDuration, Timestamp},
 };
 
-use super::input::{Input, Outcome, Plan};
+use super::{
+    input::{Consul, Input, Outcome, Plan},
+    staging::Staging,
+};
 use crate::cluster::{Live, Version, Workload};
 
 /// The most rows of former targets kept, the newest.
@@ -78,8 +81,8 @@ impl<'a> Carried<'a> {
 /// start of the rollout the status records for that content: a pause, a health timeout and the
 /// budget count from no earlier than the roll. A rollout of that content that no status records
 /// begins with these rolls.
-pub fn unrecorded(input: &Input<'_>) -> Option<ConsulBindingStatus> {
-    let staging = input.staging?;
+pub fn unrecorded(input: &Input<'_>) -> Result<Option<ConsulBindingStatus>, (&'static str, String)> {
+    let Some(staging) = input.staging else { return Ok(None) };
     let carried = Carried::new(input.previous, input.versions);
     let now = input.clock;
     let rolls: Vec<(&Workload, &str, Timestamp)> = input
@@ -96,39 +99,58 @@ pub fn unrecorded(input: &Input<'_>) -> Option<ConsulBindingStatus> {
         })
         .collect();
     if rolls.is_empty() {
-        return None;
+        return Ok(None);
     }
     // A rollout is of the whole content, a target's stamp of its own (which, with its template's
     // references, differs from the whole): a roll to what the target reads now is the rollout of
-    // what the binding reads now.
+    // what the binding reads now. Until the content is read, such a binding cannot tell.
     let read = super::plan::contents(input);
-    let rollout_of = |w: &Workload, runs: &'_ str| -> String {
-        match &read {
-            Some((desired, content)) if content.get(w).is_some_and(|c| c == runs) => desired.clone(),
-            _ => runs.to_owned(),
-        }
+    if read.is_none() && input.spec.include_target_references {
+        return Err(unread(input));
+    }
+    let rollout_of = |w: &Workload, runs: &str| match &read {
+        Some((desired, content)) if content.get(w).is_some_and(|c| c == runs) => desired.clone(),
+        _ => runs.to_owned(),
     };
+    let rolls = rolls.into_iter().map(|(w, runs, at)| (w, runs, rollout_of(w, runs), at)).collect();
+    Ok(Some(amend(input, &carried, staging, rolls)))
+}
+
+/// Why the content is not read.
+fn unread(input: &Input<'_>) -> (&'static str, String) {
+    match (&input.consul, &input.objects) {
+        (Consul::Failed { reason, message }, _) | (_, Err((reason, message))) => (*reason, message.clone()),
+        _ => (reason::CONSUL_UNREACHABLE, "the content is not read yet".into()),
+    }
+}
+
+/// The previous status with `rolls` recorded: each target, what it runs, the rollout that is
+/// of, and when it rolled.
+fn amend(
+    input: &Input<'_>,
+    carried: &Carried<'_>,
+    staging: &Staging,
+    rolls: Vec<(&Workload, &str, String, Timestamp)>,
+) -> ConsulBindingStatus {
     let recorded = |of: &str| input.previous.rollout.as_ref().filter(|r| r.checksum == of);
-    let rolls: Vec<(&Workload, &str, String, Timestamp)> = rolls
+    let rolls: Vec<_> = rolls
         .into_iter()
-        .map(|(w, runs, at)| {
-            let of = rollout_of(w, runs);
+        .map(|(w, runs, of, at)| {
             let at = recorded(&of).map_or(at, |r| at.max(r.started_time.0));
             (w, runs, of, at)
         })
         .collect();
-    let (_, _, latest, _) = rolls.iter().max_by_key(|(_, _, _, at)| *at)?;
     let mut status = input.previous.clone();
-    for &(w, runs, _, at) in &rolls {
+    for (w, runs, _, at) in &rolls {
         let uid = carried.row(w).and_then(|r| r.uid.clone());
         let rows = status.targets.iter_mut().chain(status.former_targets.iter_mut());
         let Some(row) = rows.filter(|t| (t.kind, t.name.as_str()) == (w.0, w.1.as_str())).find(|t| t.uid == uid) else {
             continue;
         };
-        (row.checksum, row.stamp, row.last_rolled_time) = (runs.to_owned(), None, Some(Time(at)));
+        (row.checksum, row.stamp, row.last_rolled_time) = ((*runs).to_owned(), None, Some(Time(*at)));
         (row.state, row.message) = (Some(TargetState::Rolling), None);
         if staging.budget.is_some() {
-            row.rolled_times.push(Time(at));
+            row.rolled_times.push(Time(*at));
         }
     }
     // Its sources are not what these rows now stand for: no target is taken as rebased on them.
@@ -136,8 +158,10 @@ pub fn unrecorded(input: &Input<'_>) -> Option<ConsulBindingStatus> {
         (ready.status, ready.reason) = ("False".into(), reason::PENDING.into());
     }
     // A rollout the status records of other content is over: these rolls came after its start.
-    if recorded(latest).is_none() {
-        let started = rolls.iter().filter(|(_, _, of, _)| of == latest).map(|(_, _, _, at)| *at).min()?;
+    let latest = rolls.iter().max_by_key(|(_, _, _, at)| *at).map(|(_, _, of, _)| of);
+    if let Some(latest) = latest.filter(|of| recorded(of).is_none()) {
+        let started =
+            rolls.iter().filter(|(_, _, of, _)| of == latest).map(|(_, _, _, at)| *at).min().unwrap_or(input.clock);
         let waves = u32::try_from(staging.waves.len() + 1).unwrap_or(u32::MAX);
         status.rollout = Some(RolloutStatus {
             checksum: latest.clone(),
@@ -150,7 +174,7 @@ pub fn unrecorded(input: &Input<'_>) -> Option<ConsulBindingStatus> {
             next_window: None,
         });
     }
-    Some(status)
+    status
 }
 
 /// The targets' rows of the status to write after `plan` and its `outcome`.

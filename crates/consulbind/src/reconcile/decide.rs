@@ -90,6 +90,11 @@ pub fn decide<'a>(observed: &'a Observed<'_>, record: &mut Record, now: Instant)
     let withhold = owed.is_some();
     let upgraded = owed.clone().map(|previous| Upgraded { previous, live: read.resolved.live.clone() });
     let mut act = Act { read, plan: Plan::default(), upgraded, restore, restored, withhold, settled: None };
+    let input = act.input(observed);
+    if let Some(live) = upgrade::disowned(&input) {
+        let previous = input.previous.clone();
+        act.upgraded = Some(Upgraded { previous, live });
+    }
     if let Some(values) = &read.values {
         match upgrade::upgrade(&act.input(observed), values) {
             Ok(upgraded) => act.upgraded = upgraded.or(act.upgraded.take()),
@@ -104,10 +109,20 @@ pub fn decide<'a>(observed: &'a Observed<'_>, record: &mut Record, now: Instant)
     }
     // Rolls no status records (not even an owed one), as the workloads show them, are written
     // before anything rolls.
-    if let Some(previous) = carried::unrecorded(&input) {
-        act.upgraded = Some(Upgraded { previous, live: input.live.clone() });
-        act.withhold = true;
-        input = act.input(observed);
+    match carried::unrecorded(&input) {
+        Ok(None) => {}
+        Ok(Some(previous)) => {
+            act.upgraded = Some(Upgraded { previous, live: input.live.clone() });
+            act.withhold = true;
+            input = act.input(observed);
+        }
+        // Rolls of a rollout that cannot be told until the content is read: shown as unread,
+        // the rows as they are, recorded once it is.
+        Err((reason, message)) => {
+            let time = Time(observed.clock);
+            let status = report::not_served(input.previous, observed.generation, reason, &message, &time);
+            return Decision::Refused { status: Box::new(status), then: Action::requeue(Duration::from_secs(5)) };
+        }
     }
     let before = record.pending.clone();
     let mut pending = record.pending.take().map(|p| *p);

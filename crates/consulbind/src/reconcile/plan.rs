@@ -664,9 +664,19 @@ mod tests {
                 let live: BTreeMap<Workload, Live> =
                     [(found[0].clone(), Live { value: live.into(), owned: true, at: None })].into();
                 let input = Input { live: &live, ..input(&spec, previous, &entries, &found) };
-                assert!(older_values(&input));
-                let upgraded = upgrade::upgrade(&input, &[raw(value)]).expect("the same content");
-                assert!(upgrade::upgrade(&input, &[raw("changed meanwhile")]).is_err());
+                // As decide has it: an older stamp the status does not record is disowned first.
+                let disowned = upgrade::disowned(&input);
+                let input = match &disowned {
+                    Some(live) => Input { live, ..input },
+                    None => input,
+                };
+                let upgraded = match older_values(&input) {
+                    true => {
+                        assert!(upgrade::upgrade(&input, &[raw("changed meanwhile")]).is_err());
+                        upgrade::upgrade(&input, &[raw(value)]).expect("the same content")
+                    }
+                    false => None,
+                };
                 let input = match &upgraded {
                     Some(u) => Input { previous: &u.previous, live: &u.live, ..input },
                     None => input,
@@ -696,8 +706,9 @@ mod tests {
 
     /// An older stamp the status does not record (set by hand under the binding's manager, or
     /// left on a workload upgraded across two formats) stands for what the target's row says it
-    /// runs, whatever values it digests: a right guess of the values and a wrong one are
-    /// answered alike, and a change since the row rolls.
+    /// runs, whatever values it digests, at every look, Consul read or not: a right guess of the
+    /// values and a wrong one are answered alike, no status ever records it, and a change since
+    /// the row rolls.
     #[tokio::test(start_paused = true)]
     async fn an_older_stamp_no_status_records_stands_for_the_targets_row_whatever_it_digests() {
         let legacy =
@@ -705,23 +716,29 @@ mod tests {
         let (_, at_v1) = step(&spec(false), &Default::default(), &entry("v1"), &web());
         let spec = spec(false);
         let found = web();
-        let decide = |value: &str, stamp: &str| {
+        // One look, Consul `down` or read: what it rolls and the status it writes.
+        let look = |previous: &ConsulBindingStatus, value: &str, stamp: &str, down: bool| {
             let entries = entry(value);
             let live: BTreeMap<Workload, Live> =
                 [(found[0].clone(), Live { value: stamp.into(), owned: true, at: None })].into();
-            let input = Input { live: &live, ..input(&spec, &at_v1, &entries, &found) };
-            assert!(older_values(&input));
-            let upgraded = upgrade::upgrade(&input, &[raw(value)]).expect("the same content");
-            let input = match &upgraded {
-                Some(u) => Input { previous: &u.previous, live: &u.live, ..input },
-                None => input,
-            };
-            plan(&input, &mut None, Instant::now()).roll
+            let mut input = Input { live: &live, ..input(&spec, previous, &entries, &found) };
+            if down {
+                input.consul = Consul::Failed { reason: reason::CONSUL_UNREACHABLE, message: "down".into() };
+            }
+            let disowned = upgrade::disowned(&input).expect("not recorded");
+            let input = Input { live: &disowned, ..input };
+            assert!(!older_values(&input), "no values needed");
+            plan_and_status(&input)
         };
-        assert!(decide("v1", &legacy("v1")).is_empty(), "a right guess");
-        assert!(decide("v1", &legacy("a wrong guess")).is_empty(), "a wrong guess");
-        assert_eq!(decide("v2", &legacy("v2")), web(), "a right guess of a change since the row");
-        assert_eq!(decide("v2", &legacy("v1")), web());
+        for (value, right, wrong, rolls) in [("v1", "v1", "a wrong guess", vec![]), ("v2", "v2", "v1", web())] {
+            for guess in [right, wrong] {
+                let (_, status) = look(&at_v1, value, &legacy(guess), true);
+                let text = serde_json::to_string(&status).unwrap();
+                assert!(!text.contains(&legacy(guess)), "{text}");
+                let (plan, _) = look(&status, value, &legacy(guess), false);
+                assert_eq!(plan.roll, rolls, "content {value}, a guess of {guess}");
+            }
+        }
     }
 
     #[tokio::test(start_paused = true)]
@@ -2016,7 +2033,7 @@ mod tests {
     }
 
     /// An older checksum in any one place asks for the second read: the applied one, a
-    /// target's row, or the binding's own stamp on a workload.
+    /// target's row, or the binding's own stamp on a workload where its row records it.
     #[tokio::test(start_paused = true)]
     async fn an_older_checksum_in_any_one_place_asks_for_a_second_read() {
         let (spec, entries, found) = (spec(false), entry("v1"), web());
@@ -2025,10 +2042,13 @@ mod tests {
         let applied = ConsulBindingStatus { applied_checksum: Some(older.clone()), ..current.clone() };
         let mut row = current.clone();
         row.targets[0].checksum = older.clone();
+        let mut stamped = current.clone();
+        stamped.targets[0].stamp = Some(older.clone());
         let live: BTreeMap<Workload, Live> = [(found[0].clone(), Live { value: older, owned: true, at: None })].into();
         assert!(older_values(&input(&spec, &applied, &entries, &found)), "the applied checksum");
         assert!(older_values(&input(&spec, &row, &entries, &found)), "a target's row");
-        assert!(older_values(&Input { live: &live, ..input(&spec, &current, &entries, &found) }), "a stamp");
+        assert!(older_values(&Input { live: &live, ..input(&spec, &stamped, &entries, &found) }), "a stamp recorded");
+        assert!(!older_values(&Input { live: &live, ..input(&spec, &current, &entries, &found) }), "one not recorded");
         assert!(!older_values(&input(&spec, &current, &entries, &found)));
     }
 

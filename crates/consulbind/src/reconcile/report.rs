@@ -2,7 +2,7 @@
 //! new, and events on the binding and the workloads. One of the two places that write to the
 //! cluster.
 
-use consulbind_api::{ConsulBinding, ConsulBindingStatus, WorkloadKind, conditions};
+use consulbind_api::{ConsulBinding, ConsulBindingStatus, TargetState, TargetStatus, WorkloadKind, conditions};
 use k8s_openapi::{
     api::{core::v1::ObjectReference, events::v1::Event},
     apimachinery::pkg::apis::meta::v1::{Condition, MicroTime, ObjectMeta, Time},
@@ -152,11 +152,14 @@ pub fn not_served(
         conditions.push(condition);
     }
     status::kstatus(&previous.conditions, &mut conditions, generation, now);
-    let mut former_targets = previous.former_targets.clone();
+    let mut status = ConsulBindingStatus { observed_generation: generation, conditions, ..previous.clone() };
     if previous.observed_generation != generation {
-        former_targets.iter_mut().for_each(|row| (row.state, row.message) = (None, None));
+        // A target may be gone by now, unseen: the halt it would keep is the edit's to release.
+        let unsettled = |t: &TargetStatus| matches!(t.state, Some(TargetState::Rolling | TargetState::Halted));
+        let rows = status.targets.iter_mut().filter(|t| unsettled(t)).chain(&mut status.former_targets);
+        rows.for_each(|row| (row.state, row.message) = (None, None));
     }
-    ConsulBindingStatus { observed_generation: generation, conditions, former_targets, ..previous.clone() }
+    status
 }
 
 pub fn short(status: &ConsulBindingStatus) -> &str {

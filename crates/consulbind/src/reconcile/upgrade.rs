@@ -34,12 +34,44 @@ pub struct ChangedMeanwhile;
 /// value on it stands for content without them, which is a change. (One that only references
 /// them through its targets is upgraded like a Consul-only binding, and then rebased.)
 pub fn older_values(input: &Input<'_>) -> bool {
-    let older = |value: &str| !checksum::is_current(value) && !checksum::is_v2(value);
+    let carried = Carried::new(input.previous, input.versions);
     matches!(input.consul, Consul::Ready(_))
         && input.spec.objects().next().is_none()
         && (input.previous.applied_checksum.as_deref().is_some_and(older)
             || input.previous.targets.iter().any(|t| older(&t.checksum))
-            || input.live.values().any(|l| l.owned && older(l.checksum())))
+            || input.live.iter().any(|(w, l)| l.owned && older(l.checksum()) && recorded(&carried, w, l)))
+}
+
+fn older(value: &str) -> bool {
+    !checksum::is_current(value) && !checksum::is_v2(value)
+}
+
+/// Whether the status records `live` on `w`: as what its row says it runs, or as its stamp.
+fn recorded(carried: &Carried<'_>, w: &Workload, live: &Live) -> bool {
+    carried.row(w).is_some_and(|r| r.checksum == live.checksum() || r.stamp.as_deref() == Some(live.checksum()))
+}
+
+/// The workloads' stamps with those of an older format that the status does not record on the
+/// workload taken as someone else's value (see [`carried`](super::carried)): it says nothing of
+/// what the pods run, and the row, if any, does. The oldest format is a plain digest of the
+/// values that anyone who may patch a workload could set under the binding's manager; read by
+/// its value, a roll or none would confirm a guess of them. Legitimately, one is a workload
+/// upgraded across two formats, whose row was upgraded while it kept its stamp. `None` when
+/// there is none. Needs no values, so it holds at every look, Consul read or not, and no row is
+/// ever moved to such a value.
+pub fn disowned(input: &Input<'_>) -> Option<BTreeMap<Workload, Live>> {
+    let carried = Carried::new(input.previous, input.versions);
+    let unrecorded = |w: &Workload, l: &Live| l.owned && older(l.checksum()) && !recorded(&carried, w, l);
+    if !input.live.iter().any(|(w, l)| unrecorded(w, l)) {
+        return None;
+    }
+    let mut live = input.live.clone();
+    for (w, l) in &mut live {
+        if unrecorded(w, l) {
+            (l.owned, l.at) = (false, None);
+        }
+    }
+    Some(live)
 }
 
 /// Where a value of an older format is that of the current content, it stands for the current
@@ -69,30 +101,12 @@ pub fn upgrade(input: &Input<'_>, values: &[Vec<KvEntry>]) -> Result<Option<Upgr
         read(applied);
     }
     upgraded.previous.targets.iter_mut().for_each(|t| read(&mut t.checksum));
-    // An older stamp is read by its value only where the status records it on that workload:
-    // the oldest format is a plain digest of the values, which anyone who may patch a workload
-    // could set under the binding's manager to learn, by a roll or none, whether a guess is
-    // right. One it does not record (a workload upgraded across two formats: its row was
-    // upgraded and it kept its stamp) stands for what its row says it runs.
-    let was = Carried::new(input.previous, input.versions);
-    let Upgraded { previous, live } = &mut upgraded;
-    let rows = Carried::new(previous, input.versions);
-    for (w, live) in live.iter_mut().filter(|(_, l)| l.owned) {
-        let stamp = live.checksum();
-        if checksum::is_current(stamp) || checksum::is_v2(stamp) {
-            continue;
+    // Only the stamps the status records are left owned ([`disowned`]).
+    for live in upgraded.live.values_mut().filter(|l| l.owned) {
+        if let Some(old) = older.iter().find(|o| live.checksum() == o.as_str()) {
+            live.value = live.value.replacen(old.as_str(), &desired, 1);
+            found = true;
         }
-        let recorded = was.row(w).is_some_and(|r| r.checksum == stamp || r.stamp.as_deref() == Some(stamp));
-        let stands_for = match recorded {
-            true if older.iter().any(|o| o == stamp) => desired.as_str(),
-            false => match rows.checksum(w) {
-                Some(row) => row,
-                None => continue,
-            },
-            true => continue,
-        };
-        live.value = live.value.replacen(stamp, stands_for, 1);
-        found = true;
     }
     Ok(found.then_some(upgraded))
 }

@@ -96,7 +96,8 @@ pub fn step(
         // earlier rollout, and soured since, holds the waves after its own (waves simulator
         // seed 684).
         let in_flight = ours.map_or(!behind.is_empty(), |r| r.phase != RolloutPhase::Complete);
-        let started = ours.map(|r| r.started_time.0);
+        // A rollout about to start starts now.
+        let started = ours.map_or(now, |r| r.started_time.0);
         judge_health(staging, input, &carried, &behind, (in_flight, started), &mut step);
     }
     let blocked = spend_budget(staging, input, &carried, &behind, &mut step);
@@ -163,7 +164,7 @@ fn judge_health(
     input: &Input<'_>,
     carried: &Carried<'_>,
     behind: &BTreeSet<&Workload>,
-    (in_flight, started): (bool, Option<Timestamp>),
+    (in_flight, started): (bool, Timestamp),
     step: &mut Step,
 ) {
     let now = input.clock;
@@ -186,9 +187,9 @@ fn judge_health(
             Some(Health::Progressing(what)) => {
                 let rolled = row.and_then(|r| r.last_rolled_time.as_ref()).map(|t| t.0);
                 let made = input.versions.get(w).and_then(|v| Timestamp::from_second(v.created).ok());
-                let base = [rolled, made.filter(|m| m.as_second() > 0), started].into_iter().flatten().max();
-                let waited =
-                    base.map_or(Duration::ZERO, |b| Duration::try_from(now.duration_since(b)).unwrap_or_default());
+                let base =
+                    [rolled, made.filter(|m| m.as_second() > 0)].into_iter().flatten().fold(started, Timestamp::max);
+                let waited = Duration::try_from(now.duration_since(base)).unwrap_or_default();
                 match waited >= staging.health_timeout {
                     true => {
                         let timeout = human(staging.health_timeout);

@@ -310,15 +310,25 @@ async fn upgrade_from(scene: &str, older: fn(&checksum::Key, &[checksum::Source<
 
 /// A plain checksum (the oldest release's format) put on a workload under the binding's field
 /// manager, by anyone who may patch it, is not read by its value: compared with the content, a
-/// roll or none would tell whether a guess of the values is right. Right guess or wrong, it
-/// stands for what the status says the workload runs; the next change rolls it, once.
+/// roll or none would tell whether a guess of the values is right. Right guess or wrong, and
+/// across a look that cannot read Consul (its token Secret spoilt for a while), it stands for
+/// what the status says the workload runs, and no status records it; the next change rolls it,
+/// once.
 #[tokio::test]
 async fn a_plain_checksum_put_on_a_workload_confirms_no_guess() {
     let Some(s) = Scene::new("guess").await else { return };
     let key = s.key("pin");
     s.put(&key, "1234").await;
     s.workload(DEPLOY, "web", json!({})).await;
-    s.binding("cfg", spec(json!([{"key": key}]), deploy("web"), "0s")).await;
+    let token = |value: &str| {
+        json!({"apiVersion": "v1", "kind": "Secret", "stringData": {"token": value},
+               "metadata": {"name": "token", "labels": {"consulbind.dev/token": "true"}}})
+    };
+    let good = "00000000-1111-2222-3333-444444444444";
+    s.apply(token(good)).await.unwrap();
+    let mut binding = spec(json!([{"key": key}]), deploy("web"), "0s");
+    binding["consul"] = json!({"tokenSecretRef": {"name": "token"}});
+    s.binding("cfg", binding).await;
     s.wait_condition("cfg", conditions::READY, "True", reason::BASELINED).await;
     let api = Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(s.client.clone(), &s.ns);
     let pp = PatchParams::apply(&names::field_manager("cfg")).force();
@@ -327,8 +337,15 @@ async fn a_plain_checksum_put_on_a_workload_confirms_no_guess() {
         let patch = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
             "spec": {"template": {"metadata": {"annotations": {names::annotation_key("cfg"): legacy}}}}});
         api.patch("web", &pp, &Patch::Apply(&patch)).await.unwrap();
+        s.apply(token("not a token")).await.unwrap();
+        s.wait_condition("cfg", conditions::READY, "False", reason::TOKEN_SECRET_INVALID).await;
+        s.apply(token(good)).await.unwrap();
+        let served = || async { Ok(support::ready(&s.get_binding("cfg").await).is_some_and(|c| c.status == "True")) };
+        support::wait("the binding served again", served).await.unwrap();
         tokio::time::sleep(support::SETTLE).await;
         assert_eq!(s.generation("web").await, generation, "the guess {guess} alone moved web");
+        let status = serde_json::to_string(&s.get_binding("cfg").await.status).unwrap();
+        assert!(!status.contains(&legacy[..12]), "{status}");
     }
     let rolled = s.events_for("cfg").await.into_iter().filter(|(reason, _)| reason == reason::ROLLED_OUT).count();
     assert_eq!(rolled, 0);

@@ -212,12 +212,58 @@ async fn a_canary_made_again_that_stays_progressing_halts_at_the_health_timeout(
     s.finish().await;
 }
 
+/// A long-standing canary the rollout does not roll (the change is of a ConfigMap only the rest
+/// reference) that is progressing for its own reasons holds the rest from the rollout's start,
+/// and halts it once `healthTimeout` has passed since then, not at once.
+#[tokio::test]
+async fn a_canary_not_rolled_and_progressing_is_timed_from_the_rollouts_start() {
+    let Some(s) = Scene::new("waves-not-rolled").await else { return };
+    let key = s.key("config");
+    s.put(&key, "v1").await;
+    s.apply(extra()).await.unwrap();
+    let mut canary = deployment("canary", 1, "canary");
+    canary["spec"].as_object_mut().unwrap().remove("progressDeadlineSeconds");
+    s.apply(canary).await.unwrap();
+    s.apply(reading_extra(deployment("web", 0, "stable"))).await.unwrap();
+    let mut rollout = canary_first("0s");
+    rollout["healthTimeout"] = json!("15s");
+    let mut spec = staged(&key, rollout);
+    spec["includeTargetReferences"] = json!(true);
+    s.binding("app", spec).await;
+    s.wait_condition("app", conditions::READY, "True", reason::BASELINED).await;
+    // The canary has been progressing for longer than the health timeout.
+    tokio::time::sleep(std::time::Duration::from_secs(16)).await;
+
+    s.apply(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "extra"}, "data": {"x": "2"}}))
+        .await
+        .unwrap();
+    let held = s.wait_condition("app", conditions::READY, "False", reason::ROLLOUT_IN_PROGRESS).await;
+    let ready = support::ready(&held).unwrap();
+    assert!(ready.message.contains("canary"), "{}", ready.message);
+    let halted =
+        s.wait_message_containing("app", conditions::READY, reason::ROLLOUT_HALTED, "not healthy within").await;
+    assert!(halted.contains("15s"), "{halted}");
+    assert_eq!(s.generations(&["canary", "web"]).await, [1, 1], "nothing rolled");
+    s.finish().await;
+}
+
 /// A halted canary deleted for good: the edit of the binding that releases the rest, made while
 /// the binding is refused (its namespace over `--max-bindings-per-namespace` for a while), still
 /// releases it once the binding is served again.
 #[tokio::test]
 async fn an_edit_made_while_the_binding_is_refused_releases_a_deleted_canarys_halt() {
-    let Some(mut s) = Scene::new("waves-gone-edit").await else { return };
+    edit_while_refused("waves-gone-edit", false).await;
+}
+
+/// The same with the canary deleted while the binding is refused, so that no served look saw
+/// it gone.
+#[tokio::test]
+async fn a_canary_deleted_and_an_edit_both_while_the_binding_is_refused_release_the_rest() {
+    edit_while_refused("waves-gone-refused", true).await;
+}
+
+async fn edit_while_refused(scene: &str, deleted_while_refused: bool) {
+    let Some(mut s) = Scene::new(scene).await else { return };
     let key = s.key("config");
     s.put(&key, "v1").await;
     s.deployments(&[("canary", 1, "canary"), ("web", 0, "stable")]).await;
@@ -228,12 +274,17 @@ async fn an_edit_made_while_the_binding_is_refused_releases_a_deleted_canarys_ha
     s.wait_condition("app", conditions::READY, "True", reason::BASELINED).await;
     s.put(&key, "v2").await;
     s.wait_condition("app", conditions::READY, "False", reason::ROLLOUT_HALTED).await;
-    s.kubectl(&["delete", "deployment", "canary"]);
-    s.wait_message_containing("app", conditions::READY, reason::ROLLOUT_HALTED, "was deleted").await;
+    if !deleted_while_refused {
+        s.kubectl(&["delete", "deployment", "canary"]);
+        s.wait_message_containing("app", conditions::READY, reason::ROLLOUT_HALTED, "was deleted").await;
+    }
 
     s.stop_controller().await;
     s.start_controller(&["--max-bindings-per-namespace=1"]).await;
     s.wait_condition("app", conditions::READY, "False", reason::TOO_MANY_BINDINGS).await;
+    if deleted_while_refused {
+        s.kubectl(&["delete", "deployment", "canary"]);
+    }
     spec["rollout"]["healthTimeout"] = json!("20m");
     s.binding("app", spec).await;
     let seen = || async { Ok(s.get_binding("app").await.status.and_then(|st| st.observed_generation) == Some(2)) };
@@ -669,19 +720,26 @@ async fn a_problem_whose_status_write_is_refused_for_a_while_is_told_once() {
 /// when its stamp was set, and keeps the canary's pause.
 #[tokio::test]
 async fn a_canary_roll_no_status_recorded_before_a_restart_keeps_its_pause() {
-    unrecorded_canary_roll("waves-unrecorded", false).await;
+    unrecorded_canary_roll("waves-unrecorded", "consulbind-unrecorded-probe", false, false).await;
 }
 
 /// The same where the rest also read a ConfigMap their templates reference, so that the
 /// canary's content is not the whole's: its roll is of the rollout all the same.
 #[tokio::test]
 async fn a_canary_roll_no_status_recorded_keeps_its_pause_where_the_rest_read_more() {
-    unrecorded_canary_roll("waves-unrecorded-refs", true).await;
+    unrecorded_canary_roll("waves-unrecorded-refs", "consulbind-unrecorded-refs-probe", true, false).await;
 }
 
-async fn unrecorded_canary_roll(scene: &str, references: bool) {
+/// The same with Consul away (here the token Secret spoilt) when the controller starts again:
+/// until the content is read the roll cannot be told from the canary's own checksum, so the
+/// binding says why and records nothing; once it is read, the pause is kept.
+#[tokio::test]
+async fn a_canary_roll_no_status_recorded_and_found_while_consul_is_away_keeps_its_pause() {
+    unrecorded_canary_roll("waves-unrecorded-away", "consulbind-unrecorded-away-probe", true, true).await;
+}
+
+async fn unrecorded_canary_roll(scene: &str, probe: &'static str, references: bool, consul_away: bool) {
     let Some(mut s) = Scene::without_controller(scene).await else { return };
-    let probe = if references { "consulbind-unrecorded-refs-probe" } else { "consulbind-unrecorded-probe" };
     let twin = crate::rbac::Twin::new(&s, probe).await;
     let without = twin.cluster_rules_without_status();
     twin.start_controller(&mut s, &[]).await;
@@ -691,8 +749,15 @@ async fn unrecorded_canary_roll(scene: &str, references: bool) {
     s.deployments(&[("canary", 0, "canary")]).await;
     let web = deployment("web", 0, "stable");
     s.apply(if references { reading_extra(web) } else { web }).await.unwrap();
+    let token = |value: &str| {
+        json!({"apiVersion": "v1", "kind": "Secret", "stringData": {"token": value},
+               "metadata": {"name": "token", "labels": {"consulbind.dev/token": "true"}}})
+    };
+    let good = "00000000-1111-2222-3333-444444444444";
+    s.apply(token(good)).await.unwrap();
     let mut spec = staged(&key, canary_first("1h"));
     spec["includeTargetReferences"] = json!(references);
+    spec["consul"] = json!({"tokenSecretRef": {"name": "token"}});
     s.binding("app", spec).await;
     s.wait_condition("app", conditions::READY, "True", reason::BASELINED).await;
     twin.set_rules(&without, &twin.own_rules).await;
@@ -706,7 +771,15 @@ async fn unrecorded_canary_roll(scene: &str, references: bool) {
     let after = k8s_openapi::jiff::Timestamp::now();
 
     twin.set_rules(&twin.cluster_rules, &twin.own_rules).await;
+    if consul_away {
+        s.apply(token("not a token")).await.unwrap();
+    }
     twin.start_controller(&mut s, &[]).await;
+    if consul_away {
+        s.wait_condition("app", conditions::READY, "False", reason::TOKEN_SECRET_INVALID).await;
+        tokio::time::sleep(support::SETTLE).await;
+        s.apply(token(good)).await.unwrap();
+    }
     let paused = s.wait_condition("app", conditions::READY, "False", reason::WAVE_PAUSED).await;
     let canary = paused.status.unwrap().targets.into_iter().find(|t| t.name == "canary").expect("the canary's row");
     let at = canary.last_rolled_time.expect("the canary's roll").0;

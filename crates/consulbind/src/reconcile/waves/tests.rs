@@ -919,6 +919,35 @@ fn a_canary_roll_no_status_recorded_is_of_the_rollout_though_another_target_read
     assert_eq!([world.rolls("canary"), world.rolls("web")], [1, 1]);
 }
 
+/// The same, with Consul away when the controller starts again: until the content is read, the
+/// roll cannot be told from the canary's own checksum, so the binding shows Consul away and
+/// records nothing; once it is read, the roll is of the rollout, and its pause is kept.
+#[test]
+fn a_canary_roll_no_status_recorded_found_while_consul_is_away_keeps_its_pause() {
+    let mut world = World::staged(&["canary", "web"], canary_then_rest(Some("1h"), None));
+    world.reference("web", true);
+    world.tick();
+    world.status_fails = true;
+    world.write("v2");
+    assert_eq!(world.tick(), ["canary"]);
+    world.restart();
+    world.status_fails = false;
+    world.consul_down = true;
+    world.advance(Duration::from_secs(10));
+    assert_eq!(world.tick(), Vec::<String>::new());
+    assert_eq!(world.ready().reason, reason::CONSUL_UNREACHABLE);
+    world.consul_down = false;
+    world.healthy("canary");
+    assert_eq!(world.tick(), Vec::<String>::new(), "recorded first");
+    assert_eq!(world.status.rollout.as_ref().map(|r| &r.checksum), world.desired.as_ref());
+    assert_eq!(world.tick(), Vec::<String>::new());
+    assert_eq!(world.phase(), Some((1, RolloutPhase::Paused)), "{}", world.ready().message);
+    world.advance(Duration::from_secs(1800));
+    assert_eq!(world.tick(), Vec::<String>::new(), "web waits out the canary's pause");
+    world.advance(Duration::from_secs(1800));
+    assert_eq!(world.tick(), ["web"]);
+}
+
 /// A patch that landed though its answer was lost counts as the roll it was: the budget is
 /// spent, and the next change waits for it.
 #[test]
@@ -1027,6 +1056,44 @@ fn a_canary_made_again_that_stays_progressing_halts_at_the_health_timeout() {
     assert!(ready.message.contains("not healthy within 5m"), "{}", ready.message);
     world.healthy("canary");
     assert_eq!(world.tick(), ["web"]);
+}
+
+/// A long-standing target the rollout does not roll (it reads less than the one that changed)
+/// that is progressing for its own reasons (a scale-up) is timed from the rollout's start, also
+/// at the look that starts it: it holds its wave, it does not halt it at once.
+#[test]
+fn a_target_not_rolled_and_progressing_as_a_rollout_starts_is_timed_from_its_start() {
+    let mut world = World::staged(&["canary", "web"], canary_then_rest(None, None));
+    world.reference("web", true);
+    world.tick();
+    let day_before = world.clock.as_second() - 86_400;
+    world.versions.get_mut(&deploy("canary")).unwrap().created = day_before;
+    world.health.insert(deploy("canary"), Health::Progressing("1 of 2 replicas available".into()));
+    world.cm = "changed".into();
+    assert_eq!(world.tick(), Vec::<String>::new(), "web waits for the canary's wave");
+    assert_eq!(world.ready().reason, reason::ROLLOUT_IN_PROGRESS, "{}", world.ready().message);
+    assert_eq!(world.state("canary"), Some(TargetState::Rolling));
+    world.healthy("canary");
+    assert_eq!(world.tick(), ["web"]);
+}
+
+/// The same for a canary still rolling when the binding was refused, deleted and the binding
+/// edited meanwhile: no served look saw it gone, and the edit releases the rest all the same.
+#[test]
+fn a_canary_deleted_and_an_edit_both_while_the_binding_is_refused_release_the_rest() {
+    let mut world = World::staged(&["canary", "web"], canary_then_rest(None, None));
+    world.write("v2");
+    assert_eq!(world.tick(), ["canary"]);
+    world.health.insert(deploy("canary"), Health::Progressing("0 of 1 replicas available".into()));
+    world.tick();
+    assert_eq!(world.state("canary"), Some(TargetState::Rolling));
+    world.refused = true;
+    world.tick();
+    world.delete("canary");
+    world.generation += 1;
+    world.tick();
+    world.refused = false;
+    assert_eq!(world.tick(), ["web"], "the edit releases it");
 }
 
 /// The halt kept for a deleted canary writes nothing new at each look: its record keeps the

@@ -36,6 +36,8 @@ pub struct World {
     /// The binding is refused before anything is read (its token Secret holds no token, its namespace
     /// is over its share): the reconcile shows why and acts on nothing.
     pub refused: bool,
+    /// Consul cannot be reached: the binding's keys are not read.
+    pub consul_down: bool,
     /// What the last plan said each target should carry, and the content's checksum.
     pub content: BTreeMap<Workload, String>,
     pub desired: Option<String>,
@@ -126,6 +128,7 @@ impl World {
             notes: Vec::new(),
             wake: None,
             refused: false,
+            consul_down: false,
         }
     }
 
@@ -171,6 +174,9 @@ impl World {
         });
         let objects = bound.iter().map(|_| Some(data.clone())).collect();
         let mut read = super::super::read_of(&spec, KEY, vec![self.path.state()], resolved, bound, objects);
+        if self.consul_down {
+            read.consul = Err((reason::CONSUL_UNREACHABLE, "connection refused".into()));
+        }
         if let Some(staging) = &mut read.staging {
             staging.let_through.clone_from(&self.let_through);
         }
