@@ -261,6 +261,11 @@ pub struct TargetStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
 
+    /// In a staged rollout that did not roll it, yet judges its health (it runs the rollout's
+    /// content): when the rollout first did. Its `healthTimeout` counts from then.
+    #[serde(default, skip_serializing_if = "Option::is_none", serialize_with = "micro::some")]
+    pub judged_time: Option<Time>,
+
     /// With a rollout budget: when this binding rolled it within the budget's span, oldest
     /// first.
     #[serde(default, skip_serializing_if = "Vec::is_empty", serialize_with = "micro::all")]

@@ -219,8 +219,8 @@ pub fn rows(input: &Input<'_>, plan: &Plan, outcome: &Outcome, now: &Time) -> Ve
             };
             let stamp = stamp.filter(|s| *s != checksum);
             let uid = input.versions.get(w).map(|v| v.uid.clone()).filter(|uid| !uid.is_empty());
-            let (state, message, rolled_times) = match (&plan.staged, old) {
-                _ if input.staging.is_none() => (None, None, Vec::new()),
+            let (state, message, rolled_times, judged_time) = match (&plan.staged, old) {
+                _ if input.staging.is_none() => (None, None, Vec::new(), None),
                 (Some(step), _) => {
                     // A patch that failed rolled nothing: the target is still to roll, and the
                     // budget is not spent.
@@ -232,11 +232,13 @@ pub fn rows(input: &Input<'_>, plan: &Plan, outcome: &Outcome, now: &Time) -> Ve
                     if outcome.rolled.contains(w) && input.staging.is_some_and(|s| s.budget.is_some()) {
                         times.push(now.clone());
                     }
-                    (state, message.flatten(), times)
+                    (state, message.flatten(), times, step.judged.get(w).cloned())
                 }
                 // Nothing was staged (a source cannot be read, or is missing): the last word stands.
-                (None, Some(old)) => (old.state, old.message.clone(), old.rolled_times.clone()),
-                (None, None) => (None, None, Vec::new()),
+                (None, Some(old)) => {
+                    (old.state, old.message.clone(), old.rolled_times.clone(), old.judged_time.clone())
+                }
+                (None, None) => (None, None, Vec::new(), None),
             };
             let row = TargetStatus {
                 kind: w.0,
@@ -248,6 +250,7 @@ pub fn rows(input: &Input<'_>, plan: &Plan, outcome: &Outcome, now: &Time) -> Ve
                 state,
                 message,
                 rolled_times,
+                judged_time,
             };
             Some(row)
         })

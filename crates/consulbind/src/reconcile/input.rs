@@ -185,6 +185,8 @@ pub struct Step {
     pub unrolled: BTreeMap<Workload, Option<(TargetState, Option<String>)>>,
     /// With a budget: the times each target was rolled within its span, before this step.
     pub times: BTreeMap<Workload, Vec<Time>>,
+    /// Targets judged that this rollout did not roll: when it first judged them.
+    pub judged: BTreeMap<Workload, Time>,
     pub rollout: Option<RolloutStatus>,
     pub hold: Option<(&'static str, String)>,
     /// Look again after this.

@@ -157,8 +157,7 @@ pub fn step(
 /// (dropped while it was behind, the next wave rolled: simulator seed 1). Until the rollout is
 /// complete, a target healthy once is judged again: one that sours during its wave's pause holds
 /// the next wave (waves simulator seed 9). One the rollout did not roll that runs its content
-/// (made, or made again under its name, while it is under way) is judged too, and its health
-/// timeout counts from when it was made or the rollout `started`, whichever is later.
+/// (made, or made again under its name, or found, while it is under way) is judged too.
 fn judge_health(
     staging: &Staging,
     input: &Input<'_>,
@@ -181,14 +180,19 @@ fn judge_health(
             }
             continue;
         }
+        // Its health timeout counts from its roll, or for one this rollout did not roll, from
+        // when the rollout first judged it or it was made, whichever is later.
+        let rolled = row.and_then(|r| r.last_rolled_time.as_ref()).map(|t| t.0).filter(|t| *t >= started);
+        let base = rolled.unwrap_or_else(|| {
+            let first = row.and_then(|r| r.judged_time.as_ref()).map(|t| t.0).filter(|t| *t >= started);
+            step.judged.insert(w.clone(), Time(first.unwrap_or(now)));
+            let made = input.versions.get(w).and_then(|v| Timestamp::from_second(v.created).ok());
+            first.unwrap_or(now).max(made.unwrap_or(Timestamp::MIN))
+        });
         let state = match input.health.get(w) {
             None | Some(Health::Healthy) => (TargetState::Healthy, None),
             Some(Health::Failed(what)) => (TargetState::Halted, Some(what.clone())),
             Some(Health::Progressing(what)) => {
-                let rolled = row.and_then(|r| r.last_rolled_time.as_ref()).map(|t| t.0);
-                let made = input.versions.get(w).and_then(|v| Timestamp::from_second(v.created).ok());
-                let base =
-                    [rolled, made.filter(|m| m.as_second() > 0)].into_iter().flatten().fold(started, Timestamp::max);
                 let waited = Duration::try_from(now.duration_since(base)).unwrap_or_default();
                 match waited >= staging.health_timeout {
                     true => {

@@ -247,6 +247,50 @@ async fn a_canary_not_rolled_and_progressing_is_timed_from_the_rollouts_start() 
     s.finish().await;
 }
 
+/// A long-standing Deployment labelled into the targets during a canary's long pause, in the
+/// canary's wave and progressing for its own reasons, is timed from when the rollout first
+/// judged it: it holds the rest and halts them once `healthTimeout` has passed since then, not
+/// at once for a rollout that began longer ago than that.
+#[tokio::test]
+async fn a_workload_labelled_into_the_targets_late_in_a_rollout_is_timed_from_then() {
+    let Some(s) = Scene::new("waves-found-late").await else { return };
+    let key = s.key("config");
+    s.put(&key, "v1").await;
+    let bound = |mut deployment: Value| {
+        deployment["metadata"]["labels"]["bound"] = json!("yes");
+        deployment
+    };
+    s.apply(bound(deployment("canary", 0, "canary"))).await.unwrap();
+    s.apply(bound(deployment("web", 0, "stable"))).await.unwrap();
+    let mut late = deployment("late", 1, "canary");
+    late["spec"].as_object_mut().unwrap().remove("progressDeadlineSeconds");
+    s.apply(late).await.unwrap();
+    let mut rollout = canary_first("1h");
+    rollout["healthTimeout"] = json!("15s");
+    let mut spec = staged(&key, rollout);
+    spec["targets"] = json!([{"kind": "Deployment", "selector": {"matchLabels": {"bound": "yes"}}}]);
+    s.binding("app", spec).await;
+    s.wait_condition("app", conditions::READY, "True", reason::BASELINED).await;
+    s.put(&key, "v2").await;
+    s.wait_condition("app", conditions::READY, "False", reason::WAVE_PAUSED).await;
+    tokio::time::sleep(std::time::Duration::from_secs(16)).await;
+
+    s.kubectl(&["label", "deployment", "late", "bound=yes"]);
+    let held = || async {
+        let binding = s.get_binding("app").await;
+        let state = binding.status.iter().flat_map(|st| &st.targets).find(|t| t.name == "late").and_then(|t| t.state);
+        Ok(state == Some(TargetState::Rolling))
+    };
+    wait("late judged as rolling", held).await.unwrap();
+    let ready = support::ready(&s.get_binding("app").await).unwrap();
+    assert_eq!(ready.reason, reason::ROLLOUT_IN_PROGRESS, "{}", ready.message);
+    let halted =
+        s.wait_message_containing("app", conditions::READY, reason::ROLLOUT_HALTED, "not healthy within").await;
+    assert!(halted.contains("late"), "{halted}");
+    assert_eq!(s.generations(&["canary", "web", "late"]).await, [2, 1, 1]);
+    s.finish().await;
+}
+
 /// A halted canary deleted for good: the edit of the binding that releases the rest, made while
 /// the binding is refused (its namespace over `--max-bindings-per-namespace` for a while), still
 /// releases it once the binding is served again.

@@ -12,7 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use super::*;
 use crate::{
-    cluster::health::Health,
+    cluster::{Version, health::Health},
     sim::waves::{World, canary, deploy},
 };
 
@@ -1094,6 +1094,39 @@ fn a_canary_deleted_and_an_edit_both_while_the_binding_is_refused_release_the_re
     world.tick();
     world.refused = false;
     assert_eq!(world.tick(), ["web"], "the edit releases it");
+}
+
+/// A long-standing workload first found late in a rollout (labelled into the canary's selector
+/// during a long pause) that is progressing for its own reasons is timed from when the rollout
+/// first judged it: it holds the rest, and halts them only once `healthTimeout` has passed
+/// since then.
+#[test]
+fn a_workload_found_late_in_a_rollout_is_timed_from_when_it_was_found() {
+    let mut world = World::staged(&["canary", "web"], canary_then_rest(Some("1h"), None));
+    world.write("v2");
+    assert_eq!(world.tick(), ["canary"]);
+    world.healthy("canary");
+    world.tick();
+    assert_eq!(world.phase(), Some((1, RolloutPhase::Paused)));
+    world.advance(Duration::from_secs(1200));
+    let late = deploy("canary-late");
+    let day_before = world.clock.as_second() - 86_400;
+    world.versions.insert(late.clone(), Version { uid: "uid-late".into(), generation: 3, created: day_before });
+    world.labels.insert(late.clone(), [("track".to_owned(), "canary".to_owned())].into());
+    world.health.insert(late.clone(), Health::Progressing("1 of 2 replicas available".into()));
+    world.found.push(late);
+    world.found.sort();
+    world.tick();
+    assert_eq!(world.state("canary-late"), Some(TargetState::Rolling), "{}", world.ready().message);
+    world.advance(Duration::from_secs(599));
+    world.tick();
+    assert_eq!(world.state("canary-late"), Some(TargetState::Rolling), "{}", world.ready().message);
+    world.advance(Duration::from_secs(1));
+    world.tick();
+    let ready = world.ready();
+    assert_eq!(ready.reason, reason::ROLLOUT_HALTED);
+    assert!(ready.message.contains("not healthy within 10m"), "{}", ready.message);
+    assert_eq!(world.rolls("web"), 0);
 }
 
 /// The halt kept for a deleted canary writes nothing new at each look: its record keeps the
