@@ -17,7 +17,7 @@ pub mod tokens;
 pub mod workloads;
 
 use consulbind_api::WorkloadKind;
-use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
+use k8s_openapi::jiff::Timestamp;
 use kube::Resource;
 
 /// A workload found for one of a binding's targets.
@@ -29,32 +29,19 @@ pub type Workload = (WorkloadKind, String);
 pub struct Version {
     pub uid: String,
     pub generation: i64,
-    /// When it was made, in seconds since the epoch (0 when unknown): a workload made during a
-    /// rollout started its pods with that rollout's content then.
-    pub created: i64,
 }
 
 impl Version {
     pub fn of<K: kube::Resource>(obj: &K) -> Self {
         let meta = obj.meta();
-        let created = meta.creation_timestamp.as_ref();
-        Self::from_parts(meta.uid.as_deref(), meta.generation, meta.resource_version.as_deref(), created)
+        Self::from_parts(meta.uid.as_deref(), meta.generation, meta.resource_version.as_deref())
     }
 
-    fn from_parts(
-        uid: Option<&str>,
-        generation: Option<i64>,
-        resource_version: Option<&str>,
-        created: Option<&Time>,
-    ) -> Self {
+    fn from_parts(uid: Option<&str>, generation: Option<i64>, resource_version: Option<&str>) -> Self {
         // Before 1.21 a CronJob has no generation; its resource version (etcd's revision, which
         // only grows) tells as well whether the cache has caught up with a stamp.
         let revision = || resource_version?.parse().ok();
-        Self {
-            uid: uid.unwrap_or_default().to_owned(),
-            generation: generation.or_else(revision).unwrap_or_default(),
-            created: created.map_or(0, |t| t.0.as_second()),
-        }
+        Self { uid: uid.unwrap_or_default().to_owned(), generation: generation.or_else(revision).unwrap_or_default() }
     }
 }
 
@@ -71,13 +58,11 @@ struct WrittenMeta {
     uid: Option<String>,
     generation: Option<i64>,
     resource_version: Option<String>,
-    creation_timestamp: Option<Time>,
 }
 
 impl From<Written> for Version {
     fn from(Written { metadata: m }: Written) -> Self {
-        let created = m.creation_timestamp.as_ref();
-        Self::from_parts(m.uid.as_deref(), m.generation, m.resource_version.as_deref(), created)
+        Self::from_parts(m.uid.as_deref(), m.generation, m.resource_version.as_deref())
     }
 }
 
@@ -281,12 +266,8 @@ mod tests {
             Version::from(serde_json::from_value::<Written>(body).unwrap())
         };
         let deployment = answer(serde_json::json!({"uid": "u-1", "generation": 7, "resourceVersion": "912"}));
-        assert_eq!(deployment, Version { uid: "u-1".into(), generation: 7, created: 0 });
+        assert_eq!(deployment, Version { uid: "u-1".into(), generation: 7 });
         let old_cronjob = answer(serde_json::json!({"uid": "u-2", "resourceVersion": "912"}));
-        assert_eq!(
-            old_cronjob,
-            Version { uid: "u-2".into(), generation: 912, created: 0 },
-            "no generation before 1.21"
-        );
+        assert_eq!(old_cronjob, Version { uid: "u-2".into(), generation: 912 }, "no generation before 1.21");
     }
 }

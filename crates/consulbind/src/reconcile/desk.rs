@@ -289,7 +289,7 @@ mod tests {
     }
 
     fn version() -> Version {
-        Version { uid: "u".into(), generation: 2, created: 0 }
+        Version { uid: "u".into(), generation: 2 }
     }
 
     #[tokio::test]
@@ -350,11 +350,9 @@ mod tests {
         let lead = tokio::spawn({
             let desk = desk.clone();
             async move {
-                desk.run(turn, |stamps| async move {
-                    Ok(Version { uid: "u".into(), generation: stamps.len() as i64, created: 0 })
-                })
-                .await
-                .0
+                desk.run(turn, |stamps| async move { Ok(Version { uid: "u".into(), generation: stamps.len() as i64 }) })
+                    .await
+                    .0
             }
         });
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -362,7 +360,7 @@ mod tests {
         let started = tokio::time::Instant::now();
         end(&desk, &b);
         let written = tokio::time::timeout(Duration::from_secs(5), lead).await.unwrap().unwrap();
-        assert_eq!(written, Ok(Version { uid: "u".into(), generation: 1, created: 0 }), "one stamp, written alone");
+        assert_eq!(written, Ok(Version { uid: "u".into(), generation: 1 }), "one stamp, written alone");
         started.elapsed()
     }
 

@@ -499,7 +499,7 @@ mod tests {
         let entries = entry("v1");
         let previous = ConsulBindingStatus::default();
         let uids = |uid: &str| -> BTreeMap<Workload, Version> {
-            [(found[0].clone(), Version { uid: uid.into(), generation: 1, created: 0 })].into()
+            [(found[0].clone(), Version { uid: uid.into(), generation: 1 })].into()
         };
         let versions = uids("u-1");
         let (_, status) = plan_and_status(&Input { versions: &versions, ..input(&spec, &previous, &entries, &found) });

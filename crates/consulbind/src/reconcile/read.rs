@@ -352,7 +352,7 @@ mod tests {
     #[test]
     fn an_own_stamp_is_trusted_only_on_the_object_it_was_made_on_until_the_cache_has_it() {
         let web: Workload = (WorkloadKind::Deployment, "web".into());
-        let version = |uid: &str, generation| Version { uid: uid.into(), generation, created: 0 };
+        let version = |uid: &str, generation| Version { uid: uid.into(), generation };
         let resolved = |cached: Option<Version>| Resolved {
             found: cached.iter().map(|_| web.clone()).collect(),
             versions: cached.into_iter().map(|v| (web.clone(), v)).collect(),

@@ -321,7 +321,7 @@ mod tests {
             r.written.status = Some(Box::new(("uid".into(), ConsulBindingStatus::default())));
             r.stamps.insert(
                 (WorkloadKind::Deployment, "web".into()),
-                (Version { uid: "u".into(), generation: 2, created: 0 }, "sum".into()),
+                (Version { uid: "u".into(), generation: 2 }, "sum".into()),
             );
         });
         assert_eq!((gauge(&states, "True"), gauge(&states, "False")), (1, 1));

@@ -180,14 +180,14 @@ fn judge_health(
             }
             continue;
         }
-        // Its health timeout counts from its roll, or for one this rollout did not roll, from
-        // when the rollout first judged it or it was made, whichever is later.
+        // Its health timeout counts from its roll, or for one this rollout did not roll (made,
+        // made again or found while it is under way), from when the rollout first judged it.
         let rolled = row.and_then(|r| r.last_rolled_time.as_ref()).map(|t| t.0).filter(|t| *t >= started);
         let base = rolled.unwrap_or_else(|| {
             let first = row.and_then(|r| r.judged_time.as_ref()).map(|t| t.0).filter(|t| *t >= started);
-            step.judged.insert(w.clone(), Time(first.unwrap_or(now)));
-            let made = input.versions.get(w).and_then(|v| Timestamp::from_second(v.created).ok());
-            first.unwrap_or(now).max(made.unwrap_or(Timestamp::MIN))
+            let first = first.unwrap_or(now);
+            step.judged.insert(w.clone(), Time(first));
+            first
         });
         let state = match input.health.get(w) {
             None | Some(Health::Healthy) => (TargetState::Healthy, None),

@@ -142,7 +142,7 @@ impl Sim {
             versions: targeted
                 .iter()
                 .map(|(name, w)| {
-                    (workload(name), Version { uid: format!("{name}-{}", w.uid), generation: w.generation, created: 0 })
+                    (workload(name), Version { uid: format!("{name}-{}", w.uid), generation: w.generation })
                 })
                 .collect(),
             ..Resolved::default()
@@ -225,7 +225,7 @@ impl Sim {
         let name = *self.works.keys().find(|n| **n == name).expect("a simulated workload");
         self.batch.entry(name).or_default().push((self.active, value));
         let work = &self.works[name];
-        Version { uid: format!("{name}-{}", work.uid), generation: work.generation + 1, created: 0 }
+        Version { uid: format!("{name}-{}", work.uid), generation: work.generation + 1 }
     }
 
     /// Each workload stamped in the round gets one template change, with every binding's stamp
@@ -269,7 +269,7 @@ impl Sim {
         work.undone = false;
         work.undid_unrecorded = false;
         work.recorded = recorded;
-        Version { uid: format!("{name}-{}", work.uid), generation: work.generation, created: 0 }
+        Version { uid: format!("{name}-{}", work.uid), generation: work.generation }
     }
 }
 

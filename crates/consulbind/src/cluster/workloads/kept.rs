@@ -16,7 +16,6 @@ pub struct Kept {
     uid: Box<str>,
     /// The generation, or for a kind without one its resource version (see [`Version`]).
     generation: i64,
-    created: i64,
     pub labels: Pairs,
     pub annotations: Pairs,
 }
@@ -28,7 +27,6 @@ impl Kept {
             namespace: namespace.into(),
             uid: version.uid.into(),
             generation: version.generation,
-            created: version.created,
             labels,
             annotations,
         }
@@ -43,7 +41,7 @@ impl Kept {
     }
 
     pub fn version(&self) -> Version {
-        Version { uid: self.uid.to_string(), generation: self.generation, created: self.created }
+        Version { uid: self.uid.to_string(), generation: self.generation }
     }
 }
 

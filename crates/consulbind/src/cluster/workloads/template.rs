@@ -192,11 +192,7 @@ mod tests {
             !annotations.contains_key("other")
                 && !annotations.contains_key("kubectl.kubernetes.io/last-applied-configuration")
         );
-        assert_eq!(
-            kept.version(),
-            Version { uid: "u-1".into(), generation: 4, created: 0 },
-            "a stamp is trusted by both"
-        );
+        assert_eq!(kept.version(), Version { uid: "u-1".into(), generation: 4 }, "a stamp is trusted by both");
     }
 
     #[test]

@@ -1058,16 +1058,23 @@ fn a_canary_made_again_that_stays_progressing_halts_at_the_health_timeout() {
     assert_eq!(world.tick(), ["web"]);
 }
 
-/// A long-standing target the rollout does not roll (it reads less than the one that changed)
-/// that is progressing for its own reasons (a scale-up) is timed from the rollout's start, also
-/// at the look that starts it: it holds its wave, it does not halt it at once.
+/// A target an earlier rollout rolled, that this one does not (it reads less than the one that
+/// changed), progressing for its own reasons (a scale-up), is timed from this rollout, also at
+/// the look that starts it: it holds its wave, it does not halt it at once.
 #[test]
 fn a_target_not_rolled_and_progressing_as_a_rollout_starts_is_timed_from_its_start() {
     let mut world = World::staged(&["canary", "web"], canary_then_rest(None, None));
     world.reference("web", true);
     world.tick();
-    let day_before = world.clock.as_second() - 86_400;
-    world.versions.get_mut(&deploy("canary")).unwrap().created = day_before;
+    // Rolled by an earlier rollout, an hour ago.
+    world.write("v2");
+    assert_eq!(world.tick(), ["canary"]);
+    world.healthy("canary");
+    assert_eq!(world.tick(), ["web"]);
+    world.healthy("web");
+    world.tick();
+    assert_eq!(world.ready().reason, reason::UP_TO_DATE);
+    world.advance(Duration::from_secs(3600));
     world.health.insert(deploy("canary"), Health::Progressing("1 of 2 replicas available".into()));
     world.cm = "changed".into();
     assert_eq!(world.tick(), Vec::<String>::new(), "web waits for the canary's wave");
@@ -1110,8 +1117,7 @@ fn a_workload_found_late_in_a_rollout_is_timed_from_when_it_was_found() {
     assert_eq!(world.phase(), Some((1, RolloutPhase::Paused)));
     world.advance(Duration::from_secs(1200));
     let late = deploy("canary-late");
-    let day_before = world.clock.as_second() - 86_400;
-    world.versions.insert(late.clone(), Version { uid: "uid-late".into(), generation: 3, created: day_before });
+    world.versions.insert(late.clone(), Version { uid: "uid-late".into(), generation: 3 });
     world.labels.insert(late.clone(), [("track".to_owned(), "canary".to_owned())].into());
     world.health.insert(late.clone(), Health::Progressing("1 of 2 replicas available".into()));
     world.found.push(late);

@@ -97,10 +97,8 @@ impl World {
                 (w.clone(), [("track".to_owned(), track.to_owned())].into())
             })
             .collect();
-        let versions = found
-            .iter()
-            .map(|w| (w.clone(), Version { uid: format!("uid-{}", w.1), generation: 1, created: 0 }))
-            .collect();
+        let versions =
+            found.iter().map(|w| (w.clone(), Version { uid: format!("uid-{}", w.1), generation: 1 })).collect();
         Self {
             spec,
             status: ConsulBindingStatus::default(),
@@ -257,7 +255,7 @@ impl World {
     pub fn make_again(&mut self, name: &str) {
         let w = deploy(name);
         let uid = format!("uid-{name}-{}", self.index);
-        self.versions.insert(w.clone(), Version { uid, generation: 1, created: self.clock.as_second() });
+        self.versions.insert(w.clone(), Version { uid, generation: 1 });
         self.health.insert(w.clone(), Health::Progressing("0 of 1 replicas available".into()));
         self.found.push(w);
         self.found.sort();
