@@ -96,8 +96,8 @@ pub fn step(
         // earlier rollout, and soured since, holds the waves after its own (waves simulator
         // seed 684).
         let in_flight = ours.map_or(!behind.is_empty(), |r| r.phase != RolloutPhase::Complete);
-        // A rollout about to start starts now.
-        let started = ours.map_or(now, |r| r.started_time.0);
+        // A rollout about to start starts now; its judgements are recorded once it has.
+        let started = ours.map(|r| r.started_time.0);
         judge_health(staging, input, &carried, &behind, (in_flight, started), &mut step);
     }
     let blocked = spend_budget(staging, input, &carried, &behind, &mut step);
@@ -163,10 +163,11 @@ fn judge_health(
     input: &Input<'_>,
     carried: &Carried<'_>,
     behind: &BTreeSet<&Workload>,
-    (in_flight, started): (bool, Timestamp),
+    (in_flight, recorded): (bool, Option<Timestamp>),
     step: &mut Step,
 ) {
     let now = input.clock;
+    let started = recorded.unwrap_or(now);
     for w in input.found {
         let row = carried.row(w);
         let judged = match row.and_then(|r| r.state) {
@@ -184,10 +185,15 @@ fn judge_health(
         // made again or found while it is under way), from when the rollout first judged it.
         let rolled = row.and_then(|r| r.last_rolled_time.as_ref()).map(|t| t.0).filter(|t| *t >= started);
         let base = rolled.unwrap_or_else(|| {
-            let first = row.and_then(|r| r.judged_time.as_ref()).map(|t| t.0).filter(|t| *t >= started);
-            let first = first.unwrap_or(now);
-            step.judged.insert(w.clone(), Time(first));
-            first
+            let kept = row.and_then(|r| r.judged_time.clone());
+            let first = kept.as_ref().map(|t| t.0).filter(|t| *t >= started);
+            // Before the rollout is recorded (a quiet period, a suspend) the row keeps what it
+            // had: a time written at every look would be a status write at every look.
+            let shown = if recorded.is_some() { Some(Time(first.unwrap_or(now))) } else { kept };
+            if let Some(shown) = shown {
+                step.judged.insert(w.clone(), shown);
+            }
+            first.unwrap_or(now)
         });
         let state = match input.health.get(w) {
             None | Some(Health::Healthy) => (TargetState::Healthy, None),

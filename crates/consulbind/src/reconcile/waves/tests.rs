@@ -1135,6 +1135,27 @@ fn a_workload_found_late_in_a_rollout_is_timed_from_when_it_was_found() {
     assert_eq!(world.rolls("web"), 0);
 }
 
+/// A change held while the binding is suspended writes nothing new at each look: the targets
+/// judged while it waits keep the judgement times they had.
+#[test]
+fn a_change_held_by_a_suspend_leaves_the_status_as_it_is() {
+    let mut world = World::staged(&["canary", "web"], canary_then_rest(None, None));
+    world.write("v2");
+    assert_eq!(world.tick(), ["canary"]);
+    world.healthy("canary");
+    assert_eq!(world.tick(), ["web"]);
+    world.healthy("web");
+    world.tick();
+    assert_eq!(world.ready().reason, reason::UP_TO_DATE);
+    world.spec.suspend = true;
+    world.write("v3");
+    world.tick();
+    let held = world.status.clone();
+    world.advance(Duration::from_secs(60));
+    assert_eq!(world.tick(), Vec::<String>::new());
+    assert!(!crate::reconcile::report::needs_write(&held, &world.status), "{:?}", world.status.targets);
+}
+
 /// The halt kept for a deleted canary writes nothing new at each look: its record keeps the
 /// time it halted.
 #[test]
