@@ -75,10 +75,7 @@ async fn a_token_secret_replaced_by_one_with_the_grant_is_served_within_15_s() {
     let refused =
         acl.token_with(&format!("e2e-{}-open", s.ns), &format!("key \"{open}\" {{ policy = \"read\" }}")).await;
     let allowed = acl.read_token(&format!("{}/", s.ns)).await;
-    let secret = |token: &str| {
-        json!({"apiVersion": "v1", "kind": "Secret",
-            "metadata": {"name": "token", "labels": {"consulbind.dev/token": "true"}}, "stringData": {"token": token}})
-    };
+    let secret = crate::support::token_secret;
     s.apply(secret(&refused)).await.unwrap();
     s.workload("Deployment", "web", json!({})).await;
     let keys = json!([{"key": open}, {"key": absent, "optional": true}]);

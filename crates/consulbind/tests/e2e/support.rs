@@ -343,6 +343,16 @@ pub fn spec(keys: Value, targets: Value, quiet: &str) -> Value {
 }
 
 /// Targets naming one Deployment.
+/// A token Secret named `token`, labelled for the controller, holding `value`. On the bed's
+/// Consul without ACLs any well-formed token reads.
+pub fn token_secret(value: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Secret", "stringData": {"token": value},
+           "metadata": {"name": "token", "labels": {"consulbind.dev/token": "true"}}})
+}
+
+/// A well-formed token, for the bed's Consul without ACLs.
+pub const ANY_TOKEN: &str = "00000000-1111-2222-3333-444444444444";
+
 pub fn deploy(name: &str) -> Value {
     json!([{"kind": "Deployment", "name": name}])
 }

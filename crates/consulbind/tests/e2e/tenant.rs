@@ -320,11 +320,7 @@ async fn a_plain_checksum_put_on_a_workload_confirms_no_guess() {
     let key = s.key("pin");
     s.put(&key, "1234").await;
     s.workload(DEPLOY, "web", json!({})).await;
-    let token = |value: &str| {
-        json!({"apiVersion": "v1", "kind": "Secret", "stringData": {"token": value},
-               "metadata": {"name": "token", "labels": {"consulbind.dev/token": "true"}}})
-    };
-    let good = "00000000-1111-2222-3333-444444444444";
+    let (token, good) = (support::token_secret, support::ANY_TOKEN);
     s.apply(token(good)).await.unwrap();
     let mut binding = spec(json!([{"key": key}]), deploy("web"), "0s");
     binding["consul"] = json!({"tokenSecretRef": {"name": "token"}});

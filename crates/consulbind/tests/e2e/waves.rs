@@ -793,11 +793,7 @@ async fn unrecorded_canary_roll(scene: &str, probe: &'static str, references: bo
     s.deployments(&[("canary", 0, "canary")]).await;
     let web = deployment("web", 0, "stable");
     s.apply(if references { reading_extra(web) } else { web }).await.unwrap();
-    let token = |value: &str| {
-        json!({"apiVersion": "v1", "kind": "Secret", "stringData": {"token": value},
-               "metadata": {"name": "token", "labels": {"consulbind.dev/token": "true"}}})
-    };
-    let good = "00000000-1111-2222-3333-444444444444";
+    let (token, good) = (support::token_secret, support::ANY_TOKEN);
     s.apply(token(good)).await.unwrap();
     let mut spec = staged(&key, canary_first("1h"));
     spec["includeTargetReferences"] = json!(references);
