@@ -183,6 +183,44 @@ async fn a_halted_canary_deleted_keeps_the_rest_held_until_it_is_back_and_health
     s.finish().await;
 }
 
+/// A change held by a suspend leaves the status as it is at each look (here woken by a label put
+/// on a target): the targets it judges with no rollout recorded keep the time of their first
+/// judgement, where each look wrote a new one.
+#[tokio::test]
+async fn a_change_held_by_a_suspend_leaves_the_status_as_it_is() {
+    let Some(s) = Scene::new("waves-suspend-held").await else { return };
+    let key = s.key("config");
+    s.put(&key, "v1").await;
+    s.deployments(&[("canary", 0, "canary"), ("web", 0, "stable")]).await;
+    s.binding("app", staged(&key, canary_first("0s"))).await;
+    s.wait_condition("app", conditions::READY, "True", reason::BASELINED).await;
+    s.put(&key, "v2").await;
+    s.wait_condition("app", conditions::READY, "True", reason::UP_TO_DATE).await;
+    let mut suspended = staged(&key, canary_first("0s"));
+    suspended["suspend"] = json!(true);
+    s.binding("app", suspended).await;
+    support::wait("the controller to see the suspension", || async {
+        let binding = s.get_binding("app").await;
+        Ok(binding.status.and_then(|st| st.observed_generation) == binding.metadata.generation)
+    })
+    .await
+    .unwrap();
+    s.put(&key, "v3").await;
+    s.wait_condition("app", conditions::READY, "False", reason::SUSPENDED).await;
+    tokio::time::sleep(support::SETTLE).await;
+
+    let version = s.get_binding("app").await.metadata.resource_version;
+    for poke in 0..3 {
+        s.kubectl(&["label", "deployment", "web", &format!("poke={poke}"), "--overwrite"]);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    tokio::time::sleep(support::SETTLE).await;
+    let binding = s.get_binding("app").await;
+    assert_eq!(binding.metadata.resource_version, version, "written again: {:?}", binding.status.map(|s| s.targets));
+    assert_eq!(s.generations(&["canary", "web"]).await, [2, 2], "rolled while suspended");
+    s.finish().await;
+}
+
 /// A halted canary deleted and made again that never becomes available (here a Deployment
 /// whose progress deadline is ten minutes away) halts the rollout again once the health timeout
 /// has passed since it was made, where it held the rest as in progress for ever.
