@@ -130,8 +130,9 @@ pub struct Config {
     /// It keeps one namespace from multiplying the controller's watches and writes without
     /// end. The default leaves room for the 2,000 bindings of one namespace that `bench scale`
     /// runs; a platform team with many tenants sets it to what one team needs. The others show
-    /// `TooManyBindings`, watch nothing and roll nothing; each is served within 15 s of an
-    /// older one being deleted, and then starts as a new binding does.
+    /// `TooManyBindings`, watch nothing and roll nothing; each is served once enough older ones
+    /// are deleted (the oldest waiting first, at each deletion), and then starts as a new
+    /// binding does.
     #[arg(long, env = "CONSULBIND_MAX_BINDINGS_PER_NAMESPACE", default_value_t = 5000)]
     pub max_bindings_per_namespace: usize,
 

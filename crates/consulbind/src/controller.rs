@@ -136,6 +136,7 @@ pub async fn run(config: Config, shutdown: signal::Receiver<bool>) -> Result<(),
             max_binding_bytes: config.max_binding_bytes,
             object_failure_grace: config.object_failure_grace,
             max_bindings_per_namespace: config.max_bindings_per_namespace,
+            crowded: Default::default(),
             max_watched_paths_per_namespace: config.max_watched_paths_per_namespace,
             staging_defaults: crate::reconcile::staging::Defaults {
                 budget: config.default_rollout_budget,
@@ -356,7 +357,8 @@ async fn run_scope(
     let express_ctx = ctx.clone();
     let drain = ctx.clone();
     let not_found = ctx.clone();
-    let bindings = binding_events(api, writer, &ctx, views, scope);
+    let (freed, freed_rx) = mpsc::unbounded();
+    let bindings = binding_events(api, writer, &ctx, views, scope, freed);
 
     if let Some(gate) = ctx.writes.gate() {
         let shard = gate.me().to_owned();
@@ -373,6 +375,7 @@ async fn run_scope(
         .with_config(ControllerConfig::default().concurrency(RECONCILE_CONCURRENCY))
         .reconcile_on(wakes.inspect(move |binding| reconcile::express(&express_ctx, binding)).map(|b| b.object_ref()))
         .reconcile_on(touched_rx.map(|b| b.object_ref()))
+        .reconcile_on(freed_rx.map(|b: BindingRef| b.object_ref()))
         .reconcile_on(resync(ctx.bindings.clone()).map(|b| b.object_ref()))
         .graceful_shutdown_on(stop)
         .run(reconcile::reconcile, reconcile::error_policy, ctx)
@@ -414,6 +417,7 @@ fn binding_events(
     ctx: &Arc<Context>,
     views: Option<signal::Receiver<Option<Served>>>,
     scope: Option<String>,
+    freed: mpsc::UnboundedSender<BindingRef>,
 ) -> impl futures::Stream<Item = Result<ConsulBinding, watcher::Error>> + Send + 'static {
     let forget = ctx.clone();
     let seen = ctx.clone();
@@ -463,10 +467,19 @@ fn binding_events(
     let mut listed = Listed { store: ctx.bindings.clone(), pending: Vec::new() };
     reflector::reflector(writer, events)
         .inspect_ok(move |event| match event {
-            watcher::Event::Delete(binding) => forget.forget(&crate::binding_ref(binding)),
+            // A binding refused for its namespace's share waits for a deletion there.
+            watcher::Event::Delete(binding) => {
+                forget.forget(&crate::binding_ref(binding));
+                if let Some(next) = forget.crowded.deleted(binding) {
+                    let _ = freed.unbounded_send(next);
+                }
+            }
             // A relist can hide deletions; drop whatever the fresh list no longer has.
             watcher::Event::InitDone => {
                 forget.retain(|b| !in_scope(b) || store.get(&b.object_ref()).is_some());
+                for refused in forget.crowded.take_all() {
+                    let _ = freed.unbounded_send(refused);
+                }
                 if let (Some(gate), Some(view)) = (forget.writes.gate(), listing.locked().as_ref()) {
                     gate.listed(view, listed_scope.as_deref());
                 }

@@ -38,6 +38,8 @@ pub struct Context {
     pub object_failure_grace: std::time::Duration,
     /// The most bindings of one namespace served; the oldest are.
     pub max_bindings_per_namespace: usize,
+    /// The bindings refused for that share.
+    pub crowded: super::crowded::Crowded,
     /// See `--max-watched-paths-per-namespace`.
     pub max_watched_paths_per_namespace: usize,
     /// The writes to the API server, shared fairly between namespaces.

@@ -9,6 +9,7 @@ pub mod calendar;
 pub mod carried;
 pub mod content;
 pub mod context;
+pub mod crowded;
 pub mod debounce;
 pub mod decide;
 pub mod desk;

@@ -168,10 +168,12 @@ pub async fn observe<'a>(ctx: &Context, binding: &'a ConsulBinding, started: Ins
         && let Some(message) = read::beyond_namespace_share(limit, &crowded(), binding)
     {
         ctx.unsubscribe(&oref);
-        // Served once older bindings go.
-        let refused = Refused { reason: reason::TOO_MANY_BINDINGS, message, then: Action::requeue(RETRY) };
+        // Looked at again when a binding of its namespace is deleted.
+        ctx.crowded.refused(binding);
+        let refused = Refused { reason: reason::TOO_MANY_BINDINGS, message, then: Action::await_change() };
         return Ok(observed(Err(refused)));
     }
+    ctx.crowded.served(binding);
     let (consul, queries, in_turns) = consul(ctx, binding, &oref).await?;
     // Looked at again below, after the reads that follow wait.
     if !read::decides(crate::cluster::listing()) {

@@ -690,8 +690,8 @@ async fn labels_a_tenant_puts_on_token_secrets_are_not_kept() {
 }
 
 /// A namespace gets at most `--max-bindings-per-namespace` bindings served, the oldest: the
-/// next shows `TooManyBindings`, watches nothing and rolls nothing, and is served once an older
-/// one is deleted.
+/// next shows `TooManyBindings`, watches nothing, rolls nothing and is not looked at again until
+/// an older one is deleted, when it is served at once.
 #[tokio::test]
 async fn bindings_beyond_the_namespace_limit_wait_their_turn() {
     let Some(s) = Scene::with_args("binding-limit", &["--max-bindings-per-namespace=2"]).await else { return };
@@ -713,10 +713,17 @@ async fn bindings_beyond_the_namespace_limit_wait_their_turn() {
     s.put(&s.key("c"), "v2").await;
     tokio::time::sleep(crate::support::SETTLE).await;
     assert_eq!(s.revisions(DEPLOY, "c").await, 1, "a binding beyond the limit rolled its target");
+    // Nothing changes, so nothing is looked at: a refused binding waits for a deletion.
+    let reconciles = || s.controller().metric(r#"consulbind_reconciles_total{result="ok"}"#);
+    let before = reconciles().await;
+    tokio::time::sleep(std::time::Duration::from_secs(20)).await;
+    assert_eq!(reconciles().await, before, "a refused binding was looked at again with nothing changed");
 
-    // An older one goes: c is served, with what its target runs as the baseline.
+    // An older one goes: c is served at once, with what its target runs as the baseline.
+    let deleted = std::time::Instant::now();
     s.bindings().delete("a", &Default::default()).await.unwrap();
     s.wait_condition("c", conditions::READY, "True", reason::BASELINED).await;
+    assert!(deleted.elapsed() < std::time::Duration::from_secs(10), "served {:?} after", deleted.elapsed());
     s.put(&s.key("c"), "v3").await;
     s.wait_revisions(DEPLOY, "c", 2).await;
     s.finish().await;

@@ -1,0 +1,111 @@
+//! The bindings refused for their namespace's share (`--max-bindings-per-namespace`). Each is
+//! looked at again when a binding of its namespace is deleted, the oldest first, not every few
+//! seconds: thousands of them, each counting its namespace at each look, would cost the
+//! controller what it owes the other namespaces.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Mutex;
+
+use consulbind_api::ConsulBinding;
+use k8s_openapi::jiff::Timestamp;
+
+use crate::{BindingRef, Lock};
+
+/// A binding's place in its namespace's share: by creation time, then name.
+type Place = (Option<Timestamp>, String);
+
+#[derive(Default)]
+pub struct Crowded {
+    by_namespace: Mutex<HashMap<String, BTreeSet<Place>>>,
+}
+
+fn place(binding: &ConsulBinding) -> (String, Place) {
+    let meta = &binding.metadata;
+    let created = meta.creation_timestamp.as_ref().map(|t| t.0);
+    (meta.namespace.clone().unwrap_or_default(), (created, meta.name.clone().unwrap_or_default()))
+}
+
+impl Crowded {
+    /// `binding` is beyond its namespace's share.
+    pub fn refused(&self, binding: &ConsulBinding) {
+        let (namespace, place) = place(binding);
+        self.by_namespace.locked().entry(namespace).or_default().insert(place);
+    }
+
+    /// `binding` is served.
+    pub fn served(&self, binding: &ConsulBinding) {
+        let mut by_namespace = self.by_namespace.locked();
+        if by_namespace.is_empty() {
+            return;
+        }
+        let (namespace, place) = place(binding);
+        if let Some(refused) = by_namespace.get_mut(&namespace)
+            && refused.remove(&place)
+            && refused.is_empty()
+        {
+            by_namespace.remove(&namespace);
+        }
+    }
+
+    /// `binding` is deleted. When it was served, the oldest binding its namespace refused is
+    /// now within the share: that one, to look at again.
+    pub fn deleted(&self, binding: &ConsulBinding) -> Option<BindingRef> {
+        let (namespace, place) = place(binding);
+        let mut by_namespace = self.by_namespace.locked();
+        let refused = by_namespace.get_mut(&namespace)?;
+        let next = if refused.remove(&place) { None } else { refused.pop_first() };
+        if refused.is_empty() {
+            by_namespace.remove(&namespace);
+        }
+        next.map(|(_, name)| BindingRef::new(&namespace, &name))
+    }
+
+    /// Every binding refused, to look at again: a relist may have missed deletions.
+    pub fn take_all(&self) -> Vec<BindingRef> {
+        let by_namespace = std::mem::take(&mut *self.by_namespace.locked());
+        by_namespace
+            .into_iter()
+            .flat_map(|(ns, refused)| refused.into_iter().map(move |(_, n)| BindingRef::new(&ns, &n)))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    use super::*;
+
+    fn binding(namespace: &str, name: &str, created: i64) -> ConsulBinding {
+        let mut binding = ConsulBinding::new(name, Default::default());
+        binding.metadata.namespace = Some(namespace.into());
+        binding.metadata.creation_timestamp = Some(Time(Timestamp::from_second(created).unwrap()));
+        binding
+    }
+
+    #[test]
+    fn a_served_binding_deleted_frees_the_oldest_refused_of_its_namespace() {
+        let crowded = Crowded::default();
+        for (name, created) in [("late", 30), ("old", 10), ("mid", 20)] {
+            crowded.refused(&binding("team", name, created));
+        }
+        crowded.refused(&binding("other", "x", 1));
+        let next = |name: &str| crowded.deleted(&binding("team", name, 5)).map(|b| b.name().to_owned());
+        assert_eq!(next("served-a").as_deref(), Some("old"));
+        assert_eq!(next("served-b").as_deref(), Some("mid"));
+        assert_eq!(crowded.deleted(&binding("team", "late", 30)), None, "a refused one frees nothing");
+        assert_eq!(next("served-c"), None, "none left");
+        assert_eq!(crowded.take_all(), [BindingRef::new("other", "x")]);
+        assert!(crowded.take_all().is_empty());
+    }
+
+    #[test]
+    fn a_binding_served_again_is_no_longer_refused() {
+        let crowded = Crowded::default();
+        crowded.refused(&binding("team", "a", 10));
+        crowded.refused(&binding("team", "b", 20));
+        crowded.served(&binding("team", "a", 10));
+        assert_eq!(crowded.deleted(&binding("team", "gone", 1)), Some(BindingRef::new("team", "b")));
+        assert!(crowded.by_namespace.locked().is_empty(), "an empty namespace goes");
+    }
+}
