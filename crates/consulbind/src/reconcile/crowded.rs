@@ -26,25 +26,25 @@ fn place(binding: &ConsulBinding) -> (String, Place) {
 }
 
 impl Crowded {
-    /// `binding` is beyond its namespace's share.
-    pub fn refused(&self, binding: &ConsulBinding) {
-        let (namespace, place) = place(binding);
-        self.by_namespace.locked().entry(namespace).or_default().insert(place);
-    }
-
-    /// `binding` is served.
-    pub fn served(&self, binding: &ConsulBinding) {
+    /// Why `binding` is beyond its namespace's share, as `beyond` tells, noted as refused or
+    /// served. Told under the lock that deletions take after the binding cache has let the
+    /// deleted binding go: one deleted while `binding` is judged still frees it.
+    pub fn judge(&self, binding: &ConsulBinding, beyond: impl FnOnce() -> Option<String>) -> Option<String> {
         let mut by_namespace = self.by_namespace.locked();
-        if by_namespace.is_empty() {
-            return;
-        }
+        let verdict = beyond();
         let (namespace, place) = place(binding);
-        if let Some(refused) = by_namespace.get_mut(&namespace)
-            && refused.remove(&place)
-            && refused.is_empty()
-        {
-            by_namespace.remove(&namespace);
+        match &verdict {
+            Some(_) => drop(by_namespace.entry(namespace).or_default().insert(place)),
+            None => {
+                if let Some(refused) = by_namespace.get_mut(&namespace)
+                    && refused.remove(&place)
+                    && refused.is_empty()
+                {
+                    by_namespace.remove(&namespace);
+                }
+            }
         }
+        verdict
     }
 
     /// `binding` is deleted. When it was served, the oldest binding its namespace refused is
@@ -86,10 +86,11 @@ mod tests {
     #[test]
     fn a_served_binding_deleted_frees_the_oldest_refused_of_its_namespace() {
         let crowded = Crowded::default();
+        let refuse = |b: ConsulBinding| crowded.judge(&b, || Some("full".into()));
         for (name, created) in [("late", 30), ("old", 10), ("mid", 20)] {
-            crowded.refused(&binding("team", name, created));
+            refuse(binding("team", name, created));
         }
-        crowded.refused(&binding("other", "x", 1));
+        refuse(binding("other", "x", 1));
         let next = |name: &str| crowded.deleted(&binding("team", name, 5)).map(|b| b.name().to_owned());
         assert_eq!(next("served-a").as_deref(), Some("old"));
         assert_eq!(next("served-b").as_deref(), Some("mid"));
@@ -102,9 +103,9 @@ mod tests {
     #[test]
     fn a_binding_served_again_is_no_longer_refused() {
         let crowded = Crowded::default();
-        crowded.refused(&binding("team", "a", 10));
-        crowded.refused(&binding("team", "b", 20));
-        crowded.served(&binding("team", "a", 10));
+        assert!(crowded.judge(&binding("team", "a", 10), || Some("full".into())).is_some());
+        crowded.judge(&binding("team", "b", 20), || Some("full".into()));
+        assert_eq!(crowded.judge(&binding("team", "a", 10), || None), None);
         assert_eq!(crowded.deleted(&binding("team", "gone", 1)), Some(BindingRef::new("team", "b")));
         assert!(crowded.by_namespace.locked().is_empty(), "an empty namespace goes");
     }

@@ -164,16 +164,14 @@ pub async fn observe<'a>(ctx: &Context, binding: &'a ConsulBinding, started: Ins
     // only when the store holds more than one namespace may.
     let limit = ctx.max_bindings_per_namespace;
     let crowded = || ctx.bindings.state_filter(|b| b.metadata.namespace == binding.metadata.namespace);
-    if ctx.bindings.len() > limit
-        && let Some(message) = read::beyond_namespace_share(limit, &crowded(), binding)
-    {
+    let beyond =
+        || (ctx.bindings.len() > limit).then(|| read::beyond_namespace_share(limit, &crowded(), binding)).flatten();
+    if let Some(message) = ctx.crowded.judge(binding, beyond) {
         ctx.unsubscribe(&oref);
         // Looked at again when a binding of its namespace is deleted.
-        ctx.crowded.refused(binding);
         let refused = Refused { reason: reason::TOO_MANY_BINDINGS, message, then: Action::await_change() };
         return Ok(observed(Err(refused)));
     }
-    ctx.crowded.served(binding);
     let (consul, queries, in_turns) = consul(ctx, binding, &oref).await?;
     // Looked at again below, after the reads that follow wait.
     if !read::decides(crate::cluster::listing()) {
