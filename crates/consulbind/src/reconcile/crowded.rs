@@ -26,23 +26,23 @@ fn place(binding: &ConsulBinding) -> (String, Place) {
 }
 
 impl Crowded {
-    /// Why `binding` is beyond its namespace's share, as `beyond` tells, noted as refused or
-    /// served. Told under the lock that deletions take after the binding cache has let the
-    /// deleted binding go: one deleted while `binding` is judged still frees it.
-    pub fn judge(&self, binding: &ConsulBinding, beyond: impl FnOnce() -> Option<String>) -> Option<String> {
-        let mut by_namespace = self.by_namespace.locked();
-        let verdict = beyond();
+    /// Why `binding` is beyond its namespace's share, as `beyond` tells (nothing once the
+    /// binding cache has let it go), noted as refused or served. A refusal is told again under
+    /// the lock that deletions take after the cache has let the deleted binding go: one deleted
+    /// while `binding` is judged still frees it, and `binding` deleted meanwhile is not kept.
+    /// Served bindings, most of them, are judged without it.
+    pub fn judge(&self, binding: &ConsulBinding, beyond: impl Fn() -> Option<String>) -> Option<String> {
         let (namespace, place) = place(binding);
-        match &verdict {
-            Some(_) => drop(by_namespace.entry(namespace).or_default().insert(place)),
-            None => {
-                if let Some(refused) = by_namespace.get_mut(&namespace)
-                    && refused.remove(&place)
-                    && refused.is_empty()
-                {
-                    by_namespace.remove(&namespace);
-                }
-            }
+        let first = beyond();
+        let mut by_namespace = self.by_namespace.locked();
+        let verdict = if first.is_some() { beyond() } else { first };
+        if verdict.is_some() {
+            by_namespace.entry(namespace).or_default().insert(place);
+        } else if let Some(refused) = by_namespace.get_mut(&namespace)
+            && refused.remove(&place)
+            && refused.is_empty()
+        {
+            by_namespace.remove(&namespace);
         }
         verdict
     }
@@ -98,6 +98,22 @@ mod tests {
         assert_eq!(next("served-c"), None, "none left");
         assert_eq!(crowded.take_all(), [BindingRef::new("other", "x")]);
         assert!(crowded.take_all().is_empty());
+    }
+
+    /// Refused at a first look, but gone from the cache by the second, under the lock: not
+    /// kept, where it would take a later deletion's wake.
+    #[test]
+    fn a_binding_deleted_while_judged_is_not_kept_as_refused() {
+        let crowded = Crowded::default();
+        let looks = std::cell::Cell::new(0);
+        let beyond = || {
+            looks.set(looks.get() + 1);
+            (looks.get() == 1).then(|| "full".to_owned())
+        };
+        assert_eq!(crowded.judge(&binding("team", "c", 30), beyond), None);
+        assert_eq!(looks.get(), 2, "a refusal is told again under the lock");
+        crowded.judge(&binding("team", "d", 40), || Some("full".into()));
+        assert_eq!(crowded.deleted(&binding("team", "a", 1)), Some(BindingRef::new("team", "d")));
     }
 
     #[test]

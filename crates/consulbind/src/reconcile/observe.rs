@@ -164,8 +164,11 @@ pub async fn observe<'a>(ctx: &Context, binding: &'a ConsulBinding, started: Ins
     // only when the store holds more than one namespace may.
     let limit = ctx.max_bindings_per_namespace;
     let crowded = || ctx.bindings.state_filter(|b| b.metadata.namespace == binding.metadata.namespace);
-    let beyond =
-        || (ctx.bindings.len() > limit).then(|| read::beyond_namespace_share(limit, &crowded(), binding)).flatten();
+    let cached = || ctx.bindings.get(&oref.object_ref()).is_some_and(|b| b.metadata.uid == binding.metadata.uid);
+    let beyond = || {
+        let judged = cached() && ctx.bindings.len() > limit;
+        judged.then(|| read::beyond_namespace_share(limit, &crowded(), binding)).flatten()
+    };
     if let Some(message) = ctx.crowded.judge(binding, beyond) {
         ctx.unsubscribe(&oref);
         // Looked at again when a binding of its namespace is deleted.
