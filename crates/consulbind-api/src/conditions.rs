@@ -124,7 +124,7 @@ pub const REASONS: &[Reason] = &[
     Reason {
         name: reason::TOO_MANY_BINDINGS,
         means: "The namespace has more bindings than `--max-bindings-per-namespace`; the oldest are served.",
-        action: "Delete bindings, or raise the limit; a waiting binding is served within 15 s of an older one being deleted.",
+        action: "Delete bindings, or raise the limit; a waiting binding is served as soon as an older one is deleted.",
     },
     Reason {
         name: reason::ROLLOUT_IN_PROGRESS,

@@ -959,9 +959,8 @@ async fn a_reference_dropped_by_a_canary_rolled_as_its_rollout_began_rolls_nothi
         Ok(!status.objects.iter().any(|o| o.name == "extra"))
     };
     wait("the binding to drop the canary's reference", dropped).await.unwrap();
-    let status = s.get_binding("app").await.status.unwrap();
-    let ready = status.conditions.iter().find(|c| c.type_ == conditions::READY).unwrap();
-    assert_eq!(ready.reason, reason::WAVE_PAUSED, "{}", ready.message);
+    // The canary's template change is judged first (in progress until it is available again).
+    s.wait_condition("app", conditions::READY, "False", reason::WAVE_PAUSED).await;
     assert_eq!(s.generations(&["canary", "web"]).await, [3, 1], "the stamp, then the template change");
 
     s.wait_condition("app", conditions::READY, "True", reason::UP_TO_DATE).await;
