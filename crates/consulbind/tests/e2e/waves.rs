@@ -928,9 +928,8 @@ async fn a_reference_added_to_the_canary_during_its_pause_rolls_nothing_more_and
         Ok(status.objects.iter().any(|o| o.name == "extra" && o.referenced))
     };
     wait("the binding to read the canary's new reference", read).await.unwrap();
-    let status = s.get_binding("app").await.status.unwrap();
-    let ready = status.conditions.iter().find(|c| c.type_ == conditions::READY).unwrap();
-    assert_eq!(ready.reason, reason::WAVE_PAUSED, "{}", ready.message);
+    // The canary's template change is judged first (in progress until it is available again).
+    let status = s.wait_condition("app", conditions::READY, "False", reason::WAVE_PAUSED).await.status.unwrap();
     let now = status.rollout.expect("status.rollout");
     assert_eq!((now.wave, &now.started_time), (1, &before.started_time), "{now:?}");
     assert!(now.since >= before.since, "{now:?}");
