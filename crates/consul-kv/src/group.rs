@@ -209,10 +209,9 @@ mod tests {
             new.dedup_by(|a, b| a.key == b.key);
 
             for group in &groups {
-                let members: Vec<WatchPath> = group.members.iter().map(|&i| paths[i].clone()).collect();
-                let members = &members[..];
+                let index = Members::new(group.members.iter().map(|&i| paths[i].clone()).collect());
+                let members = index.paths();
                 let root = WatchPath { key: group.key.as_str().into(), recurse: group.recurse };
-                let index = Members::new(members);
                 // What the group's query returns, less what no member needs.
                 let (read_old, read_new) = (select(&old, &root).to_vec(), select(&new, &root).to_vec());
                 let (kept_old, kept_new) = (index.retain(read_old), index.retain(read_new));

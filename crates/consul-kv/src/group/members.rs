@@ -1,7 +1,6 @@
 //! A watched path, what a group's answer holds for each of its paths, and which of them it
 //! changed.
 
-use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -57,35 +56,40 @@ pub(super) fn lengths(lengths: impl Iterator<Item = usize>) -> Vec<usize> {
     lengths
 }
 
-/// The paths one group serves, indexed to find which of them an entry belongs to.
+/// The paths one group serves, sorted, so that the path an entry belongs to is found by binary
+/// search: the index takes no room beside the paths themselves, which a group holds anyway.
 #[derive(Debug, Default)]
 pub struct Members {
-    exact: HashMap<Arc<str>, usize>,
-    prefixes: HashMap<Arc<str>, usize>,
+    paths: Vec<WatchPath>,
     /// The lengths of the prefixes, ascending: the only places a key can meet one.
     lengths: Vec<usize>,
 }
 
 impl Members {
-    /// Indexes `paths`; the numbers returned later are positions in it.
-    pub fn new(paths: &[WatchPath]) -> Self {
-        let mut members = Self::default();
-        for (i, path) in paths.iter().enumerate() {
-            let map = if path.recurse { &mut members.prefixes } else { &mut members.exact };
-            map.insert(path.key.clone(), i);
-        }
-        members.lengths = lengths(members.prefixes.keys().map(|k| k.len()));
-        members
+    /// Indexes `paths`, sorted and without duplicates; the numbers returned later are positions
+    /// in it.
+    pub fn new(paths: Vec<WatchPath>) -> Self {
+        assert!(paths.is_sorted_by(|a, b| a < b), "members must be sorted and distinct");
+        let lengths = lengths(paths.iter().filter(|p| p.recurse).map(|p| p.key.len()));
+        Self { paths, lengths }
+    }
+
+    pub fn paths(&self) -> &[WatchPath] {
+        &self.paths
+    }
+
+    fn position(&self, key: &str, recurse: bool) -> Option<usize> {
+        self.paths.binary_search_by(|p| (&*p.key, p.recurse).cmp(&(key, recurse))).ok()
     }
 
     /// Calls `f` with every path that covers `key`: at most one exact key and one prefix per
     /// prefix length.
     fn covering(&self, key: &str, mut f: impl FnMut(usize)) {
-        if let Some(&i) = self.exact.get(key) {
+        if let Some(i) = self.position(key, false) {
             f(i);
         }
         for &end in self.lengths.iter().take_while(|&&end| end <= key.len()) {
-            if let Some(&i) = key.get(..end).and_then(|start| self.prefixes.get(start)) {
+            if let Some(i) = key.get(..end).and_then(|start| self.position(start, true)) {
                 f(i);
             }
         }
@@ -173,8 +177,8 @@ mod tests {
 
     #[test]
     fn a_key_meets_the_prefixes_of_each_length_and_none_mid_character() {
-        let members = [path("a/", true), path("a/€", true), path("a/€x", false), path("b/cd", true)];
-        let index = Members::new(&members);
+        let members = vec![path("a/", true), path("a/€", true), path("a/€x", false), path("b/cd", true)];
+        let index = Members::new(members);
         let covering = |key: &str| {
             let mut found = Vec::new();
             index.covering(key, |i| found.push(i));

@@ -4,7 +4,7 @@ use std::{
     ops::{Deref, Range},
     sync::{
         Arc, Mutex,
-        atomic::{AtomicBool, AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU32, Ordering},
     },
     time::Duration,
 };
@@ -38,13 +38,15 @@ pub enum KeyState {
 #[derive(Clone, Debug, Default)]
 pub struct View {
     answer: Arc<[KvEntry]>,
-    span: Range<usize>,
+    /// An answer holds far fewer than 2³² entries (see `Limits`), and there is a view per path.
+    span: Range<u32>,
 }
 
 impl View {
     pub fn new(answer: Arc<[KvEntry]>, span: Range<usize>) -> Self {
         assert!(span.end <= answer.len(), "a span outside its answer");
-        Self { answer, span }
+        let narrow = |i: usize| u32::try_from(i).expect("an answer of more than 2³² entries");
+        Self { answer, span: narrow(span.start)..narrow(span.end) }
     }
 }
 
@@ -60,13 +62,13 @@ impl Deref for View {
     type Target = [KvEntry];
 
     fn deref(&self) -> &[KvEntry] {
-        &self.answer[self.span.clone()]
+        &self.answer[self.span.start as usize..self.span.end as usize]
     }
 }
 
 impl From<&[KvEntry]> for View {
     fn from(entries: &[KvEntry]) -> Self {
-        Self { span: 0..entries.len(), answer: entries.into() }
+        Self::new(entries.into(), 0..entries.len())
     }
 }
 
@@ -97,57 +99,124 @@ pub enum Update {
     Changed,
 }
 
+/// There is one per watched path, so it is kept small: one lock, a failure boxed, and the one
+/// subscriber most paths have held inline.
+#[derive(Default)]
 pub struct Path {
-    /// Bindings read it when they reconcile; a change wakes them through [`Wake`].
-    state: Mutex<KeyState>,
-    /// Without duplicates. Most paths have one or two, and a list of them takes far less room
-    /// than a set, across tens of thousands of paths.
-    subscribers: Mutex<Vec<BindingRef>>,
+    held: Mutex<Held>,
     /// A shared read that included this path was too large: it is read on its own from now on.
     solo: AtomicBool,
     /// Its group takes turns with others of its namespace for a blocking-query slot: the
     /// milliseconds a round of turns may take, 0 when not in turns.
-    in_turns: AtomicU64,
+    in_turns: AtomicU32,
 }
 
-impl Default for Path {
-    fn default() -> Self {
-        Self {
-            state: Mutex::new(KeyState::Pending),
-            subscribers: Mutex::default(),
-            solo: AtomicBool::new(false),
-            in_turns: AtomicU64::new(0),
+#[derive(Default)]
+struct Held {
+    /// Bindings read it when they reconcile; a change wakes them through [`Wake`].
+    state: State,
+    subscribers: Subscribers,
+}
+
+/// A [`KeyState`] as a path holds it.
+#[derive(Default)]
+enum State {
+    #[default]
+    Pending,
+    Ready(Content),
+    Failed(Box<Failure>),
+}
+
+struct Failure {
+    reason: &'static str,
+    message: String,
+    last: Option<Content>,
+}
+
+impl State {
+    /// The content as of the last answer, whether or not requests fail since.
+    fn last(&self) -> Option<&Content> {
+        match self {
+            State::Ready(content) => Some(content),
+            State::Failed(failure) => failure.last.as_ref(),
+            State::Pending => None,
         }
+    }
+}
+
+/// Without duplicates. Most paths have one, and many thousands of paths are watched.
+#[derive(Default)]
+enum Subscribers {
+    #[default]
+    None,
+    One(BindingRef),
+    Many(Vec<BindingRef>),
+}
+
+impl Subscribers {
+    fn as_slice(&self) -> &[BindingRef] {
+        match self {
+            Subscribers::None => &[],
+            Subscribers::One(binding) => std::slice::from_ref(binding),
+            Subscribers::Many(list) => list,
+        }
+    }
+
+    fn add(&mut self, binding: &BindingRef) {
+        if self.as_slice().contains(binding) {
+            return;
+        }
+        *self = match std::mem::take(self) {
+            Subscribers::None => Subscribers::One(binding.clone()),
+            Subscribers::One(first) => Subscribers::Many(vec![first, binding.clone()]),
+            Subscribers::Many(mut list) => {
+                list.push(binding.clone());
+                Subscribers::Many(list)
+            }
+        };
+    }
+
+    fn remove(&mut self, binding: &BindingRef) {
+        let mut rest: Vec<BindingRef> = self.as_slice().iter().filter(|b| *b != binding).cloned().collect();
+        *self = match rest.len() {
+            0 => Subscribers::None,
+            1 => Subscribers::One(rest.remove(0)),
+            _ => Subscribers::Many(rest),
+        };
     }
 }
 
 impl Path {
     pub fn state(&self) -> KeyState {
-        self.state.locked().clone()
+        match &self.held.locked().state {
+            State::Pending => KeyState::Pending,
+            State::Ready(content) => KeyState::Ready(content.clone()),
+            State::Failed(failure) => KeyState::Failed {
+                reason: failure.reason,
+                message: failure.message.clone(),
+                last: failure.last.clone(),
+            },
+        }
     }
 
     pub fn subscribe(&self, binding: &BindingRef) {
-        let mut subscribers = self.subscribers.locked();
-        if !subscribers.contains(binding) {
-            // A first push would make room for four.
-            subscribers.reserve_exact(1);
-            subscribers.push(binding.clone());
-        }
+        self.held.locked().subscribers.add(binding);
     }
 
     /// Returns whether no binding reads the path any more.
     pub fn unsubscribe(&self, binding: &BindingRef) -> bool {
-        let mut subscribers = self.subscribers.locked();
-        subscribers.retain(|b| b != binding);
-        subscribers.is_empty()
+        let subscribers = &mut self.held.locked().subscribers;
+        subscribers.remove(binding);
+        matches!(subscribers, Subscribers::None)
     }
 
     pub fn subscribers(&self) -> Vec<BindingRef> {
-        self.subscribers.locked().clone()
+        self.held.locked().subscribers.as_slice().to_vec()
     }
 
     pub fn wake(&self, wake: &Wake) {
-        self.subscribers.locked().iter().cloned().for_each(|b| wake(b));
+        let subscribers = self.subscribers();
+        subscribers.into_iter().for_each(|b| wake(b));
     }
 
     pub fn solo(&self) -> bool {
@@ -161,18 +230,18 @@ impl Path {
     /// How long a round of its group's turns may take, when it takes turns.
     pub fn in_turns(&self) -> Option<Duration> {
         let millis = self.in_turns.load(Ordering::Relaxed);
-        (millis > 0).then(|| Duration::from_millis(millis))
+        (millis > 0).then(|| Duration::from_millis(millis.into()))
     }
 
     /// Returns whether that is news.
     pub fn set_in_turns(&self, cycle: Option<Duration>) -> bool {
-        let millis = cycle.map_or(0, |c| c.as_millis().clamp(1, u64::MAX.into()) as u64);
+        let millis = cycle.map_or(0, |c| c.as_millis().clamp(1, u32::MAX.into()) as u32);
         self.in_turns.swap(millis, Ordering::Relaxed) != millis
     }
 
     /// Whether Consul refuses this path's token.
     pub fn denied(&self) -> bool {
-        matches!(&*self.state.locked(), KeyState::Failed { reason, .. } if *reason == reason::ACCESS_DENIED)
+        matches!(&self.held.locked().state, State::Failed(failure) if failure.reason == reason::ACCESS_DENIED)
     }
 
     /// Records new entries. Content that turns missing or empty in the same answer as an index
@@ -190,24 +259,24 @@ impl Path {
 
     /// The same entries as before, now part of a newer answer, so that the older one can go.
     pub fn rebase(&self, view: View) {
-        match &mut *self.state.locked() {
-            KeyState::Ready(content) | KeyState::Failed { last: Some(content), .. }
-                if same_entries(&content.entries, &view) =>
-            {
-                content.entries = view;
-            }
-            _ => {}
+        let mut held = self.held.locked();
+        let content = match &mut held.state {
+            State::Ready(content) => content,
+            State::Failed(failure) => match &mut failure.last {
+                Some(content) => content,
+                None => return,
+            },
+            State::Pending => return,
+        };
+        if same_entries(&content.entries, &view) {
+            content.entries = view;
         }
     }
 
     /// [`Path::set_answer`] with a view of a shared answer.
     pub fn set_view(&self, entries: View, reset: bool, index: Option<u64>) -> Update {
-        let current = &mut *self.state.locked();
-        let (before, was_ready) = match &*current {
-            KeyState::Ready(content) => (Some(content), true),
-            KeyState::Failed { last, .. } => (last.as_ref(), false),
-            KeyState::Pending => (None, false),
-        };
+        let current = &mut self.held.locked().state;
+        let (before, was_ready) = (current.last(), matches!(current, State::Ready(_)));
         let (update, content) = match before.filter(|b| same_entries(&b.entries, &entries)) {
             Some(before) => {
                 let update = if was_ready { Update::Same } else { Update::Recovered };
@@ -221,20 +290,23 @@ impl Path {
                 (update, Content { entries, changed_at, reset_hold: lost, reset_at, index })
             }
         };
-        *current = KeyState::Ready(content);
+        *current = State::Ready(content);
         update
     }
 
     /// Records a failure; returns whether it is news (not the same reason and message again).
     pub fn set_failed(&self, reason: &'static str, message: &str) -> bool {
-        let current = &mut *self.state.locked();
-        let last = match current {
-            KeyState::Failed { reason: r, message: m, .. } if *r == reason && m == message => return false,
-            KeyState::Failed { last, .. } => last.take(),
-            KeyState::Ready(content) => Some(content.clone()),
-            KeyState::Pending => None,
+        let current = &mut self.held.locked().state;
+        let last = match std::mem::take(current) {
+            State::Failed(failure) if failure.reason == reason && failure.message == message => {
+                *current = State::Failed(failure);
+                return false;
+            }
+            State::Failed(failure) => failure.last,
+            State::Ready(content) => Some(content),
+            State::Pending => None,
         };
-        *current = KeyState::Failed { reason, message: message.to_owned(), last };
+        *current = State::Failed(Box::new(Failure { reason, message: message.to_owned(), last }));
         true
     }
 }
@@ -317,5 +389,23 @@ mod tests {
         assert_eq!(path.subscribers(), [a.clone(), b.clone()]);
         assert!(!path.unsubscribe(&a));
         assert!(path.unsubscribe(&b));
+    }
+
+    #[test]
+    fn subscribers_keep_their_order_as_they_come_and_go() {
+        let path = Path::default();
+        let [a, b, c] = ["a", "b", "c"].map(|n| BindingRef::new("ns", n));
+        for binding in [&a, &b, &c] {
+            path.subscribe(binding);
+        }
+        assert!(!path.unsubscribe(&b));
+        assert_eq!(path.subscribers(), [a.clone(), c.clone()]);
+        assert!(!path.unsubscribe(&BindingRef::new("ns", "never")), "one never subscribed leaves the rest");
+        assert!(!path.unsubscribe(&a));
+        assert_eq!(path.subscribers(), std::slice::from_ref(&c));
+        path.subscribe(&a);
+        assert_eq!(path.subscribers(), [c.clone(), a.clone()]);
+        assert!(!path.unsubscribe(&c) && path.unsubscribe(&a));
+        assert!(path.subscribers().is_empty());
     }
 }

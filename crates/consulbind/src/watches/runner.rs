@@ -418,7 +418,7 @@ impl Runner {
 /// must not make room for a huge one; a shared read over the limit is split into reads of
 /// their own.
 fn answer_limit(limits: &Limits, roster: &Roster) -> u64 {
-    let together = roster.paths.iter().fold(0u64, |sum, p| sum.saturating_add(limits.answer_bytes(p.recurse)));
+    let together = roster.paths().iter().fold(0u64, |sum, p| sum.saturating_add(limits.answer_bytes(p.recurse)));
     together.min(limits.answer_bytes(false))
 }
 

@@ -319,12 +319,7 @@ async fn suspended_binding_rolls_once_on_resume() {
     )
     .await;
     // The change must come after the controller has seen the suspension, not race it.
-    support::wait("the controller to see the suspension", || async {
-        let binding = s.get_binding("cfg").await;
-        Ok(binding.status.and_then(|st| st.observed_generation) == binding.metadata.generation)
-    })
-    .await
-    .unwrap();
+    s.wait_observed("cfg").await;
     s.put(&key, "v2").await;
     s.wait_condition("cfg", conditions::READY, "False", reason::SUSPENDED).await;
     s.put(&key, "v3").await;

@@ -196,6 +196,17 @@ impl Scene {
         self.get_binding(name).await
     }
 
+    /// Waits until the controller has acted on the binding's latest spec, so that what the test
+    /// does next cannot race it.
+    pub async fn wait_observed(&self, name: &str) {
+        wait(&format!("the controller to see {}/{name}'s latest spec", self.ns), || async {
+            let binding = self.bindings().get(name).await?;
+            Ok(binding.status.and_then(|st| st.observed_generation) == binding.metadata.generation)
+        })
+        .await
+        .unwrap();
+    }
+
     /// Waits like [`Scene::wait_condition`], and returns the condition's message.
     pub async fn wait_message(&self, name: &str, type_: &str, status: &str, reason: &str) -> String {
         let binding = self.wait_condition(name, type_, status, reason).await;

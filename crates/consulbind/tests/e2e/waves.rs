@@ -199,12 +199,7 @@ async fn a_change_held_by_a_suspend_leaves_the_status_as_it_is() {
     let mut suspended = staged(&key, canary_first("0s"));
     suspended["suspend"] = json!(true);
     s.binding("app", suspended).await;
-    support::wait("the controller to see the suspension", || async {
-        let binding = s.get_binding("app").await;
-        Ok(binding.status.and_then(|st| st.observed_generation) == binding.metadata.generation)
-    })
-    .await
-    .unwrap();
+    s.wait_observed("app").await;
     s.put(&key, "v3").await;
     s.wait_condition("app", conditions::READY, "False", reason::SUSPENDED).await;
     tokio::time::sleep(support::SETTLE).await;
@@ -369,8 +364,7 @@ async fn edit_while_refused(scene: &str, deleted_while_refused: bool) {
     }
     spec["rollout"]["healthTimeout"] = json!("20m");
     s.binding("app", spec).await;
-    let seen = || async { Ok(s.get_binding("app").await.status.and_then(|st| st.observed_generation) == Some(2)) };
-    wait("the edit seen while the binding is refused", seen).await.unwrap();
+    s.wait_observed("app").await;
     assert_eq!(s.generation("web").await, 1, "nothing rolls while the binding is refused");
 
     s.stop_controller().await;

@@ -67,7 +67,7 @@ impl Runner {
             (0..members.cells.len()).filter(|&i| !known.contains(&(Arc::as_ptr(&members.cells[i]) as usize))).collect()
         };
         let reads = new.iter().map(|&i| {
-            let path = &members.paths[i];
+            let path = &members.paths()[i];
             let query = KvQuery { key: path.key.to_string(), recurse: path.recurse, ..query.clone() };
             let limit = self.limits.answer_bytes(path.recurse);
             async move { self.consul.get_wait(&query, 0, MIN_WAIT, limit).await }
@@ -77,7 +77,7 @@ impl Runner {
         let mut indexes = Vec::new();
         for (&i, read) in new.iter().zip(reads) {
             let response = read.ok()?;
-            group::merge(&mut merged, &members.paths[i], response.entries);
+            group::merge(&mut merged, &members.paths()[i], response.entries);
             indexes.push((i, response.index));
         }
         let held = self.entries.share(&mut merged);
@@ -85,7 +85,7 @@ impl Runner {
         let entries: Arc<[KvEntry]> = merged.into();
         let applying = self.answers.write().unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut news = Vec::new();
-        for (i, path) in members.paths.iter().enumerate() {
+        for (i, path) in members.paths().iter().enumerate() {
             let view = View::new(entries.clone(), group::span(&entries, path));
             match indexes.iter().find(|(new, _)| *new == i) {
                 Some(&(_, index)) => {
@@ -119,9 +119,9 @@ impl Runner {
         if !query.recurse {
             return Ok(Confirmed { entries, ..Confirmed::default() });
         }
-        let vanished: Vec<usize> = (0..members.paths.len())
+        let vanished: Vec<usize> = (0..members.paths().len())
             .filter(|&i| {
-                let path = &members.paths[i];
+                let path = &members.paths()[i];
                 !path.recurse
                     && group::select(&entries, path).is_empty()
                     && (old.is_none_or(|old| !group::select(old, path).is_empty())
@@ -129,7 +129,7 @@ impl Runner {
             })
             .collect();
         let reads = vanished.iter().map(|&i| {
-            let query = KvQuery { key: members.paths[i].key.to_string(), recurse: false, ..query.clone() };
+            let query = KvQuery { key: members.paths()[i].key.to_string(), recurse: false, ..query.clone() };
             async move { self.consul.get_wait(&query, 0, MIN_WAIT, self.limits.answer_bytes(false)).await }
         });
         let (mut refused, mut granted) = (Vec::new(), Vec::new());
@@ -139,7 +139,7 @@ impl Runner {
                     if members.cells[i].denied() {
                         granted.push(i);
                     }
-                    group::merge(&mut entries, &members.paths[i], response.entries)
+                    group::merge(&mut entries, &members.paths()[i], response.entries)
                 }
                 Err(error) if error.kind() == ErrorKind::AccessDenied => {
                     refused.push((i, reason::ACCESS_DENIED, error.to_string()))
@@ -169,7 +169,7 @@ impl Runner {
         let entries: Arc<[KvEntry]> = entries.into();
         let mut changed: Vec<usize> = match old {
             Some(old) => members.members.changed(old, &entries),
-            None => (0..members.paths.len()).collect(),
+            None => (0..members.paths().len()).collect(),
         };
         // A key Consul refused before and reads now may hold what it held then: no change of
         // entries, but news to its bindings.
@@ -186,13 +186,13 @@ impl Runner {
         for (i, reason, message) in &refused {
             let cell = &members.cells[*i];
             if cell.set_failed(reason, message) {
-                warn!(key = %members.paths[*i].key, %message, "Consul refused to read a bound key");
+                warn!(key = %members.paths()[*i].key, %message, "Consul refused to read a bound key");
                 news.push(cell);
             }
         }
-        let mut is_changed = vec![false; members.paths.len()];
+        let mut is_changed = vec![false; members.paths().len()];
         changed.into_iter().for_each(|i| is_changed[i] = true);
-        for (i, path) in members.paths.iter().enumerate() {
+        for (i, path) in members.paths().iter().enumerate() {
             if refused.iter().any(|(r, ..)| *r == i) {
                 continue;
             }

@@ -37,9 +37,9 @@ impl Lane {
 
 /// The paths one group's query serves, and how it may block.
 pub struct Roster {
-    pub paths: Vec<WatchPath>,
-    pub cells: Vec<Arc<Path>>,
+    /// The paths, sorted, and the cell of each in the same order.
     pub(super) members: Members,
+    pub cells: Vec<Arc<Path>>,
     /// The slots the group takes turns on with the other groups of its namespace.
     pub(super) lane: Option<Arc<Lane>>,
     /// Consul refuses the token of every path: the planner gave it no slot.
@@ -48,11 +48,15 @@ pub struct Roster {
 
 impl Roster {
     pub fn new(paths: Vec<WatchPath>, cells: Vec<Arc<Path>>, lane: Option<Arc<Lane>>, parked: bool) -> Self {
-        Self { members: Members::new(&paths), paths, cells, lane, parked }
+        Self { members: Members::new(paths), cells, lane, parked }
+    }
+
+    pub fn paths(&self) -> &[WatchPath] {
+        self.members.paths()
     }
 
     pub fn same(&self, other: &Roster) -> bool {
-        self.paths == other.paths
+        self.paths() == other.paths()
             && self.cells.iter().zip(&other.cells).all(|(a, b)| Arc::ptr_eq(a, b))
             && self.parked == other.parked
             && match (&self.lane, &other.lane) {

@@ -552,7 +552,7 @@ async fn the_entries_of_a_tenant_that_left_are_forgotten_soon_after_its_group_st
 #[test]
 fn a_group_of_many_paths_may_read_no_more_than_one_path_may() {
     let limits = Limits { entries: 10_000, bytes: 4 << 20 };
-    let keys: Vec<String> = (0..200).map(|i| format!("app/k{i}")).collect();
+    let keys: Vec<String> = (0..200).map(|i| format!("app/k{i:03}")).collect();
     let many: Vec<(&str, bool, &[&str])> = keys.iter().map(|k| (k.as_str(), false, &[] as &[&str])).collect();
     let limit = |paths: &[(&str, bool, &[&str])]| {
         let (paths, cells) = cells(paths);
