@@ -244,7 +244,7 @@ impl Client {
             false => Some(self.permit().await),
         };
         let url = kv_url(&self.inner.base, query, index, wait);
-        let token = query.token.clone().or_else(|| self.default_token());
+        let token = query.token().cloned().or_else(|| self.default_token());
         let token = token.as_ref();
         let response = self.send(Method::GET, url, token, request_timeout(blocking), None).await?;
         let status = response.status();
@@ -539,7 +539,7 @@ mod tests {
     #[tokio::test]
     async fn token_unfit_for_a_header_is_a_config_error() {
         let client = Client::new(ClientConfig::default()).await.unwrap();
-        let query = KvQuery { token: Some(Token::new("s3cr3t\n")), ..KvQuery::exact("k") };
+        let query = KvQuery::exact("k").with_token(Token::new("s3cr3t\n"));
         let err = client.get(&query, 0).await.unwrap_err();
         assert_eq!(err.kind(), crate::ErrorKind::Config);
         assert!(!format!("{err} {err:?}").contains("s3cr3t"));

@@ -16,65 +16,10 @@
 mod members;
 mod plan;
 
-use crate::{KvQuery, Token};
+pub use crate::kv::{Scope, ScopeToken};
 
 pub use members::{Members, WatchPath, merge, select, span};
 pub use plan::{Group, assign, partition};
-
-/// The part of a query that decides whether two paths may share a blocking query: ACLs filter
-/// per token, and the other fields pick another data set.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Scope {
-    pub datacenter: Option<String>,
-    pub namespace: Option<String>,
-    pub partition: Option<String>,
-    pub token: Option<ScopeToken>,
-}
-
-/// A token that orders scopes without ever printing them.
-#[derive(Clone, PartialEq, Eq, Hash)]
-pub struct ScopeToken(pub Token);
-
-impl std::fmt::Debug for ScopeToken {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
-impl PartialOrd for ScopeToken {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for ScopeToken {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        self.0.expose().cmp(other.0.expose())
-    }
-}
-
-impl Scope {
-    pub fn of(query: &KvQuery) -> Self {
-        Self {
-            datacenter: query.datacenter.clone(),
-            namespace: query.namespace.clone(),
-            partition: query.partition.clone(),
-            token: query.token.clone().map(ScopeToken),
-        }
-    }
-
-    /// The query that reads `key` in this scope.
-    pub fn query(&self, key: String, recurse: bool) -> KvQuery {
-        KvQuery {
-            key,
-            recurse,
-            datacenter: self.datacenter.clone(),
-            namespace: self.namespace.clone(),
-            partition: self.partition.clone(),
-            token: self.token.clone().map(|t| t.0),
-        }
-    }
-}
 
 /// Splits `slots` among scopes in proportion to their paths, at least one each.
 pub fn shares(sizes: &[usize], slots: usize) -> Vec<usize> {
@@ -265,10 +210,10 @@ mod tests {
 
     #[test]
     fn scopes_order_by_token_without_showing_it() {
-        let query = |token: &str| KvQuery { token: Some(Token::new(token)), ..KvQuery::exact("k") };
-        let (a, b) = (Scope::of(&query("a-secret")), Scope::of(&query("b-secret")));
+        let query = |token: &str| crate::KvQuery::exact("k").with_token(crate::Token::new(token));
+        let (a, b) = (query("a-secret").scope().clone(), query("b-secret").scope().clone());
         assert!(a < b);
         assert!(!format!("{a:?}").contains("a-secret"));
-        assert_eq!(a.query("k".into(), false), query("a-secret"));
+        assert_eq!(a.query("k", false), query("a-secret"));
     }
 }

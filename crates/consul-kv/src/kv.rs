@@ -13,26 +13,96 @@ use crate::{Error, Token};
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct KvQuery {
     /// The key, or the prefix when `recurse` is set. An empty prefix is the whole KV store.
-    pub key: String,
+    pub key: Arc<str>,
     /// Read every key that starts with `key`. This is a string prefix, so
     /// `app` also matches `apple`; end prefixes with `/` to mean a folder.
     pub recurse: bool,
-    pub datacenter: Option<String>,
-    pub namespace: Option<String>,
-    pub partition: Option<String>,
-    /// Overrides the client's default token.
-    pub token: Option<Token>,
+    /// `None` for the agent's own datacenter, namespace and partition and the client's token,
+    /// as most queries read. Shared by clones: a watch holds a query for every key.
+    scope: Option<Arc<Scope>>,
 }
+
+/// The scope of a query that names none.
+static AGENT: Scope = Scope { datacenter: None, namespace: None, partition: None, token: None };
 
 impl KvQuery {
     /// One exact key.
-    pub fn exact(key: impl Into<String>) -> Self {
-        Self { key: key.into(), ..Self::default() }
+    pub fn exact(key: impl AsRef<str>) -> Self {
+        Self { key: key.as_ref().into(), ..Self::default() }
     }
 
     /// Every key under a prefix.
-    pub fn prefix(prefix: impl Into<String>) -> Self {
-        Self { key: prefix.into(), recurse: true, ..Self::default() }
+    pub fn prefix(prefix: impl AsRef<str>) -> Self {
+        Self { key: prefix.as_ref().into(), recurse: true, ..Self::default() }
+    }
+
+    pub fn new(key: impl Into<Arc<str>>, recurse: bool) -> Self {
+        Self { key: key.into(), recurse, scope: None }
+    }
+
+    /// A read of `key` in the same scope.
+    pub fn beside(&self, key: impl Into<Arc<str>>, recurse: bool) -> Self {
+        Self { key: key.into(), recurse, scope: self.scope.clone() }
+    }
+
+    /// The same read in `scope`, which queries may share.
+    pub fn in_scope(mut self, scope: &Arc<Scope>) -> Self {
+        self.scope = (**scope != AGENT).then(|| scope.clone());
+        self
+    }
+
+    /// The same read with `token` in place of the client's.
+    pub fn with_token(self, token: Token) -> Self {
+        let scope = Scope { token: Some(ScopeToken(token)), ..self.scope().clone() };
+        self.in_scope(&Arc::new(scope))
+    }
+
+    pub fn scope(&self) -> &Scope {
+        self.scope.as_deref().unwrap_or(&AGENT)
+    }
+
+    /// The token that overrides the client's, if any.
+    pub fn token(&self) -> Option<&Token> {
+        self.scope().token.as_ref().map(|t| &t.0)
+    }
+}
+
+/// The part of a query that decides whether two paths may share a blocking query: ACLs filter
+/// per token, and the other fields pick another data set.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Scope {
+    pub datacenter: Option<String>,
+    pub namespace: Option<String>,
+    pub partition: Option<String>,
+    pub token: Option<ScopeToken>,
+}
+
+/// A token that orders scopes without ever printing them.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct ScopeToken(pub Token);
+
+impl std::fmt::Debug for ScopeToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl PartialOrd for ScopeToken {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for ScopeToken {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.expose().cmp(other.0.expose())
+    }
+}
+
+impl Scope {
+    /// The query that reads `key` in this scope.
+    pub fn query(&self, key: impl Into<Arc<str>>, recurse: bool) -> KvQuery {
+        KvQuery::new(key, recurse).in_scope(&Arc::new(self.clone()))
     }
 }
 
@@ -89,7 +159,8 @@ pub(crate) fn kv_url(base: &Url, query: &KvQuery, index: u64, wait: Duration) ->
     let mut url = key_url(base, &query.key);
     {
         let mut params = url.query_pairs_mut();
-        let optional = [("dc", &query.datacenter), ("ns", &query.namespace), ("partition", &query.partition)];
+        let scope = query.scope();
+        let optional = [("dc", &scope.datacenter), ("ns", &scope.namespace), ("partition", &scope.partition)];
         for (name, value) in optional {
             if let Some(value) = value {
                 params.append_pair(name, value);
@@ -186,6 +257,19 @@ pub(crate) fn parse_entries(body: &[u8], digest: Option<&Digest>) -> Result<Vec<
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_query_in_the_agents_scope_equals_one_that_names_none() {
+        use std::hash::BuildHasher;
+        let named = KvQuery::exact("k").in_scope(&Arc::new(Scope::default()));
+        assert_eq!(named, KvQuery::exact("k"));
+        let state = std::collections::hash_map::RandomState::new();
+        assert_eq!(state.hash_one(&named), state.hash_one(KvQuery::exact("k")));
+        let other = KvQuery::exact("k").with_token(Token::new("t"));
+        assert_ne!(other, KvQuery::exact("k"));
+        assert_eq!(other.beside("j", true).token().map(Token::expose), Some("t"), "a read beside keeps the scope");
+        assert_eq!(other.beside("j", true).key.as_ref(), "j");
+    }
+
     fn base() -> Url {
         Url::parse("http://127.0.0.1:8500").unwrap()
     }
@@ -206,14 +290,14 @@ mod tests {
 
     #[test]
     fn optional_params_only_when_set() {
-        let query =
-            KvQuery { datacenter: Some("dc2".into()), partition: Some("team-a".into()), ..KvQuery::prefix("app/") };
+        let query = Scope { datacenter: Some("dc2".into()), partition: Some("team-a".into()), ..Scope::default() }
+            .query("app/", true);
         let url = kv_url(&base(), &query, 1, Duration::from_secs(10));
         assert_eq!(
             url.as_str(),
             "http://127.0.0.1:8500/v1/kv/app/?dc=dc2&partition=team-a&recurse&index=1&wait=10000ms"
         );
-        let query = KvQuery { namespace: Some("ns1".into()), ..KvQuery::exact("k") };
+        let query = Scope { namespace: Some("ns1".into()), ..Scope::default() }.query("k", false);
         let url = kv_url(&base(), &query, 0, WAIT);
         assert_eq!(url.as_str(), "http://127.0.0.1:8500/v1/kv/k?ns=ns1");
     }

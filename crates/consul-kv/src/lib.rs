@@ -51,4 +51,4 @@ pub use backoff::{Backoff, jitter};
 pub use client::{Client, Lease};
 pub use config::{ClientConfig, Token};
 pub use error::{Error, ErrorKind};
-pub use kv::{Digest, KvEntry, KvQuery, KvResponse, same_entries};
+pub use kv::{Digest, KvEntry, KvQuery, KvResponse, Scope, ScopeToken, same_entries};

@@ -237,7 +237,7 @@ async fn acl_denied_errors_never_show_the_token() {
 
     let unknown = Token::new("00000000-0000-4000-8000-00000000dead");
     for (token, expected) in [(None, "Permission denied"), (Some(&unknown), "ACL not found")] {
-        let query = KvQuery { token: token.cloned(), ..KvQuery::exact(&key) };
+        let query = token.cloned().map_or(KvQuery::exact(key.as_str()), |t| KvQuery::exact(key.as_str()).with_token(t));
         let err = client.get(&query, 0).await.unwrap_err();
         assert_eq!(err.kind(), ErrorKind::AccessDenied, "{err}");
         let text = format!("{err} {err:?}");
@@ -260,7 +260,7 @@ async fn acl_token_grants_access() {
     let key = format!("{}key", prefix("acl-granted"));
     client.put(&key, b"v", Some(&management)).await.unwrap();
 
-    let query = KvQuery { token: Some(management.clone()), ..KvQuery::exact(&key) };
+    let query = KvQuery::exact(key.as_str()).with_token(management.clone());
     let response = client.get(&query, 0).await.unwrap();
     assert_eq!(values(&response), [(key.as_str(), &b"v"[..])]);
 
@@ -285,8 +285,7 @@ async fn acl_recurse_without_permission_is_silently_empty() {
     let response = client.get(&KvQuery::prefix(&prefix), 0).await.unwrap();
     assert!(response.entries.is_empty());
 
-    let unknown =
-        KvQuery { token: Some(Token::new("00000000-0000-4000-8000-00000000beef")), ..KvQuery::prefix(&prefix) };
+    let unknown = KvQuery::prefix(prefix.as_str()).with_token(Token::new("00000000-0000-4000-8000-00000000beef"));
     let err = client.get(&unknown, 0).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::AccessDenied, "an unknown token is still refused");
     client.delete(&prefix, true, Some(&management)).await.unwrap();

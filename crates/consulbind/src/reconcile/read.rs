@@ -3,7 +3,7 @@
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
-use consul_kv::{KvQuery, Token};
+use consul_kv::{KvQuery, Scope, ScopeToken, Token};
 use consulbind_api::{
     ConsulBinding, ConsulBindingSpec, KeySource, MAX_DELAY, MAX_QUIET_PERIOD, ObjectKind, ObjectSource, parse_duration,
 };
@@ -182,17 +182,13 @@ pub fn decides(listing: bool) -> bool {
 /// One watch query for each bound key, with the binding's Consul scope and token.
 pub fn queries(spec: &ConsulBindingSpec, token: Option<Token>) -> Vec<KvQuery> {
     let consul = spec.consul.clone().unwrap_or_default();
-    spec.keys
-        .iter()
-        .map(|k| KvQuery {
-            key: k.key.clone(),
-            recurse: k.recurse,
-            datacenter: consul.datacenter.clone(),
-            namespace: consul.namespace.clone(),
-            partition: consul.partition.clone(),
-            token: token.clone(),
-        })
-        .collect()
+    let scope = Arc::new(Scope {
+        datacenter: consul.datacenter,
+        namespace: consul.namespace,
+        partition: consul.partition,
+        token: token.map(ScopeToken),
+    });
+    spec.keys.iter().map(|k| KvQuery::new(k.key.as_str(), k.recurse).in_scope(&scope)).collect()
 }
 
 /// What Consul says for the binding; `None` while a key has had no answer yet. Content of more
@@ -655,16 +651,15 @@ mod tests {
         let spec = ConsulBindingSpec { keys, consul: Some(Box::new(consul)), ..spec(named(), None) };
         let token = TokenSource::Secret(Token::new("from-secret")).into_token();
         let queries = queries(&spec, token.clone());
-        let scoped = |key: &str, recurse| KvQuery {
-            key: key.into(),
-            recurse,
+        let scope = Scope {
             datacenter: Some("dc2".into()),
             namespace: Some("team".into()),
             partition: Some("part".into()),
-            token: token.clone(),
+            token: token.clone().map(ScopeToken),
         };
-        assert_eq!(queries, [scoped("app/", true), scoped("db", false)]);
-        assert_eq!(queries[0].token.as_ref().map(Token::expose), Some("from-secret"));
+        assert_eq!(queries, [scope.query("app/", true), scope.query("db", false)]);
+        assert_eq!(queries[0].token().map(Token::expose), Some("from-secret"));
+        assert!(std::ptr::eq(queries[0].scope(), queries[1].scope()), "a binding's queries share one scope");
 
         for source in [TokenSource::Default, TokenSource::Invalid("x".into()), TokenSource::Forbidden("x".into())] {
             assert!(source.into_token().is_none(), "only a Secret's token overrides the default");

@@ -173,7 +173,7 @@ impl Sim {
                 let store = &self.store;
                 let alone = async |queries: &[&KvQuery]| {
                     let index = |q: &&KvQuery| {
-                        let source = KeySource { key: q.key.clone(), recurse: q.recurse, optional: true };
+                        let source = KeySource { key: q.key.to_string(), recurse: q.recurse, optional: true };
                         store.matching(&source).next().is_none().then(|| store.own_index(&source))
                     };
                     Ok(queries.iter().map(index).collect())

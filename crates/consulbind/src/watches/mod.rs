@@ -174,14 +174,15 @@ impl Watches {
             .map(|(q, path)| {
                 let mut subscribers: Vec<String> = path.subscribers().iter().map(ToString::to_string).collect();
                 subscribers.sort();
+                let scope = q.scope();
                 WatchInfo {
-                    key: q.key.clone(),
+                    key: q.key.to_string(),
                     recurse: q.recurse,
-                    datacenter: q.datacenter.clone(),
-                    namespace: q.namespace.clone(),
-                    partition: q.partition.clone(),
-                    with_token: q.token.is_some(),
-                    read_by: read_by.get(&Arc::as_ptr(path)).cloned(),
+                    datacenter: scope.datacenter.clone(),
+                    namespace: scope.namespace.clone(),
+                    partition: scope.partition.clone(),
+                    with_token: scope.token.is_some(),
+                    read_by: read_by.get(&Arc::as_ptr(path)).map(ToString::to_string),
                     subscribers,
                 }
             })

@@ -211,12 +211,12 @@ pub struct Groups {
 pub fn plan(runner: &Arc<Runner>, paths: &HashMap<Arc<KvQuery>, Arc<Path>>, groups: &mut Groups) {
     let mut by_scope: BTreeMap<Scope, Vec<(WatchPath, Arc<Path>)>> = BTreeMap::new();
     for (query, path) in paths {
-        let watch_path = WatchPath { key: query.key.as_str().into(), recurse: query.recurse };
-        by_scope.entry(Scope::of(query)).or_default().push((watch_path, path.clone()));
+        let watch_path = WatchPath { key: query.key.clone(), recurse: query.recurse };
+        by_scope.entry(query.scope().clone()).or_default().push((watch_path, path.clone()));
     }
     let mut current: HashMap<Scope, Vec<(String, bool)>> = HashMap::new();
     for query in groups.running.keys() {
-        current.entry(Scope::of(query)).or_default().push((query.key.clone(), query.recurse));
+        current.entry(query.scope().clone()).or_default().push((query.key.to_string(), query.recurse));
     }
     let mut cells: Vec<Vec<Arc<Path>>> = Vec::with_capacity(by_scope.len());
     let scopes: Vec<ScopePaths> = by_scope
@@ -335,11 +335,11 @@ mod tests {
     use super::*;
 
     fn scope(token: Option<&str>, tenant: Tenant, keys: &[&str]) -> ScopePaths {
-        let query = KvQuery { token: token.map(Token::new), ..KvQuery::exact("") };
+        let query = token.map_or(KvQuery::exact(""), |t| KvQuery::exact("").with_token(Token::new(t)));
         let mut paths: Vec<WatchPath> = keys.iter().map(|k| WatchPath { key: (*k).into(), recurse: false }).collect();
         paths.sort();
         ScopePaths {
-            scope: Scope::of(&query),
+            scope: query.scope().clone(),
             tenant,
             parked: false,
             solo: vec![false; paths.len()],

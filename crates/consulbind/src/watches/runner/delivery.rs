@@ -68,7 +68,7 @@ impl Runner {
         };
         let reads = new.iter().map(|&i| {
             let path = &members.paths()[i];
-            let query = KvQuery { key: path.key.to_string(), recurse: path.recurse, ..query.clone() };
+            let query = query.beside(path.key.clone(), path.recurse);
             let limit = self.limits.answer_bytes(path.recurse);
             async move { self.consul.get_wait(&query, 0, MIN_WAIT, limit).await }
         });
@@ -129,7 +129,7 @@ impl Runner {
             })
             .collect();
         let reads = vanished.iter().map(|&i| {
-            let query = KvQuery { key: members.paths()[i].key.to_string(), recurse: false, ..query.clone() };
+            let query = query.beside(members.paths()[i].key.clone(), false);
             async move { self.consul.get_wait(&query, 0, MIN_WAIT, self.limits.answer_bytes(false)).await }
         });
         let (mut refused, mut granted) = (Vec::new(), Vec::new());

@@ -11,7 +11,8 @@ use crate::Lock;
 pub(super) type Scope = (Option<String>, Option<String>, Option<String>);
 
 pub(super) fn scope(query: &KvQuery) -> Scope {
-    (query.datacenter.clone(), query.namespace.clone(), query.partition.clone())
+    let scope = query.scope();
+    (scope.datacenter.clone(), scope.namespace.clone(), scope.partition.clone())
 }
 
 /// What the answers have shown of one KV table. A missing key answers the table's index,

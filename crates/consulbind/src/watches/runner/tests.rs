@@ -277,7 +277,7 @@ async fn an_answer_wakes_only_the_bindings_whose_content_changed() {
         no_limits(),
     );
     let first = group.request().await;
-    assert_eq!((first.query.key.as_str(), first.index), ("app/", 0), "the first read does not block");
+    assert_eq!((&*first.query.key, first.index), ("app/", 0), "the first read does not block");
     first.reply(10, &[("app/a", "1", 5), ("app/b", "1", 6), ("app/c/x", "1", 7), ("app/unbound", "1", 8)]);
 
     let second = group.request().await;
@@ -461,7 +461,7 @@ async fn a_new_path_is_read_alone_while_the_blocking_query_goes_on() {
 
     group.add_paths(&[("app/b", false, &["two"])]);
     let alone = group.request().await;
-    assert_eq!((alone.query.key.as_str(), alone.query.recurse, alone.index), ("app/b", false, 0));
+    assert_eq!((&*alone.query.key, alone.query.recurse, alone.index), ("app/b", false, 0));
     alone.reply(11, &[("app/b", "2", 6)]);
     group.settle().await;
     assert_eq!(group.woken(), names(&["two"]), "only the new path's bindings hear of it");
@@ -471,7 +471,7 @@ async fn a_new_path_is_read_alone_while_the_blocking_query_goes_on() {
     // The blocking query answers for the whole roster; nothing changed.
     blocking.reply(12, &[("app/a", "1", 5), ("app/b", "2", 6)]);
     let next = group.request().await;
-    assert_eq!((next.query.key.as_str(), next.index), ("app/", 12));
+    assert_eq!((&*next.query.key, next.index), ("app/", 12));
     assert!(group.woken().is_empty());
 
     // A change on the new path now comes through the group's query.
@@ -489,10 +489,10 @@ async fn a_blocking_answer_that_comes_while_new_paths_are_read_is_taken_at_once(
     group.woken();
     group.add_paths(&[("app/b", false, &["two"])]);
     let alone = group.request().await;
-    assert_eq!((alone.query.key.as_str(), alone.index), ("app/b", 0));
+    assert_eq!((&*alone.query.key, alone.index), ("app/b", 0));
     blocking.reply(12, &[("app/a", "1", 5), ("app/b", "2", 6)]);
     let next = group.request().await;
-    assert_eq!((next.query.key.as_str(), next.index), ("app/", 12), "the answer was taken");
+    assert_eq!((&*next.query.key, next.index), ("app/", 12), "the answer was taken");
     assert_eq!(group.content(1), [("app/b".to_owned(), "2".to_owned())], "it covers the new path");
     assert_eq!(group.woken(), names(&["two"]));
     drop(alone);
@@ -507,7 +507,7 @@ async fn a_new_path_that_cannot_be_read_alone_makes_the_group_read_afresh() {
     group.add_paths(&[("app/b", false, &["two"])]);
     group.request().await.fail(unreachable());
     let fresh = group.request().await;
-    assert_eq!((fresh.query.key.as_str(), fresh.index), ("app/", 0), "the whole group is read afresh");
+    assert_eq!((&*fresh.query.key, fresh.index), ("app/", 0), "the whole group is read afresh");
     fresh.reply(11, &[("app/a", "1", 5), ("app/b", "2", 11)]);
     group.request().await;
     assert_eq!(group.woken(), names(&["two"]), "the known path's content did not change");
@@ -632,16 +632,16 @@ async fn a_key_filtered_out_of_a_shared_read_is_confirmed_alone() {
     // The token may no longer read app/b, and app/c was deleted: both vanish from the answer.
     blocking.reply(11, &[("app/a", "1", 5)]);
     let (mut b, mut c) = (group.request().await, group.request().await);
-    if b.query.key != "app/b" {
+    if &*b.query.key != "app/b" {
         std::mem::swap(&mut b, &mut c);
     }
-    assert_eq!((b.query.key.as_str(), b.query.recurse, b.index), ("app/b", false, 0));
-    assert_eq!((c.query.key.as_str(), c.query.recurse), ("app/c", false));
+    assert_eq!((&*b.query.key, b.query.recurse, b.index), ("app/b", false, 0));
+    assert_eq!((&*c.query.key, c.query.recurse), ("app/c", false));
     assert!(group.woken().is_empty(), "a binding heard before the key was confirmed");
     b.fail(denied("app/b"));
     c.reply(12, &[]);
     let next = group.request().await;
-    assert_eq!((next.query.key.as_str(), next.index), ("app/", 11));
+    assert_eq!((&*next.query.key, next.index), ("app/", 11));
     assert_eq!(group.woken(), names(&["two", "three"]));
     let KeyState::Failed { reason, .. } = group.cells[1].state() else { panic!("app/b is not failed") };
     assert_eq!(reason, reason::ACCESS_DENIED, "a key the token may not read is not a deleted key");
@@ -651,7 +651,7 @@ async fn a_key_filtered_out_of_a_shared_read_is_confirmed_alone() {
     // Still filtered: no more reads, no more wakes.
     next.reply(13, &[("app/a", "2", 13)]);
     let after = group.request().await;
-    assert_eq!(after.query.key, "app/");
+    assert_eq!(&*after.query.key, "app/");
     assert_eq!(group.woken(), names(&["one"]));
 }
 
@@ -661,11 +661,11 @@ async fn a_key_consul_refuses_fails_alone_and_its_group_goes_on() {
     let mut group = start(KvQuery::prefix("app/"), &[("app/a", false, &["one"]), (odd, false, &["odd"])], no_limits());
     group.request().await.reply(10, &[("app/a", "1", 5)]);
     let alone = group.request().await;
-    assert_eq!((alone.query.key.as_str(), alone.query.recurse), (odd, false));
+    assert_eq!((&*alone.query.key, alone.query.recurse), (odd, false));
     let address = "http://consul".to_owned();
     alone.fail(Error::Server { address, key: odd.into(), status: 400, body: String::new() });
     let next = group.request().await;
-    assert_eq!((next.query.key.as_str(), next.index), ("app/", 10), "the group did not go on");
+    assert_eq!((&*next.query.key, next.index), ("app/", 10), "the group did not go on");
     assert_eq!(group.woken(), names(&["one", "odd"]));
     let KeyState::Failed { reason, .. } = group.cells[1].state() else { panic!("the refused key is not failed") };
     assert_eq!(reason, reason::CONSUL_ERROR);
@@ -682,7 +682,7 @@ async fn a_missing_key_that_cannot_be_confirmed_tells_no_one() {
     blocking.reply(11, &[("app/a", "1", 5)]);
     group.request().await.fail(unreachable());
     let fresh = group.request().await;
-    assert_eq!((fresh.query.key.as_str(), fresh.index), ("app/", 0), "the group is read afresh");
+    assert_eq!((&*fresh.query.key, fresh.index), ("app/", 0), "the group is read afresh");
     assert!(group.woken().is_empty());
     assert_eq!(group.content(1), [("app/b".to_owned(), "1".to_owned())], "the key was taken for deleted");
     fresh.reply(12, &[("app/a", "1", 5), ("app/b", "1", 6)]);
@@ -715,7 +715,7 @@ async fn groups_in_a_lane_take_turns_on_its_slots_with_short_waits() {
     assert!(blocking.wait <= ROTATION_WAIT + ROTATION_WAIT / 10, "a lane's query waits briefly: {:?}", blocking.wait);
     assert!(next(&mut requests).is_none(), "the other waits for its turn");
     let turn = blocking.query.key.clone();
-    let same = if turn == "a" { ("a", "1", 5) } else { ("b", "1", 6) };
+    let same = if &*turn == "a" { ("a", "1", 5) } else { ("b", "1", 6) };
     blocking.reply(10, &[same]);
     for _ in 0..10 {
         tokio::task::yield_now().await;
@@ -837,7 +837,7 @@ async fn a_refused_key_missing_from_a_shared_read_is_read_alone_again_and_its_gr
         start(KvQuery::prefix("app/"), &[("app/a", false, &["one"]), ("app/b", false, &["two"])], no_limits());
     group.request().await.reply(10, &[("app/a", "1", 5)]);
     let alone = group.request().await;
-    assert_eq!((alone.query.key.as_str(), alone.query.recurse), ("app/b", false));
+    assert_eq!((&*alone.query.key, alone.query.recurse), ("app/b", false));
     alone.fail(denied("app/b"));
     let blocking = group.request().await;
     group.woken();
@@ -847,15 +847,15 @@ async fn a_refused_key_missing_from_a_shared_read_is_read_alone_again_and_its_gr
     // Not read alone at every answer of the group...
     blocking.reply(11, &[("app/a", "2", 11)]);
     let next = group.request().await;
-    assert_eq!(next.query.key, "app/");
+    assert_eq!(&*next.query.key, "app/");
     // ...but again once a while has passed.
     tokio::time::advance(DENIED_RECHECK).await;
     next.reply(12, &[("app/a", "2", 11)]);
     let again = group.request().await;
-    assert_eq!((again.query.key.as_str(), again.query.recurse), ("app/b", false));
+    assert_eq!((&*again.query.key, again.query.recurse), ("app/b", false));
     again.reply(12, &[]);
     let after = group.request().await;
-    assert_eq!(after.query.key, "app/");
+    assert_eq!(&*after.query.key, "app/");
     assert!(!group.cells[1].denied(), "the grant did not show");
     assert!(group.content(1).is_empty());
     assert_eq!(group.woken(), names(&["one", "two"]));
@@ -878,7 +878,7 @@ async fn a_key_alone_missing_below_its_tables_highest_index_was_lost() {
     tokio::spawn(runner.clone().run_group(KvQuery::prefix("bulk/"), bulk));
     let mut next = async |key: &str| loop {
         let request = requests.recv().await.expect("the runner stopped");
-        if request.query.key == key {
+        if &*request.query.key == key {
             return request;
         }
         // The other group's blocking query: never answered.
@@ -1039,7 +1039,7 @@ async fn a_kept_group_never_waits_behind_the_turns_of_lanes_being_replaced() {
     quiet.reply(11, &[("quiet", "2", 11)]);
     settle().await;
     let again = next(&mut requests).expect("the quiet group asks again at once, ahead of the lanes");
-    assert_eq!((again.query.key.as_str(), again.index), ("quiet", 11));
+    assert_eq!((&*again.query.key, again.index), ("quiet", 11));
     drop((turn, again, rosters));
 }
 
@@ -1060,12 +1060,12 @@ async fn a_refused_key_of_a_quiet_shared_read_is_read_again_within_ten_seconds()
     // The grant, at once; nothing else changes. Consul's own jitter adds up to a sixteenth.
     let granted = tokio::time::Instant::now();
     for _ in 0..10 {
-        assert_eq!(blocking.query.key, "app/");
+        assert_eq!(&*blocking.query.key, "app/");
         assert!(blocking.wait * 17 / 16 < DENIED_RECHECK, "a blocking wait of {:?}", blocking.wait);
         tokio::time::advance(blocking.wait).await;
         blocking.reply(10, &[("app/a", "1", 5)]);
         let next = group.request().await;
-        if next.query.key == "app/b" {
+        if &*next.query.key == "app/b" {
             assert!(granted.elapsed() <= DENIED_RECHECK, "read again after {:?}", granted.elapsed());
             next.reply(10, &[]);
             group.settle().await;
@@ -1084,7 +1084,7 @@ async fn a_refused_key_of_a_quiet_shared_read_is_read_again_within_ten_seconds()
 async fn a_refused_path_read_alone_is_asked_again_at_most_ten_seconds_apart() {
     for query in [KvQuery::exact("app/b"), KvQuery::prefix("app/b/")] {
         let recurse = query.recurse;
-        let mut group = start(query.clone(), &[(query.key.as_str(), recurse, &["two"])], no_limits());
+        let mut group = start(query.clone(), &[(&*query.key, recurse, &["two"])], no_limits());
         let mut request = group.request().await;
         for _ in 0..12 {
             let asked = tokio::time::Instant::now();
