@@ -36,6 +36,7 @@ impl KvQuery {
         Self { key: prefix.as_ref().into(), recurse: true, ..Self::default() }
     }
 
+    /// A read of `key`, or of every key under it when `recurse` is set, in the agent's scope.
     pub fn new(key: impl Into<Arc<str>>, recurse: bool) -> Self {
         Self { key: key.into(), recurse, scope: None }
     }

@@ -23,6 +23,13 @@ fn canary_then_rest(pause: Option<&str>, max_parallel: Option<u32>) -> Vec<Wave>
     ]
 }
 
+/// `content` written, the canary rolled alone for it, and healthy.
+fn canary_healthy_on(world: &mut World, content: &str) {
+    world.write(content);
+    assert_eq!(world.tick(), ["canary"], "the canary rolls alone first");
+    world.healthy("canary");
+}
+
 #[test]
 fn a_canary_wave_rolls_alone_and_the_rest_follow_once_it_is_healthy_and_its_pause_is_over() {
     let mut world = World::staged(&["canary", "web-a", "web-b"], canary_then_rest(Some("2m"), None));
@@ -134,9 +141,7 @@ fn a_revert_during_a_halt_rolls_back_only_the_targets_that_received_the_bad_cont
 #[test]
 fn a_new_change_during_a_wave_supersedes_it_from_the_first_wave() {
     let mut world = World::staged(&["canary", "web-a"], canary_then_rest(None, None));
-    world.write("v2");
-    assert_eq!(world.tick(), ["canary"]);
-    world.healthy("canary");
+    canary_healthy_on(&mut world, "v2");
     assert_eq!(world.tick(), ["web-a"]);
     world.write("v3");
     assert_eq!(world.tick(), ["canary"], "web-a waits for the canary again");
@@ -239,9 +244,7 @@ fn without_waves_or_a_budget_nothing_is_staged() {
 #[test]
 fn a_canary_that_sours_during_its_pause_holds_the_next_wave_and_halts_once_it_fails() {
     let mut world = World::staged(&["canary", "web"], canary_then_rest(Some("2m"), None));
-    world.write("v2");
-    assert_eq!(world.tick(), ["canary"]);
-    world.healthy("canary");
+    canary_healthy_on(&mut world, "v2");
     world.tick();
     assert_eq!(world.phase(), Some((1, RolloutPhase::Paused)));
     world.advance(Duration::from_secs(60));
@@ -362,9 +365,7 @@ fn a_reference_added_to_a_target_not_yet_rolled_rolls_it_once_in_its_wave() {
 #[tokio::test(start_paused = true)]
 async fn a_reference_added_to_a_rolled_target_during_its_pause_rolls_nothing_and_the_pause_goes_on() {
     let mut world = World::staged(&["canary", "web"], canary_then_rest(Some("2m"), None));
-    world.write("v2");
-    assert_eq!(world.tick(), ["canary"]);
-    world.healthy("canary");
+    canary_healthy_on(&mut world, "v2");
     world.tick();
     let paused = world.status.rollout.clone().expect("a rollout");
     assert_eq!((paused.wave, paused.phase), (1, RolloutPhase::Paused));
@@ -401,9 +402,7 @@ async fn a_reference_added_to_a_rolled_target_during_its_pause_rolls_nothing_and
 #[test]
 fn a_target_rolled_by_the_last_rollout_in_the_second_the_next_began_is_rolled_by_the_next() {
     let mut world = World::staged(&["canary", "web-a", "web-b"], canary_then_rest(None, None));
-    world.write("v2");
-    assert_eq!(world.tick(), ["canary"]);
-    world.healthy("canary");
+    canary_healthy_on(&mut world, "v2");
     assert_eq!(world.tick(), ["web-a", "web-b"]);
     // Within the same second: a new change, and web-a's template gains a reference.
     world.write("v3");
@@ -593,9 +592,7 @@ fn a_reference_dropped_by_a_canary_rolled_as_its_rollout_began_rolls_nothing_mor
     let mut world = World::staged(&["canary", "web"], canary_then_rest(Some("2m"), None));
     world.reference("canary", true);
     assert_eq!(world.tick(), Vec::<String>::new(), "a reference added with nothing in flight");
-    world.write("v2");
-    assert_eq!(world.tick(), ["canary"]);
-    world.healthy("canary");
+    canary_healthy_on(&mut world, "v2");
     world.reference("canary", false);
     assert_eq!(world.tick(), Vec::<String>::new(), "the canary runs its content already");
     assert_eq!(world.phase(), Some((1, RolloutPhase::Paused)));
@@ -727,9 +724,7 @@ fn a_wave_with_nothing_after_it_to_roll_does_not_pause() {
     assert_eq!(world.tick(), ["canary"]);
     world.fail("canary");
     world.tick();
-    world.write("v1");
-    assert_eq!(world.tick(), ["canary"]);
-    world.healthy("canary");
+    canary_healthy_on(&mut world, "v1");
     assert_eq!(world.tick(), Vec::<String>::new());
     assert_eq!((world.ready().reason.as_str(), world.phase()), (reason::UP_TO_DATE, Some((2, RolloutPhase::Complete))));
 }
@@ -738,9 +733,7 @@ fn a_wave_with_nothing_after_it_to_roll_does_not_pause() {
 #[test]
 fn the_next_wave_starts_at_the_instant_the_pause_ends() {
     let mut world = World::staged(&["canary", "web"], canary_then_rest(Some("2m"), None));
-    world.write("v2");
-    assert_eq!(world.tick(), ["canary"]);
-    world.healthy("canary");
+    canary_healthy_on(&mut world, "v2");
     assert_eq!(world.tick(), Vec::<String>::new());
     assert_eq!(world.ready().reason, reason::WAVE_PAUSED);
     let wake = world.wake.expect("a wake at the pause's end");
@@ -788,9 +781,7 @@ fn targets_are_updated_only_once_the_last_wave_is_healthy() {
         found.map(|c| (c.status.clone(), c.reason.clone())).expect("TargetsUpdated")
     };
     let mut world = World::staged(&["canary", "web"], canary_then_rest(None, None));
-    world.write("v2");
-    assert_eq!(world.tick(), ["canary"]);
-    world.healthy("canary");
+    canary_healthy_on(&mut world, "v2");
     assert_eq!(world.tick(), ["web"]);
     assert_eq!(updated(&world), ("False".into(), reason::ROLLOUT_IN_PROGRESS.into()));
     world.healthy("web");
@@ -1067,9 +1058,7 @@ fn a_target_not_rolled_and_progressing_as_a_rollout_starts_is_timed_from_its_sta
     world.reference("web", true);
     world.tick();
     // Rolled by an earlier rollout, an hour ago.
-    world.write("v2");
-    assert_eq!(world.tick(), ["canary"]);
-    world.healthy("canary");
+    canary_healthy_on(&mut world, "v2");
     assert_eq!(world.tick(), ["web"]);
     world.healthy("web");
     world.tick();
@@ -1110,9 +1099,7 @@ fn a_canary_deleted_and_an_edit_both_while_the_binding_is_refused_release_the_re
 #[test]
 fn a_workload_found_late_in_a_rollout_is_timed_from_when_it_was_found() {
     let mut world = World::staged(&["canary", "web"], canary_then_rest(Some("1h"), None));
-    world.write("v2");
-    assert_eq!(world.tick(), ["canary"]);
-    world.healthy("canary");
+    canary_healthy_on(&mut world, "v2");
     world.tick();
     assert_eq!(world.phase(), Some((1, RolloutPhase::Paused)));
     world.advance(Duration::from_secs(1200));
@@ -1140,9 +1127,7 @@ fn a_workload_found_late_in_a_rollout_is_timed_from_when_it_was_found() {
 #[test]
 fn a_change_held_by_a_suspend_leaves_the_status_as_it_is() {
     let mut world = World::staged(&["canary", "web"], canary_then_rest(None, None));
-    world.write("v2");
-    assert_eq!(world.tick(), ["canary"]);
-    world.healthy("canary");
+    canary_healthy_on(&mut world, "v2");
     assert_eq!(world.tick(), ["web"]);
     world.healthy("web");
     world.tick();
