@@ -163,26 +163,31 @@ impl Subscribers {
     }
 
     fn add(&mut self, binding: &BindingRef) {
-        if self.as_slice().contains(binding) {
-            return;
-        }
-        *self = match std::mem::take(self) {
-            Subscribers::None => Subscribers::One(binding.clone()),
-            Subscribers::One(first) => Subscribers::Many(vec![first, binding.clone()]),
-            Subscribers::Many(mut list) => {
-                list.push(binding.clone());
-                Subscribers::Many(list)
+        match self {
+            Subscribers::None => *self = Subscribers::One(binding.clone()),
+            Subscribers::One(first) if first != binding => {
+                *self = Subscribers::Many(vec![first.clone(), binding.clone()]);
             }
-        };
+            Subscribers::Many(list) if !list.contains(binding) => {
+                // A push alone would double the room.
+                list.reserve_exact(1);
+                list.push(binding.clone());
+            }
+            _ => {}
+        }
     }
 
     fn remove(&mut self, binding: &BindingRef) {
-        let mut rest: Vec<BindingRef> = self.as_slice().iter().filter(|b| *b != binding).cloned().collect();
-        *self = match rest.len() {
-            0 => Subscribers::None,
-            1 => Subscribers::One(rest.remove(0)),
-            _ => Subscribers::Many(rest),
-        };
+        match self {
+            Subscribers::One(only) if only == binding => *self = Subscribers::None,
+            Subscribers::Many(list) => {
+                list.retain(|b| b != binding);
+                if let [last] = &list[..] {
+                    *self = Subscribers::One(last.clone());
+                }
+            }
+            _ => {}
+        }
     }
 }
 
@@ -215,8 +220,7 @@ impl Path {
     }
 
     pub fn wake(&self, wake: &Wake) {
-        let subscribers = self.subscribers();
-        subscribers.into_iter().for_each(|b| wake(b));
+        self.subscribers().into_iter().for_each(|b| wake(b));
     }
 
     pub fn solo(&self) -> bool {
