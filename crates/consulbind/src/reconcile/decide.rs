@@ -14,7 +14,7 @@ use super::{
     loss,
     observe::{Observed, Read},
     plan, report, restore,
-    state::Record,
+    state::{Record, Settled},
     status,
     upgrade::{self, Upgraded},
 };
@@ -198,20 +198,15 @@ impl Event {
 
 /// The status and the event that report `act` with what its stamps did. `settled`: the record's
 /// [`Written::settled`](super::state::Written::settled).
-pub fn conclude(
-    observed: &Observed<'_>,
-    act: &Act<'_>,
-    outcome: &Outcome,
-    settled: Option<&(String, Vec<u64>)>,
-) -> Report {
+pub fn conclude(observed: &Observed<'_>, act: &Act<'_>, outcome: &Outcome, settled: Option<&Settled>) -> Report {
     let previous = act.previous(observed);
     let plan = &act.plan;
     let input = act.input(observed);
     let mut status = status::status(&input, plan, outcome, &Time(observed.clock));
     let mut events: Vec<Event> = caution(observed, previous, act.read, &mut status).into_iter().collect();
     let event = if !outcome.rolled.is_empty() {
-        let applied = settled.filter(|(checksum, _)| previous.applied_checksum.as_ref() == Some(checksum));
-        Some(Event::RolledOut { applied: applied.map(|(_, fingerprints)| fingerprints.clone()) })
+        let applied = settled.and_then(|s| s.fingerprints_of(previous.applied_checksum.as_deref()));
+        Some(Event::RolledOut { applied: applied.map(<[u64]>::to_vec) })
     } else if !plan.would_roll.is_empty() && status.dry_run != previous.dry_run {
         plan.hold.as_ref().map(|(reason, message)| Event::DryRun { reason, message: message.clone() })
     } else if !plan.rebased.is_empty() {
@@ -343,7 +338,7 @@ mod tests {
         let Ok(read) = &observed.read else { unreachable!() };
         let act = Act::of(read, plan);
         let outcome = Outcome { rolled: if rolled { vec![web()] } else { Vec::new() }, failed: Vec::new() };
-        let settled = settled.map(|(checksum, fingerprints)| (checksum.to_owned(), fingerprints));
+        let settled = settled.map(|(checksum, fingerprints)| Settled::new(checksum, &fingerprints));
         conclude(&observed, &act, &outcome, settled.as_ref())
     }
 

@@ -64,9 +64,26 @@ pub struct Written {
     pub status: Option<Box<(String, ConsulBindingStatus)>>,
     /// The Ready condition's status, as counted in `consulbind_bindings`.
     ready: Option<&'static str>,
-    /// The applied checksum when the targets last carried the content, and
+    /// The applied checksum when the targets last carried the content, with the
     /// [`fingerprints`] of its sources.
-    pub settled: Option<(String, Vec<u64>)>,
+    pub settled: Option<Settled>,
+}
+
+/// A hash of an applied checksum, then the [`fingerprints`] of its sources: one allocation of a
+/// few words, where the checksum and a list took two of about a hundred bytes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Settled(Box<[u64]>);
+
+impl Settled {
+    pub fn new(applied: &str, fingerprints: &[u64]) -> Self {
+        Self(std::iter::once(hashed(applied)).chain(fingerprints.iter().copied()).collect())
+    }
+
+    /// The fingerprints, if `applied` is the checksum they were recorded with.
+    pub fn fingerprints_of(&self, applied: Option<&str>) -> Option<&[u64]> {
+        let (checksum, fingerprints) = self.0.split_first()?;
+        (applied.map(hashed) == Some(*checksum)).then_some(fingerprints)
+    }
 }
 
 /// Reads that failed or were refused, and until when.
@@ -131,7 +148,7 @@ impl Record {
         let settled = status.applied_checksum.as_ref().filter(|a| desired == Some(a.as_str()));
         self.restore.written(shown, settled.is_some(), started);
         if let Some(applied) = settled {
-            self.written.settled = Some((applied.clone(), fingerprints(status)));
+            self.written.settled = Some(Settled::new(applied, &fingerprints(status)));
         }
     }
 }
@@ -459,7 +476,10 @@ mod tests {
         assert!(record.written.settled.is_none(), "the targets do not carry the planned content yet");
         assert_eq!(record.restore.grace(false, None, Some(at(1)), at(4), grace).0, Some(grace));
         record.wrote(false, Some("v2"), &status("v2"), at(5));
-        assert_eq!(record.written.settled.as_ref().map(|(applied, _)| applied.as_str()), Some("v2"));
+        let settled = record.written.settled.as_ref().expect("settled");
+        assert_eq!(settled.fingerprints_of(Some("v2")), Some(&[][..]), "recorded for v2, with no sources");
+        assert_eq!(settled.fingerprints_of(Some("v1")), None);
+        assert_eq!(settled.fingerprints_of(None), None);
         assert_eq!(record.restore.grace(false, None, Some(at(1)), at(6), grace).0, None);
     }
 
