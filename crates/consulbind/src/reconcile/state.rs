@@ -64,13 +64,13 @@ pub struct Written {
     pub status: Option<Box<(String, ConsulBindingStatus)>>,
     /// The Ready condition's status, as counted in `consulbind_bindings`.
     ready: Option<&'static str>,
-    /// The applied checksum when the targets last carried the content, with the
+    /// A hash of the applied checksum when the targets last carried the content, with the
     /// [`fingerprints`] of its sources.
     pub settled: Option<Settled>,
 }
 
-/// A hash of an applied checksum, then the [`fingerprints`] of its sources: one allocation of a
-/// few words, where the checksum and a list took two of about a hundred bytes.
+/// A hash of an applied checksum, then the [`fingerprints`] of its sources: one allocation of
+/// about 40 bytes, where the checksum and a list took two, about 160 bytes with their room.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Settled(Box<[u64]>);
 
@@ -475,9 +475,12 @@ mod tests {
         record.wrote(false, Some("v2"), &status("v1"), at(3));
         assert!(record.written.settled.is_none(), "the targets do not carry the planned content yet");
         assert_eq!(record.restore.grace(false, None, Some(at(1)), at(4), grace).0, Some(grace));
-        record.wrote(false, Some("v2"), &status("v2"), at(5));
+        let key = consulbind_api::KeyStatus { key: "app/a".into(), checksum: "k".into(), ..Default::default() };
+        let carried = ConsulBindingStatus { keys: vec![key], ..status("v2") };
+        record.wrote(false, Some("v2"), &carried, at(5));
         let settled = record.written.settled.as_ref().expect("settled");
-        assert_eq!(settled.fingerprints_of(Some("v2")), Some(&[][..]), "recorded for v2, with no sources");
+        assert_eq!(settled.fingerprints_of(Some("v2")), Some(&fingerprints(&carried)[..]), "recorded for v2");
+        assert_eq!(fingerprints(&carried).len(), 1, "one source");
         assert_eq!(settled.fingerprints_of(Some("v1")), None);
         assert_eq!(settled.fingerprints_of(None), None);
         assert_eq!(record.restore.grace(false, None, Some(at(1)), at(6), grace).0, None);
