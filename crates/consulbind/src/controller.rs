@@ -25,6 +25,7 @@ use tracing::{debug, info, warn};
 use crate::{
     BindingRef, Error, Lock,
     admin::{self, Admin},
+    cached::Cached,
     checksum,
     cluster::{
         interest::Interest,
@@ -115,7 +116,7 @@ pub async fn run(config: Config, shutdown: signal::Receiver<bool>) -> Result<(),
             Objects::start(&client, scope.as_deref(), checksum_key.clone(), config.max_object_keys);
         let (policy, namespaces_touched) = Policy::start(&client, scope.as_deref(), default_prefixes.clone());
         pinned.locked().push(policy.clone());
-        let (reader, writer) = reflector::store::<ConsulBinding>();
+        let (reader, writer) = reflector::store::<Cached>();
         let ctx = Arc::new(Context {
             client: client.clone(),
             reporter: reporter.clone(),
@@ -245,7 +246,7 @@ async fn reload_consul_files(consul: consul_kv::Client) {
 /// What one controller serves: every namespace, or one of `--namespaces`.
 struct Scope<T, S, O, N> {
     name: Option<String>,
-    writer: reflector::store::Writer<ConsulBinding>,
+    writer: reflector::store::Writer<Cached>,
     touched: T,
     secrets_touched: S,
     objects_touched: O,
@@ -302,9 +303,9 @@ fn wake_on_touches(
         let (bindings, served_tx) = (ctx.bindings.clone(), kind_tx.clone());
         tokio::spawn(async move {
             while served.changed().await.is_ok() {
-                let targets = |b: &ConsulBinding| b.spec.targets.iter().any(|t| t.kind == kind);
+                let targets = |b: &Cached| b.spec().targets.iter().any(|t| t.kind == kind);
                 for binding in bindings.state().iter().filter(|b| targets(b)) {
-                    served_tx(crate::binding_ref(binding));
+                    served_tx(crate::binding_ref(&**binding));
                 }
             }
         });
@@ -313,7 +314,7 @@ fn wake_on_touches(
     let bindings = ctx.bindings.clone();
     tokio::spawn(namespaces_touched.for_each(move |namespace| {
         for binding in bindings.state().iter().filter(|b| b.metadata.namespace.as_ref() == Some(&namespace)) {
-            namespace_tx(crate::binding_ref(binding));
+            namespace_tx(crate::binding_ref(&**binding));
         }
         futures::future::ready(())
     }));
@@ -413,12 +414,12 @@ async fn run_scope(
 /// one, each new spec, and each one gained by a sharded replica (`views`).
 fn binding_events(
     api: Api<ConsulBinding>,
-    writer: reflector::store::Writer<ConsulBinding>,
+    writer: reflector::store::Writer<Cached>,
     ctx: &Arc<Context>,
     views: Option<signal::Receiver<Option<Served>>>,
     scope: Option<String>,
     freed: mpsc::UnboundedSender<BindingRef>,
-) -> impl futures::Stream<Item = Result<ConsulBinding, watcher::Error>> + Send + 'static {
+) -> impl futures::Stream<Item = Result<Cached, watcher::Error>> + Send + 'static {
     let forget = ctx.clone();
     let seen = ctx.clone();
     let store = ctx.bindings.clone();
@@ -465,7 +466,7 @@ fn binding_events(
         None => watcher(api, watcher::Config::default()).default_backoff().modify(compact).boxed(),
     };
     let mut listed = Listed { store: ctx.bindings.clone(), pending: Vec::new() };
-    reflector::reflector(writer, events)
+    reflector::reflector(writer, events.map_ok(cached))
         .inspect_ok(move |event| match event {
             // A binding refused for its namespace's share waits for a deletion there.
             watcher::Event::Delete(binding) => {
@@ -496,13 +497,13 @@ fn binding_events(
 /// when the store holds them: a reconcile of one the store does not hold yet would find nothing,
 /// and a binding gained by a sharded replica, or made during a relist, would wait for the resync.
 struct Listed {
-    store: reflector::Store<ConsulBinding>,
+    store: reflector::Store<Cached>,
     pending: Vec<BindingRef>,
 }
 
 impl Listed {
     /// Those of a list are cloned from the store one at a time, as the controller takes them.
-    fn objects(&mut self, event: watcher::Event<ConsulBinding>) -> Box<dyn Iterator<Item = ConsulBinding> + Send> {
+    fn objects(&mut self, event: watcher::Event<Cached>) -> Box<dyn Iterator<Item = Cached> + Send> {
         match event {
             watcher::Event::Apply(binding) => Box::new(std::iter::once(binding)),
             watcher::Event::Init => {
@@ -522,8 +523,20 @@ impl Listed {
     }
 }
 
+/// The watch's bindings as the binding cache keeps them.
+fn cached(event: watcher::Event<ConsulBinding>) -> watcher::Event<Cached> {
+    use watcher::Event as E;
+    match event {
+        E::Apply(binding) => E::Apply(binding.into()),
+        E::InitApply(binding) => E::InitApply(binding.into()),
+        E::Delete(binding) => E::Delete(binding.into()),
+        E::Init => E::Init,
+        E::InitDone => E::InitDone,
+    }
+}
+
 /// Keeps `served` counting the bindings of `store`, as this scope's share of the gauge.
-async fn count_served(store: reflector::Store<ConsulBinding>, served: prometheus_client::metrics::gauge::Gauge) {
+async fn count_served(store: reflector::Store<Cached>, served: prometheus_client::metrics::gauge::Gauge) {
     let mut counted = 0;
     loop {
         let now = store.state().len() as i64;
@@ -543,7 +556,7 @@ const RESYNC_TICK: Duration = Duration::from_secs(1);
 /// Every binding in `store`, once each [`RESYNC`], spread over it by a hash of its name. One
 /// timer serves them all, where a requeue of each would keep an entry per binding in the
 /// controller's queue.
-fn resync(store: reflector::Store<ConsulBinding>) -> mpsc::UnboundedReceiver<BindingRef> {
+fn resync(store: reflector::Store<Cached>) -> mpsc::UnboundedReceiver<BindingRef> {
     let (tx, rx) = mpsc::unbounded();
     let ticks = (RESYNC.as_millis() / RESYNC_TICK.as_millis()) as u64;
     tokio::spawn(async move {
@@ -557,7 +570,7 @@ fn resync(store: reflector::Store<ConsulBinding>) -> mpsc::UnboundedReceiver<Bin
                 let meta = &binding.metadata;
                 let due =
                     resync_tick(meta.namespace.as_deref(), meta.name.as_deref().unwrap_or_default(), ticks) == tick;
-                if due && tx.unbounded_send(crate::binding_ref(&binding)).is_err() {
+                if due && tx.unbounded_send(crate::binding_ref(&*binding)).is_err() {
                     return;
                 }
             }
@@ -578,20 +591,19 @@ mod tests {
 
     use super::*;
 
-    fn binding(name: &str) -> ConsulBinding {
+    fn binding(name: &str) -> Cached {
         let mut binding = ConsulBinding::new(name, Default::default());
         binding.metadata.namespace = Some("team".into());
-        binding
+        binding.into()
     }
 
     /// A list's bindings reach the controller once the store holds them, in time to be found.
     #[test]
     fn the_bindings_of_a_list_come_once_the_store_holds_them() {
-        let (store, mut writer) = reflector::store::<ConsulBinding>();
+        let (store, mut writer) = reflector::store::<Cached>();
         let mut listed = Listed { store: store.clone(), pending: Vec::new() };
-        let names = |bindings: Box<dyn Iterator<Item = ConsulBinding> + Send>| {
-            bindings.map(|b| b.name_any()).collect::<Vec<_>>()
-        };
+        let names =
+            |bindings: Box<dyn Iterator<Item = Cached> + Send>| bindings.map(|b| b.name_any()).collect::<Vec<_>>();
         for event in
             [watcher::Event::Init, watcher::Event::InitApply(binding("a")), watcher::Event::InitApply(binding("b"))]
         {
@@ -609,7 +621,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_resync_round_wakes_every_binding_once() {
-        let (store, mut writer) = reflector::store::<ConsulBinding>();
+        let (store, mut writer) = reflector::store::<Cached>();
         let names: Vec<String> = (0..50).map(|i| format!("b{i}")).collect();
         for name in &names {
             writer.apply_watcher_event(&watcher::Event::Apply(binding(name)));

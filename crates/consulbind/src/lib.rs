@@ -14,6 +14,7 @@
 //! namespaces between replicas; [`admin`] serves health, metrics and the debug listing.
 
 pub mod admin;
+pub mod cached;
 pub mod checksum;
 pub mod cluster;
 pub mod config;
@@ -34,7 +35,6 @@ pub mod writes;
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use consulbind_api::ConsulBinding;
 use kube::runtime::reflector::ObjectRef;
 
 /// Locks a mutex even after a panic poisoned it. One binding's panic must not stop the
@@ -81,7 +81,7 @@ impl BindingRef {
     }
 
     /// kube-runtime's reference, for its store and its controller.
-    pub fn object_ref(&self) -> ObjectRef<ConsulBinding> {
+    pub fn object_ref(&self) -> ObjectRef<cached::Cached> {
         ObjectRef::new(self.name()).within(self.namespace())
     }
 }
@@ -116,8 +116,8 @@ impl<K: kube::Resource> From<&ObjectRef<K>> for BindingRef {
     }
 }
 
-pub fn binding_ref(binding: &ConsulBinding) -> BindingRef {
-    let meta = &binding.metadata;
+pub fn binding_ref(binding: &impl kube::Resource) -> BindingRef {
+    let meta = binding.meta();
     BindingRef::new(meta.namespace.as_deref().unwrap_or_default(), meta.name.as_deref().unwrap_or_default())
 }
 

@@ -3,7 +3,6 @@
 
 use std::sync::{Arc, Mutex};
 
-use consulbind_api::ConsulBinding;
 use kube::{
     Client,
     runtime::{events::Reporter, reflector::Store},
@@ -48,7 +47,7 @@ pub struct Context {
     pub staging_defaults: super::staging::Defaults,
     /// See `--consul-restore-grace`.
     pub restore_grace: std::time::Duration,
-    pub bindings: Store<ConsulBinding>,
+    pub bindings: Store<crate::cached::Cached>,
     /// Which bindings a workload, token Secret, ConfigMap or Secret event wakes.
     pub interest: Arc<Mutex<Interest>>,
     pub metrics: Arc<Metrics>,

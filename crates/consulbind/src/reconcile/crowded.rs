@@ -6,7 +6,6 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
 
-use consulbind_api::ConsulBinding;
 use k8s_openapi::jiff::Timestamp;
 
 use crate::{BindingRef, Lock};
@@ -19,8 +18,8 @@ pub struct Crowded {
     by_namespace: Mutex<HashMap<String, BTreeSet<Place>>>,
 }
 
-fn place(binding: &ConsulBinding) -> (String, Place) {
-    let meta = &binding.metadata;
+fn place(binding: &impl kube::Resource) -> (String, Place) {
+    let meta = binding.meta();
     let created = meta.creation_timestamp.as_ref().map(|t| t.0);
     (meta.namespace.clone().unwrap_or_default(), (created, meta.name.clone().unwrap_or_default()))
 }
@@ -31,7 +30,7 @@ impl Crowded {
     /// the lock that deletions take after the cache has let the deleted binding go: one deleted
     /// while `binding` is judged still frees it, and `binding` deleted meanwhile is not kept.
     /// Served bindings, most of them, are judged without it.
-    pub fn judge(&self, binding: &ConsulBinding, beyond: impl Fn() -> Option<String>) -> Option<String> {
+    pub fn judge(&self, binding: &impl kube::Resource, beyond: impl Fn() -> Option<String>) -> Option<String> {
         let (namespace, place) = place(binding);
         let first = beyond();
         let mut by_namespace = self.by_namespace.locked();
@@ -49,7 +48,7 @@ impl Crowded {
 
     /// `binding` is deleted. When it was served, the oldest binding its namespace refused is
     /// now within the share: that one, to look at again.
-    pub fn deleted(&self, binding: &ConsulBinding) -> Option<BindingRef> {
+    pub fn deleted(&self, binding: &impl kube::Resource) -> Option<BindingRef> {
         let (namespace, place) = place(binding);
         let mut by_namespace = self.by_namespace.locked();
         let refused = by_namespace.get_mut(&namespace)?;
@@ -72,6 +71,7 @@ impl Crowded {
 
 #[cfg(test)]
 mod tests {
+    use consulbind_api::ConsulBinding;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     use super::*;

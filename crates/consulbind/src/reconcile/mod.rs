@@ -39,7 +39,7 @@ use tokio::time::Instant;
 use tracing::{debug, error, warn};
 
 pub use self::context::Context;
-use crate::{BindingRef, Error, binding_ref};
+use crate::{BindingRef, Error, binding_ref, cached::Cached};
 
 /// How soon a sharded replica looks again at a binding it does not serve yet.
 const SHARD_WAIT: Duration = Duration::from_secs(1);
@@ -47,12 +47,12 @@ const SHARD_WAIT: Duration = Duration::from_secs(1);
 const RETRY: Duration = Duration::from_secs(15);
 
 /// kube-runtime's entry: waits until no express run has the binding.
-pub async fn reconcile(binding: Arc<ConsulBinding>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let oref = binding_ref(&binding);
+pub async fn reconcile(binding: Arc<Cached>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let oref = binding_ref(&*binding);
     let _running = ctx.express.enter(&oref).await;
     // An express run may have written the status while this one waited.
     let binding = ctx.bindings.get(&oref.object_ref()).unwrap_or(binding);
-    reconcile_marked(binding, &ctx).await
+    reconcile_marked(Arc::new(binding.binding()), &ctx).await
 }
 
 /// Reconciles `binding` at once, if it is idle and an express slot is free. kube-runtime's
@@ -62,7 +62,7 @@ pub fn express(ctx: &Arc<Context>, binding: &BindingRef) {
     let Some(ticket) = ctx.express.try_start(binding) else { return };
     let ctx = ctx.clone();
     tokio::spawn(async move {
-        if let Err(error) = reconcile_marked(object, &ctx).await {
+        if let Err(error) = reconcile_marked(Arc::new(object.binding()), &ctx).await {
             // The queued run that follows retries it, with the error policy.
             debug!(%error, "express reconcile failed");
         }
@@ -70,8 +70,8 @@ pub fn express(ctx: &Arc<Context>, binding: &BindingRef) {
     });
 }
 
-pub fn error_policy(binding: Arc<ConsulBinding>, error: &Error, _ctx: Arc<Context>) -> Action {
-    warn!(binding = %binding_ref(&binding), %error, "reconcile failed; retrying");
+pub fn error_policy(binding: Arc<Cached>, error: &Error, _ctx: Arc<Context>) -> Action {
+    warn!(binding = %binding_ref(&*binding), %error, "reconcile failed; retrying");
     Action::requeue(Duration::from_secs(5))
 }
 
@@ -80,7 +80,7 @@ pub fn error_policy(binding: Arc<ConsulBinding>, error: &Error, _ctx: Arc<Contex
 async fn reconcile_marked(binding: Arc<ConsulBinding>, ctx: &Context) -> Result<Action, Error> {
     // A sharded replica leaves alone a binding of a namespace it does not serve, or whose fresh
     // list is still under way: it reads, decides and writes nothing of it.
-    let oref = binding_ref(&binding);
+    let oref = binding_ref(&*binding);
     if let Some(gate) = ctx.writes.gate()
         && !gate.ready(oref.namespace())
     {

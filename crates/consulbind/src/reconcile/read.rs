@@ -314,19 +314,20 @@ pub fn trust_stamps(
 /// in one: the oldest are (by creation time, then name), so a new one cannot push out another.
 pub fn beyond_namespace_share(
     limit: usize,
-    bindings: &[Arc<ConsulBinding>],
+    bindings: &[Arc<impl kube::Resource>],
     binding: &ConsulBinding,
 ) -> Option<String> {
     if bindings.len() <= limit {
         return None;
     }
     // Counted, not sorted: every binding past the limit asks again every few seconds.
-    fn key(b: &ConsulBinding) -> (Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>, Option<&str>) {
-        (b.metadata.creation_timestamp.as_ref(), b.metadata.name.as_deref())
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+    fn key(meta: &ObjectMeta) -> (Option<&Time>, Option<&str>) {
+        (meta.creation_timestamp.as_ref(), meta.name.as_deref())
     }
-    let own = key(binding);
+    let own = key(&binding.metadata);
     let (mut count, mut older) = (0, 0);
-    for b in bindings.iter().filter(|b| b.metadata.namespace == binding.metadata.namespace) {
+    for b in bindings.iter().map(|b| b.meta()).filter(|b| b.namespace == binding.metadata.namespace) {
         count += 1;
         older += usize::from(key(b) < own);
     }

@@ -172,8 +172,9 @@ impl States {
 
     /// Whether the binding's generation or annotations (the one the binding cache keeps) are new
     /// since the last version seen: only such a version reaches a reconcile from the watch.
-    pub fn spec_changed(&self, binding: &ConsulBinding) -> bool {
-        let hash = hashed((binding.metadata.generation, &binding.metadata.annotations));
+    pub fn spec_changed(&self, binding: &impl kube::Resource) -> bool {
+        let meta = binding.meta();
+        let hash = hashed((meta.generation, &meta.annotations));
         self.update(&binding_ref(binding), |record| record.seen.replace(hash) != Some(hash))
     }
 
