@@ -480,8 +480,9 @@ mod tests {
         let carried = ConsulBindingStatus { keys: vec![key], ..status("v2") };
         record.wrote(false, Some("v2"), &carried, at(5));
         let settled = record.written.settled.as_ref().expect("settled");
-        assert_eq!(settled.fingerprints_of(Some("v2")), Some(&fingerprints(&carried)[..]), "recorded for v2");
-        assert_eq!(fingerprints(&carried).len(), 1, "one source");
+        let expected = fingerprints(&carried);
+        assert_eq!(settled.fingerprints_of(Some("v2")), Some(&expected[..]), "recorded for v2");
+        assert_eq!(expected.len(), 1, "one source");
         assert_eq!(settled.fingerprints_of(Some("v1")), None);
         assert_eq!(settled.fingerprints_of(None), None);
         assert_eq!(record.restore.grace(false, None, Some(at(1)), at(6), grace).0, None);

@@ -17,6 +17,17 @@ use super::{
 };
 use crate::watches::path::{Path, Update, View};
 
+/// Reads started at once: more than the Consul client runs at its default budget (24 requests),
+/// where a cold start's group may read a thousand new paths, each read's state some kilobytes.
+const READS_AT_ONCE: usize = 32;
+
+/// The answers of `reads`, in order, with at most [`READS_AT_ONCE`] of them under way. (A list,
+/// not an iterator: a closure's borrow in the stream would keep the task from being `Send`.)
+async fn at_most_at_once<F: std::future::Future>(reads: Vec<F>) -> Vec<F::Output> {
+    use futures::StreamExt;
+    futures::stream::iter(reads).buffered(READS_AT_ONCE).collect().await
+}
+
 /// A path of a group that Consul would not read alone: its position, the reason and the message.
 type Refused = (usize, &'static str, String);
 
@@ -72,7 +83,7 @@ impl Runner {
             let limit = self.limits.answer_bytes(path.recurse);
             async move { self.consul.get_wait(&query, 0, MIN_WAIT, limit).await }
         });
-        let reads = futures::future::join_all(reads).await;
+        let reads = at_most_at_once(reads.collect()).await;
         let mut merged = entries.to_vec();
         let mut indexes = Vec::new();
         for (&i, read) in new.iter().zip(reads) {
@@ -133,7 +144,7 @@ impl Runner {
             async move { self.consul.get_wait(&query, 0, MIN_WAIT, self.limits.answer_bytes(false)).await }
         });
         let (mut refused, mut granted) = (Vec::new(), Vec::new());
-        for (&i, read) in vanished.iter().zip(futures::future::join_all(reads).await) {
+        for (&i, read) in vanished.iter().zip(at_most_at_once(reads.collect()).await) {
             match read {
                 Ok(response) => {
                     if members.cells[i].denied() {
@@ -237,5 +248,29 @@ impl Runner {
         } else {
             cell.set_view(entries, reset, index)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    #[tokio::test]
+    async fn many_reads_are_answered_in_order_a_bounded_number_at_once() {
+        let (under_way, most) = (AtomicUsize::new(0), AtomicUsize::new(0));
+        let reads = (0..READS_AT_ONCE * 4).map(|i| {
+            let (under_way, most) = (&under_way, &most);
+            async move {
+                most.fetch_max(under_way.fetch_add(1, Ordering::SeqCst) + 1, Ordering::SeqCst);
+                tokio::task::yield_now().await;
+                under_way.fetch_sub(1, Ordering::SeqCst);
+                i
+            }
+        });
+        let answers = at_most_at_once(reads.collect()).await;
+        assert_eq!(answers, (0..READS_AT_ONCE * 4).collect::<Vec<_>>());
+        assert_eq!(most.load(Ordering::SeqCst), READS_AT_ONCE);
     }
 }
