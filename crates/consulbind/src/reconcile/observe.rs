@@ -178,7 +178,7 @@ pub async fn observe<'a>(ctx: &Context, binding: &'a ConsulBinding, started: Ins
     let (consul, queries, in_turns) = consul(ctx, binding, &oref).await?;
     // Looked at again below, after the reads that follow wait.
     if !read::decides(crate::cluster::listing()) {
-        return Err(Action::requeue(Duration::from_millis(500)));
+        return Err(listing(&oref));
     }
     let namespace = binding.namespace().unwrap_or_default();
     let annotation = names::annotation_key(oref.name());
@@ -202,7 +202,7 @@ pub async fn observe<'a>(ctx: &Context, binding: &'a ConsulBinding, started: Ins
         Err(message) => Err((reason::BINDING_TOO_LARGE, message.clone())),
     };
     if !read::decides(crate::cluster::listing()) {
-        return Err(Action::requeue(Duration::from_millis(500)));
+        return Err(listing(&oref));
     }
 
     let consul_scope = spec.consul.as_ref().map_or(["", "", ""], |c| {
@@ -390,4 +390,10 @@ async fn older_values(
         read.values = Some(values);
     }
     Ok(())
+}
+
+/// A cache is part-way through a list: the binding is looked at again shortly.
+fn listing(oref: &BindingRef) -> Action {
+    debug!(binding = %oref, "a cache is part-way through a list; looked at again in 500 ms");
+    Action::requeue(Duration::from_millis(500))
 }
