@@ -565,12 +565,13 @@ fn resync(store: reflector::Store<Cached>) -> mpsc::UnboundedReceiver<BindingRef
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         for tick in (0..ticks).cycle() {
             interval.tick().await;
-            // Only a binding due now is named: a reference copies its name, uid and version.
-            for binding in store.state() {
-                let meta = &binding.metadata;
-                let due =
-                    resync_tick(meta.namespace.as_deref(), meta.name.as_deref().unwrap_or_default(), ticks) == tick;
-                if due && tx.unbounded_send(crate::binding_ref(&*binding)).is_err() {
+            // Only the bindings due now are copied out of the store, not all of them each tick.
+            let due = |b: &Cached| {
+                let meta = &b.metadata;
+                resync_tick(meta.namespace.as_deref(), meta.name.as_deref().unwrap_or_default(), ticks) == tick
+            };
+            for binding in store.state_filter(due) {
+                if tx.unbounded_send(crate::binding_ref(&*binding)).is_err() {
                     return;
                 }
             }
