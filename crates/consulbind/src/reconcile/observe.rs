@@ -177,9 +177,7 @@ pub async fn observe<'a>(ctx: &Context, binding: &'a ConsulBinding, started: Ins
     }
     let (consul, queries, in_turns) = consul(ctx, binding, &oref).await?;
     // Looked at again below, after the reads that follow wait.
-    if !read::decides(crate::cluster::listing()) {
-        return Err(listing(&oref));
-    }
+    put_off_while_listing(&oref)?;
     let namespace = binding.namespace().unwrap_or_default();
     let annotation = names::annotation_key(oref.name());
     let mut staging = Staging::of(spec, &ctx.staging_defaults).ok().flatten();
@@ -201,9 +199,7 @@ pub async fn observe<'a>(ctx: &Context, binding: &'a ConsulBinding, started: Ins
         Ok(bound) => objects(ctx, &oref, &namespace, bound).await?,
         Err(message) => Err((reason::BINDING_TOO_LARGE, message.clone())),
     };
-    if !read::decides(crate::cluster::listing()) {
-        return Err(listing(&oref));
-    }
+    put_off_while_listing(&oref)?;
 
     let consul_scope = spec.consul.as_ref().map_or(["", "", ""], |c| {
         [c.datacenter.as_deref(), c.namespace.as_deref(), c.partition.as_deref()].map(Option::unwrap_or_default)
@@ -392,8 +388,12 @@ async fn older_values(
     Ok(())
 }
 
-/// A cache is part-way through a list: the binding is looked at again shortly.
-fn listing(oref: &BindingRef) -> Action {
+/// While a cache is part-way through a list the binding decides nothing: it is looked at again
+/// shortly.
+fn put_off_while_listing(oref: &BindingRef) -> Result<(), Action> {
+    if read::decides(crate::cluster::listing()) {
+        return Ok(());
+    }
     debug!(binding = %oref, "a cache is part-way through a list; looked at again in 500 ms");
-    Action::requeue(Duration::from_millis(500))
+    Err(Action::requeue(Duration::from_millis(500)))
 }
