@@ -35,6 +35,7 @@ use crate::{
         workloads::{Touched, Workloads},
     },
     config::Config,
+    intake::Intake,
     lease,
     metrics::Metrics,
     reconcile::{self, Context, desk::Desk, state::States},
@@ -359,7 +360,14 @@ async fn run_scope(
     let drain = ctx.clone();
     let not_found = ctx.clone();
     let (freed, freed_rx) = mpsc::unbounded();
-    let bindings = binding_events(api, writer, &ctx, views, scope, freed);
+    let (lists, lists_rx) = mpsc::unbounded();
+    let bindings = binding_events(api, writer, &ctx, views, scope, freed, lists);
+    let intake = Arc::new(Intake::default());
+    let (store, states) = (ctx.bindings.clone(), ctx.states.clone());
+    // A new spec, as on the watch: a relist's bindings unchanged meanwhile need no reconcile.
+    let listed =
+        intake.clone().paced(lists_rx, move |b| store.get(&b.object_ref()).is_some_and(|b| states.spec_changed(&*b)));
+    let started = intake.clone();
 
     if let Some(gate) = ctx.writes.gate() {
         let shard = gate.me().to_owned();
@@ -378,15 +386,25 @@ async fn run_scope(
         .reconcile_on(touched_rx.map(|b| b.object_ref()))
         .reconcile_on(freed_rx.map(|b: BindingRef| b.object_ref()))
         .reconcile_on(resync(ctx.bindings.clone()).map(|b| b.object_ref()))
+        .reconcile_on(listed.map(|b| b.object_ref()))
         .graceful_shutdown_on(stop)
-        .run(reconcile::reconcile, reconcile::error_policy, ctx)
+        .run(
+            move |binding, ctx| {
+                started.started(&crate::binding_ref(&*binding));
+                reconcile::reconcile(binding, ctx)
+            },
+            reconcile::error_policy,
+            ctx,
+        )
         .for_each(|result| {
             if let Err(error) = result {
                 use kube::runtime::controller::Error as E;
                 match error {
                     // A wake for a binding that is gone: make sure nothing of it stays behind.
                     E::ObjectNotFound(gone) => {
-                        not_found.forget(&BindingRef::from(&*gone));
+                        let gone = BindingRef::from(&*gone);
+                        intake.started(&gone);
+                        not_found.forget(&gone);
                     }
                     // Logged by the error policy.
                     E::ReconcilerFailed(..) => {}
@@ -419,6 +437,7 @@ fn binding_events(
     views: Option<signal::Receiver<Option<Served>>>,
     scope: Option<String>,
     freed: mpsc::UnboundedSender<BindingRef>,
+    lists: mpsc::UnboundedSender<Vec<BindingRef>>,
 ) -> impl futures::Stream<Item = Result<Cached, watcher::Error>> + Send + 'static {
     let forget = ctx.clone();
     let seen = ctx.clone();
@@ -465,7 +484,7 @@ fn binding_events(
         }
         None => watcher(api, watcher::Config::default()).default_backoff().modify(compact).boxed(),
     };
-    let mut listed = Listed { store: ctx.bindings.clone(), pending: Vec::new() };
+    let mut listed = Listed { lists, pending: Vec::new() };
     reflector::reflector(writer, events.map_ok(cached))
         .inspect_ok(move |event| match event {
             // A binding refused for its namespace's share waits for a deletion there.
@@ -487,38 +506,37 @@ fn binding_events(
             }
             _ => {}
         })
-        .map_ok(move |event| futures::stream::iter(listed.objects(event).map(Ok)))
-        .try_flatten()
+        .try_filter_map(move |event| futures::future::ready(Ok(listed.objects(event))))
         // A new spec, or a checksum let through outside the rollout windows.
         .try_filter(move |binding| futures::future::ready(seen.states.spec_changed(binding)))
 }
 
-/// The bindings each watch event brings to the controller. Those of a list come once it is done,
-/// when the store holds them: a reconcile of one the store does not hold yet would find nothing,
-/// and a binding gained by a sharded replica, or made during a relist, would wait for the resync.
+/// The bindings each watch event brings to the controller. Those of a list go to `lists` once it
+/// is done, when the store holds them: a reconcile of one the store does not hold yet would find
+/// nothing, and a binding gained by a sharded replica, or made during a relist, would wait for
+/// the resync. The intake lets them into the queue.
 struct Listed {
-    store: reflector::Store<Cached>,
+    lists: mpsc::UnboundedSender<Vec<BindingRef>>,
     pending: Vec<BindingRef>,
 }
 
 impl Listed {
-    /// Those of a list are cloned from the store one at a time, as the controller takes them.
-    fn objects(&mut self, event: watcher::Event<Cached>) -> Box<dyn Iterator<Item = Cached> + Send> {
+    fn objects(&mut self, event: watcher::Event<Cached>) -> Option<Cached> {
         match event {
-            watcher::Event::Apply(binding) => Box::new(std::iter::once(binding)),
+            watcher::Event::Apply(binding) => Some(binding),
             watcher::Event::Init => {
                 self.pending.clear();
-                Box::new(std::iter::empty())
+                None
             }
             watcher::Event::InitApply(binding) => {
                 self.pending.push(crate::binding_ref(&binding));
-                Box::new(std::iter::empty())
+                None
             }
             watcher::Event::InitDone => {
-                let (pending, store) = (std::mem::take(&mut self.pending), self.store.clone());
-                Box::new(pending.into_iter().filter_map(move |b| store.get(&b.object_ref()).map(|b| (*b).clone())))
+                let _ = self.lists.unbounded_send(std::mem::take(&mut self.pending));
+                None
             }
-            watcher::Event::Delete(_) => Box::new(std::iter::empty()),
+            watcher::Event::Delete(_) => None,
         }
     }
 }
@@ -598,26 +616,23 @@ mod tests {
         binding.into()
     }
 
-    /// A list's bindings reach the controller once the store holds them, in time to be found.
+    /// A list's bindings reach the intake once it is done, when the store holds them: in time to
+    /// be found.
     #[test]
-    fn the_bindings_of_a_list_come_once_the_store_holds_them() {
-        let (store, mut writer) = reflector::store::<Cached>();
-        let mut listed = Listed { store: store.clone(), pending: Vec::new() };
-        let names =
-            |bindings: Box<dyn Iterator<Item = Cached> + Send>| bindings.map(|b| b.name_any()).collect::<Vec<_>>();
+    fn the_bindings_of_a_list_come_once_the_list_is_done() {
+        let (lists, mut lists_rx) = mpsc::unbounded();
+        let mut listed = Listed { lists, pending: Vec::new() };
         for event in
             [watcher::Event::Init, watcher::Event::InitApply(binding("a")), watcher::Event::InitApply(binding("b"))]
         {
-            writer.apply_watcher_event(&event);
-            assert_eq!(listed.objects(event).count(), 0, "before the list is done");
+            assert!(listed.objects(event).is_none());
+            assert!(lists_rx.try_recv().is_err(), "before the list is done");
         }
-        assert!(store.get(&BindingRef::new("team", "a").object_ref()).is_none());
-        writer.apply_watcher_event(&watcher::Event::InitDone);
-        assert_eq!(names(listed.objects(watcher::Event::InitDone)), ["a", "b"]);
-        assert!(store.get(&BindingRef::new("team", "a").object_ref()).is_some());
-        let apply = watcher::Event::Apply(binding("c"));
-        writer.apply_watcher_event(&apply);
-        assert_eq!(names(listed.objects(apply)), ["c"], "a watch event comes at once");
+        assert!(listed.objects(watcher::Event::InitDone).is_none());
+        let list = lists_rx.try_recv().unwrap();
+        assert_eq!(list.iter().map(|b| b.name()).collect::<Vec<_>>(), ["a", "b"]);
+        let apply = listed.objects(watcher::Event::Apply(binding("c")));
+        assert_eq!(apply.map(|b| b.name_any()).as_deref(), Some("c"), "a watch event comes at once");
     }
 
     #[tokio::test(start_paused = true)]

@@ -19,6 +19,7 @@ pub mod checksum;
 pub mod cluster;
 pub mod config;
 pub mod controller;
+pub mod intake;
 pub mod lease;
 pub mod metrics;
 pub mod migrate;
