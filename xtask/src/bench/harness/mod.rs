@@ -41,7 +41,9 @@ const PREFIX: &str = "bench";
 /// [`Bench`]. Whatever it made is taken down after it, whether it passed or failed.
 pub(crate) fn run(env: &Env, measure: impl AsyncFnOnce(&Bench) -> Result<()>) -> Result<()> {
     env.up()?;
-    build_release()?;
+    if std::env::var_os(BINARY).is_none() {
+        build_release()?;
+    }
     let vars = env.vars()?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async {
@@ -50,6 +52,10 @@ pub(crate) fn run(env: &Env, measure: impl AsyncFnOnce(&Bench) -> Result<()>) ->
         bench.tear_down(result).await
     })
 }
+
+/// A controller binary to run in place of the release built from this tree: to compare two
+/// builds on the same servers, back to back.
+const BINARY: &str = "CONSULBIND_BENCH_BINARY";
 
 /// The release controller the benchmarks run.
 fn build_release() -> Result<()> {
@@ -165,7 +171,8 @@ impl Bench {
     /// `admin_port`, with `args` besides, the environment's variables and then `env`. Whatever
     /// ran under that name is stopped first. It logs at `CONSULBIND_BENCH_LOG`, `warn` by default.
     pub(crate) fn controller(&self, release: Release) -> Result<Controller> {
-        let mut command = Command::new(repo_root().join("target/release/consulbind"));
+        let binary = std::env::var_os(BINARY).map_or_else(|| repo_root().join("target/release/consulbind"), Into::into);
+        let mut command = Command::new(binary);
         command
             .args((!release.namespaces.is_empty()).then(|| format!("--namespaces={}", release.namespaces)))
             .arg(format!("--admin-addr=127.0.0.1:{}", release.admin_port))
