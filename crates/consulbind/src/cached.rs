@@ -1,6 +1,7 @@
 //! A binding as the binding cache keeps it: the metadata the controller reads, and its spec as
 //! JSON, read back at the start of each reconcile. Typed, a spec took 128 bytes inline and its
-//! lists and strings about 260 more; as JSON, most take under 200 in all.
+//! lists and strings about 260 more; as JSON, most take under 200 in all. The uid goes with the
+//! spec, where kube-runtime's store would hold it twice more (the metadata and the key).
 
 use std::borrow::Cow;
 
@@ -12,25 +13,41 @@ use kube::Resource;
 #[serde(from = "ConsulBinding")]
 pub struct Cached {
     pub metadata: ObjectMeta,
-    spec: Box<[u8]>,
+    /// The uid's length in a byte, the uid, then the spec's JSON.
+    packed: Box<[u8]>,
 }
 
 impl From<ConsulBinding> for Cached {
-    fn from(binding: ConsulBinding) -> Self {
+    fn from(mut binding: ConsulBinding) -> Self {
+        // Kept in the metadata if too long for its length byte; a uid is a UUID.
+        let uid = binding.metadata.uid.take_if(|uid| uid.len() <= usize::from(u8::MAX)).unwrap_or_default();
+        let mut packed = vec![uid.len() as u8];
+        packed.extend_from_slice(uid.as_bytes());
         // A typed spec always serializes.
-        let spec = serde_json::to_vec(&binding.spec).unwrap_or_default();
-        Self { metadata: binding.metadata, spec: spec.into_boxed_slice() }
+        let _ = serde_json::to_writer(&mut packed, &binding.spec);
+        Self { metadata: binding.metadata, packed: packed.into_boxed_slice() }
     }
 }
 
 impl Cached {
     /// The binding whole again, without its status (its record keeps that).
     pub fn binding(&self) -> ConsulBinding {
-        ConsulBinding { metadata: self.metadata.clone(), spec: self.spec(), status: None }
+        let mut metadata = self.metadata.clone();
+        let (uid, _) = self.unpacked();
+        if !uid.is_empty() {
+            metadata.uid = Some(uid.to_owned());
+        }
+        ConsulBinding { metadata, spec: self.spec(), status: None }
     }
 
     pub fn spec(&self) -> ConsulBindingSpec {
-        serde_json::from_slice(&self.spec).expect("a spec this process wrote as JSON reads back")
+        serde_json::from_slice(self.unpacked().1).expect("a spec this process wrote as JSON reads back")
+    }
+
+    fn unpacked(&self) -> (&str, &[u8]) {
+        let (len, rest) = self.packed.split_first().expect("never empty");
+        let (uid, spec) = rest.split_at(usize::from(*len));
+        (std::str::from_utf8(uid).expect("written from a str"), spec)
     }
 }
 
@@ -80,10 +97,15 @@ mod tests {
         let mut binding = ConsulBinding::new("web", spec);
         binding.metadata.namespace = Some("team".into());
         binding.metadata.generation = Some(3);
+        binding.metadata.uid = Some("4a1f0c2e-0000-4000-8000-000000000001".into());
         let cached = Cached::from(binding.clone());
+        assert_eq!(cached.meta().uid, None, "kept with the spec");
         assert_eq!(cached.meta().name.as_deref(), Some("web"));
         let json = |b: &ConsulBinding| serde_json::to_value(b).expect("serializes");
         assert_eq!(json(&cached.binding()), json(&binding));
+
+        binding.metadata.uid = Some("u".repeat(300));
+        assert_eq!(json(&Cached::from(binding.clone()).binding()), json(&binding), "a uid of any length");
     }
 
     /// Every field the examples set, waves, windows and all, reads back as it was.
