@@ -349,7 +349,7 @@ async fn run_scope(
         ready = async {
             ctx.workloads.wait_until_ready().await?;
             ctx.tokens.wait_until_ready().await?;
-            ctx.policy.wait_until_ready().await
+            ctx.policy.wait_until_ready().await.map_err(Error::from)
         } => ready?,
         _ = shutdown.wait_for(|stop| *stop) => return Ok(()),
     }

@@ -153,6 +153,8 @@ pub enum Error {
     NotServed(#[from] shards::NotServed),
     #[error("a cache stopped before it was ready: {0}")]
     CacheStopped(#[from] kube::runtime::reflector::store::WriterDropped),
+    #[error(transparent)]
+    WorkloadsStopped(#[from] cluster::workloads::Stopped),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -167,7 +169,7 @@ impl Error {
             Error::ChecksumKey(_) => "checksum_key_error",
             Error::Config(_) => "config_error",
             Error::Admin(_) => "admin_error",
-            Error::Task(_) | Error::CacheStopped(_) => "task_error",
+            Error::Task(_) | Error::CacheStopped(_) | Error::WorkloadsStopped(_) => "task_error",
             Error::Panicked(_) => "panic",
             Error::NotServed(_) => "not_served",
         }

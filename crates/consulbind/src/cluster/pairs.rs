@@ -2,15 +2,41 @@
 
 use std::collections::BTreeMap;
 
-/// A few labels or annotations, sorted by key: an empty one allocates nothing, and one of a
-/// few entries takes a tenth of a `BTreeMap`'s first node.
+/// A few labels or annotations, sorted by key, in two allocations however many: their text end
+/// to end, and where each key and value ends. An empty one allocates nothing. A workload's
+/// labels and annotations are mostly short strings, each of which cost an allocation of 32 bytes
+/// or more, as much again as the text in it.
 #[derive(Clone, Debug, Default, PartialEq, Hash)]
-pub struct Pairs(Box<[(Box<str>, Box<str>)]>);
+pub struct Pairs {
+    text: Box<str>,
+    /// The end of each key, then of its value.
+    ends: Box<[u32]>,
+}
 
 impl Pairs {
+    fn len(&self) -> usize {
+        self.ends.len() / 2
+    }
+
+    fn at(&self, i: usize) -> (&str, &str) {
+        let start = if i == 0 { 0 } else { self.ends[2 * i - 1] as usize };
+        let (key_end, end) = (self.ends[2 * i] as usize, self.ends[2 * i + 1] as usize);
+        (&self.text[start..key_end], &self.text[key_end..end])
+    }
+
+    /// The index of the first pair whose key is not below `key`.
+    fn partition_point(&self, below: impl Fn(&str) -> bool) -> usize {
+        let (mut low, mut high) = (0, self.len());
+        while low < high {
+            let mid = (low + high) / 2;
+            if below(self.at(mid).0) { low = mid + 1 } else { high = mid }
+        }
+        low
+    }
+
     pub fn get(&self, key: &str) -> Option<&str> {
-        let at = self.0.binary_search_by(|(k, _)| (**k).cmp(key)).ok()?;
-        Some(&self.0[at].1)
+        let at = self.partition_point(|k| k < key);
+        (at < self.len()).then(|| self.at(at)).filter(|(k, _)| *k == key).map(|(_, v)| v)
     }
 
     pub fn contains_key(&self, key: &str) -> bool {
@@ -18,13 +44,13 @@ impl Pairs {
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
-        self.0.iter().map(|(k, v)| (&**k, &**v))
+        (0..self.len()).map(|i| self.at(i))
     }
 
     /// Those whose key starts with `prefix`.
     pub fn starting_with<'a>(&'a self, prefix: &'a str) -> impl Iterator<Item = (&'a str, &'a str)> {
-        let from = self.0.partition_point(|(k, _)| **k < *prefix);
-        self.0[from..].iter().take_while(move |(k, _)| k.starts_with(prefix)).map(|(k, v)| (&**k, &**v))
+        let from = self.partition_point(|k| k < prefix);
+        (from..self.len()).map(|i| self.at(i)).take_while(move |(k, _)| k.starts_with(prefix))
     }
 
     /// As the map that selectors take.
@@ -34,8 +60,22 @@ impl Pairs {
 }
 
 impl From<BTreeMap<String, String>> for Pairs {
+    /// Text beyond 4 GiB, which no object the API server serves holds, is cut at the last pair
+    /// that fits.
     fn from(map: BTreeMap<String, String>) -> Self {
-        Self(map.into_iter().map(|(k, v)| (k.into_boxed_str(), v.into_boxed_str())).collect())
+        let mut text = String::with_capacity(map.iter().map(|(k, v)| k.len() + v.len()).sum());
+        let mut ends = Vec::with_capacity(2 * map.len());
+        for (key, value) in &map {
+            let (Ok(key_end), Ok(end)) =
+                (u32::try_from(text.len() + key.len()), u32::try_from(text.len() + key.len() + value.len()))
+            else {
+                break;
+            };
+            text.push_str(key);
+            text.push_str(value);
+            ends.extend([key_end, end]);
+        }
+        Self { text: text.into_boxed_str(), ends: ends.into_boxed_slice() }
     }
 }
 
@@ -65,5 +105,8 @@ mod tests {
             .collect();
         let keys: Vec<&str> = refs.starting_with("ref.").map(|(k, _)| k).collect();
         assert_eq!(keys, ["ref.a", "ref.b"]);
+        assert_eq!(refs.starting_with("z").count(), 0, "past the last key");
+        assert_eq!(Pairs::default().get("a"), None);
+        assert_eq!(Pairs::default().starting_with("").count(), 0);
     }
 }

@@ -4,6 +4,7 @@
 
 mod cache;
 mod kept;
+mod store;
 mod template;
 
 use std::collections::BTreeMap;
@@ -17,17 +18,18 @@ use k8s_openapi::{
 use kube::{
     Client,
     core::{Selector, SelectorExt},
-    runtime::reflector::{self, ObjectRef, Store},
 };
 use tokio::sync::watch;
 
 use self::{
     cache::cache,
     kept::Kept,
+    store::Store,
     template::{OWNED, WORKLOAD_REF},
 };
 pub use self::{
     cache::{Served, Touched},
+    store::Stopped,
     template::Template,
 };
 use super::{
@@ -41,16 +43,16 @@ use super::{
 /// Metadata caches of the workload kinds in one scope (a namespace, or all).
 #[derive(Clone)]
 pub struct Workloads {
-    deployments: Store<Kept>,
-    statefulsets: Store<Kept>,
-    daemonsets: Store<Kept>,
-    rollouts: Store<Kept>,
+    deployments: Store,
+    statefulsets: Store,
+    daemonsets: Store,
+    rollouts: Store,
     /// Whether the cluster serves Argo Rollouts' kind, which is optional.
     rollouts_served: watch::Receiver<Served>,
-    cronjobs: Store<Kept>,
+    cronjobs: Store,
     cronjobs_served: watch::Receiver<Served>,
     /// Before 1.21, CronJobs are served as `batch/v1beta1` only.
-    old_cronjobs: Store<Kept>,
+    old_cronjobs: Store,
     old_cronjobs_served: watch::Receiver<Served>,
 }
 
@@ -117,7 +119,7 @@ impl Workloads {
 
     /// Waits for the first list of every kind; for Rollouts, an answer that the kind is not
     /// there is enough.
-    pub async fn wait_until_ready(&self) -> Result<(), reflector::store::WriterDropped> {
+    pub async fn wait_until_ready(&self) -> Result<(), store::Stopped> {
         self.deployments.wait_until_ready().await?;
         self.statefulsets.wait_until_ready().await?;
         self.daemonsets.wait_until_ready().await?;
@@ -264,19 +266,13 @@ fn selected(obj: &Kept, wants: &Wants<'_>) -> Selected {
     }
 }
 
-fn select(store: &Store<Kept>, namespace: &str, target: &TargetRef, wants: &Wants<'_>) -> Vec<Selected> {
+fn select(store: &Store, namespace: &str, target: &TargetRef, wants: &Wants<'_>) -> Vec<Selected> {
     if let Some(name) = &target.name {
-        let key = ObjectRef::<Kept>::new(name).within(namespace);
-        return store.get(&key).map(|obj| vec![selected(&obj, wants)]).unwrap_or_default();
+        return store.get(namespace, name).map(|obj| vec![selected(&obj, wants)]).unwrap_or_default();
     }
     let Some(selector) = target.selector.clone().and_then(|s| Selector::try_from(s).ok()) else {
         return Vec::new();
     };
-    let mut found: Vec<Selected> = store
-        .state_filter(|obj| obj.namespace() == namespace && selector.matches(&obj.labels.to_map()))
-        .iter()
-        .map(|obj| selected(obj, wants))
-        .collect();
-    found.sort_by(|a, b| a.name.cmp(&b.name));
-    found
+    let found = store.filtered(namespace, |obj| selector.matches(&obj.labels.to_map()));
+    found.iter().map(|obj| selected(obj, wants)).collect()
 }

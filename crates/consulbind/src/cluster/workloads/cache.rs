@@ -1,10 +1,7 @@
 //! One kind's metadata cache, fed by a watch: what it keeps of each workload, and which
 //! events are news to the bindings.
 
-use std::{
-    collections::HashSet,
-    hash::{Hash, Hasher},
-};
+use std::hash::{Hash, Hasher};
 
 use consulbind_api::WorkloadKind;
 use futures::{StreamExt, TryStreamExt};
@@ -12,7 +9,6 @@ use kube::{
     Api, Client, Resource,
     runtime::{
         WatchStreamExt,
-        reflector::{self, ObjectRef, Store, store::Writer},
         watcher::{self, watcher},
     },
 };
@@ -21,6 +17,7 @@ use tokio::sync::watch;
 
 use super::{
     kept::Kept,
+    store::{self, Store, Writer},
     template::{Template, live_meta},
 };
 use crate::cluster::{Listing, health};
@@ -52,7 +49,7 @@ pub(super) fn cache<K>(
     namespace: Option<&str>,
     kind: WorkloadKind,
     served: Option<watch::Sender<Served>>,
-) -> (Store<Kept>, futures::stream::BoxStream<'static, Touched>)
+) -> (Store, futures::stream::BoxStream<'static, Touched>)
 where
     K: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
         + Template
@@ -67,7 +64,7 @@ where
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     };
-    let (reader, mut writer) = reflector::store();
+    let (reader, mut writer) = store::store();
     let mut news = News::new(kind);
     // Whole objects arrive, for the pod template's annotations; what is kept is their name,
     // labels and this controller's annotations, so memory stays small per workload.
@@ -94,7 +91,7 @@ where
                 tell_served(served, kind, &event);
             }
             let touched: Vec<Touched> = match event {
-                Ok(event) => news.apply(&store, &mut writer, &event),
+                Ok(event) => news.apply(&store, &mut writer, event),
                 // An optional kind that is not installed is no news on every retry.
                 Err(error) if served.as_ref().is_some_and(|s| *s.borrow() == Served::NotInstalled) => {
                     tracing::debug!(%kind, %error, "kind not served; retrying");
@@ -139,27 +136,19 @@ fn tell_served<T>(
 /// workload.
 struct News {
     kind: WorkloadKind,
-    /// What a re-list has shown so far: what it never shows was deleted while the watch was
-    /// down, and gets no deletion event of its own.
-    relisted: Option<HashSet<ObjectRef<Kept>>>,
     /// What a re-list found changed, held back until the store has swapped in what it listed.
     held: Vec<Touched>,
 }
 
 impl News {
     fn new(kind: WorkloadKind) -> Self {
-        Self { kind, relisted: None, held: Vec::new() }
+        Self { kind, held: Vec::new() }
     }
 
     /// Applies `event` to the store, and returns the workloads it touched, now that the store
-    /// holds them.
-    fn apply(&mut self, store: &Store<Kept>, writer: &mut Writer<Kept>, event: &watcher::Event<Kept>) -> Vec<Touched> {
-        let touched = self.of(store, event);
-        writer.apply_watcher_event(event);
-        touched
-    }
-
-    fn of(&mut self, store: &Store<Kept>, event: &watcher::Event<Kept>) -> Vec<Touched> {
+    /// holds them. What a re-list no longer shows was deleted while the watch was down, and
+    /// gets no deletion event of its own.
+    fn apply(&mut self, store: &Store, writer: &mut Writer, event: watcher::Event<Kept>) -> Vec<Touched> {
         let kind = self.kind;
         let touched = |obj: &Kept| Touched {
             kind,
@@ -169,10 +158,9 @@ impl News {
         };
         // New, or its labels or annotations changed: a status update alone is no news.
         let news =
-            |obj: &Kept| store.get(&ObjectRef::from_obj(obj)).is_none_or(|old| signature(&old) != signature(obj));
-        match event {
+            |obj: &Kept| store.get(obj.namespace(), obj.name()).is_none_or(|old| signature(&old) != signature(obj));
+        let now = match &event {
             watcher::Event::Init => {
-                self.relisted = Some(HashSet::new());
                 self.held.clear();
                 Vec::new()
             }
@@ -180,22 +168,17 @@ impl News {
                 if news(obj) {
                     self.held.push(touched(obj));
                 }
-                self.relisted.get_or_insert_default().insert(ObjectRef::from_obj(obj));
                 Vec::new()
             }
-            watcher::Event::InitDone => {
-                let listed = self.relisted.take().unwrap_or_default();
-                let gone = store.state().into_iter().filter(|old| !listed.contains(&ObjectRef::from_obj(&**old)));
-                let gone: Vec<Touched> =
-                    gone.map(|old| Touched { labels: Default::default(), ..touched(&old) }).collect();
-                std::mem::take(&mut self.held).into_iter().chain(gone).collect()
-            }
+            watcher::Event::InitDone => std::mem::take(&mut self.held),
             watcher::Event::Apply(obj) => match news(obj) {
                 true => vec![touched(obj)],
                 false => Vec::new(),
             },
             watcher::Event::Delete(obj) => vec![touched(obj)],
-        }
+        };
+        let gone = writer.apply(event);
+        now.into_iter().chain(gone.iter().map(|old| Touched { labels: Default::default(), ..touched(old) })).collect()
     }
 }
 
@@ -279,14 +262,14 @@ mod tests {
 
     #[test]
     fn only_news_is_told_and_a_relist_tells_what_was_deleted_while_the_watch_was_down() {
-        let (store, mut writer) = reflector::store::<Kept>();
+        let (store, mut writer) = store::store();
         let mut news = News::new(WorkloadKind::Deployment);
         let deploy = |name: &str, label: &str| {
             let labels = BTreeMap::from([("app".to_owned(), label.to_owned())]).into();
             Kept::new(name, "ns", Default::default(), labels, Default::default())
         };
         let mut apply = |event: watcher::Event<Kept>| -> Vec<String> {
-            news.apply(&store, &mut writer, &event).into_iter().map(|t| t.name).collect()
+            news.apply(&store, &mut writer, event).into_iter().map(|t| t.name).collect()
         };
         assert_eq!(apply(watcher::Event::Init), [] as [String; 0]);
         assert_eq!(apply(watcher::Event::InitApply(deploy("a", "1"))), [] as [String; 0], "held back");
@@ -299,9 +282,9 @@ mod tests {
         assert_eq!(apply(watcher::Event::InitApply(deploy("a", "2"))), [] as [String; 0]);
         assert_eq!(apply(watcher::Event::InitApply(deploy("c", "1"))), [] as [String; 0]);
         assert_eq!(apply(watcher::Event::InitDone), ["c", "b"]);
-        assert_eq!(store.state().len(), 2, "nothing is kept for b");
+        assert_eq!(store.len(), 2, "nothing is kept for b");
         assert_eq!(apply(watcher::Event::Delete(deploy("c", "1"))), ["c"]);
-        assert_eq!(store.state().len(), 1);
+        assert_eq!(store.len(), 1);
     }
 
     fn api_error(code: u16) -> kube::Error {
