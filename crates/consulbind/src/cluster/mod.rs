@@ -104,6 +104,22 @@ pub fn listing() -> bool {
     LISTING.load(std::sync::atomic::Ordering::Relaxed) > 0
 }
 
+/// Told when the last list under way ends.
+static LISTED: tokio::sync::Notify = tokio::sync::Notify::const_new();
+
+/// Waits until no cache is part-way through a list.
+pub async fn listed() {
+    loop {
+        // Registered before the check, so that a list ending in between still wakes it.
+        let mut ended = std::pin::pin!(LISTED.notified());
+        ended.as_mut().enable();
+        if !listing() {
+            return;
+        }
+        ended.await;
+    }
+}
+
 /// One watch's part in [`listing`]: from the start of a list to its last page, or to an error,
 /// which leaves the store as it was (a list that keeps failing must not hold every binding).
 #[derive(Default)]
@@ -126,9 +142,15 @@ impl Listing {
         use std::sync::atomic::Ordering::Relaxed;
         if on != self.on {
             match on {
-                true => LISTING.fetch_add(1, Relaxed),
-                false => LISTING.fetch_sub(1, Relaxed),
-            };
+                true => {
+                    LISTING.fetch_add(1, Relaxed);
+                }
+                false => {
+                    if LISTING.fetch_sub(1, Relaxed) == 1 {
+                        LISTED.notify_waiters();
+                    }
+                }
+            }
             self.on = on;
         }
     }
@@ -239,19 +261,23 @@ mod tests {
     }
 
     /// The only test that touches the process-wide count: no live watch runs in unit tests.
-    #[test]
-    fn a_cache_lists_from_its_start_to_its_last_page_or_an_error() {
+    #[tokio::test]
+    async fn a_cache_lists_from_its_start_to_its_last_page_or_an_error() {
         let (mut a, mut b) = (Listing::default(), Listing::default());
         let event = |e: Event<Secret>| Ok::<_, ()>(e);
         assert!(!listing());
         a.event(&event(Event::Init));
         b.event(&event(Event::Init));
+        let mut done = std::pin::pin!(listed());
         a.event(&event(Event::InitApply(secret("a", "1"))));
         assert!(listing(), "part-way through its first page");
+        assert!(futures::poll!(done.as_mut()).is_pending());
         a.event(&event(Event::InitDone));
         assert!(listing(), "the other has not listed yet");
+        assert!(futures::poll!(done.as_mut()).is_pending());
         b.event(&Err::<Event<Secret>, ()>(()));
         assert!(!listing(), "a list that failed leaves the store as it was");
+        assert!(futures::poll!(done.as_mut()).is_ready(), "told when the last list ends");
         b.event(&event(Event::Init));
         a.event(&event(Event::Apply(secret("a", "2"))));
         assert!(listing());

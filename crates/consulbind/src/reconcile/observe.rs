@@ -177,7 +177,7 @@ pub async fn observe<'a>(ctx: &Context, binding: &'a ConsulBinding, started: Ins
     }
     let (consul, queries, in_turns) = consul(ctx, binding, &oref).await?;
     // Looked at again below, after the reads that follow wait.
-    put_off_while_listing(&oref)?;
+    put_off_while_listing(&oref).await?;
     let namespace = binding.namespace().unwrap_or_default();
     let annotation = names::annotation_key(oref.name());
     let mut staging = Staging::of(spec, &ctx.staging_defaults).ok().flatten();
@@ -199,7 +199,7 @@ pub async fn observe<'a>(ctx: &Context, binding: &'a ConsulBinding, started: Ins
         Ok(bound) => objects(ctx, &oref, &namespace, bound).await?,
         Err(message) => Err((reason::BINDING_TOO_LARGE, message.clone())),
     };
-    put_off_while_listing(&oref)?;
+    put_off_while_listing(&oref).await?;
 
     let consul_scope = spec.consul.as_ref().map_or(["", "", ""], |c| {
         [c.datacenter.as_deref(), c.namespace.as_deref(), c.partition.as_deref()].map(Option::unwrap_or_default)
@@ -389,11 +389,13 @@ async fn older_values(
 }
 
 /// While a cache is part-way through a list the binding decides nothing: it is looked at again
-/// shortly.
-fn put_off_while_listing(oref: &BindingRef) -> Result<(), Action> {
+/// once the lists are done, or in 500 ms. What it read meanwhile may be of the mix, so it starts
+/// afresh either way.
+async fn put_off_while_listing(oref: &BindingRef) -> Result<(), Action> {
     if read::decides(crate::cluster::listing()) {
         return Ok(());
     }
-    debug!(binding = %oref, "a cache is part-way through a list; looked at again in 500 ms");
-    Err(Action::requeue(Duration::from_millis(500)))
+    debug!(binding = %oref, "a cache is part-way through a list; looked at again once it is done");
+    let _ = tokio::time::timeout(Duration::from_millis(500), crate::cluster::listed()).await;
+    Err(Action::requeue(Duration::ZERO))
 }
