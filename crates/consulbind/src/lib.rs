@@ -10,8 +10,9 @@
 //!   templates, report the status and events. Stamp and report are the only writes.
 //! - [`checksum`] is the keyed checksum of the content, and the Secret that holds its key.
 //!
-//! [`controller`] wires them together; [`lease`] elects a leader, or [`shards`] shares the
-//! namespaces between replicas; [`admin`] serves health, metrics and the debug listing.
+//! [`controller`] wires them together, and [`intake`] lets a list's bindings into its queue a
+//! few at a time; [`lease`] elects a leader, or [`shards`] shares the namespaces between
+//! replicas; [`admin`] serves health, metrics and the debug listing.
 
 pub mod admin;
 pub mod cached;
