@@ -129,16 +129,21 @@ pub struct Listing {
 
 impl Listing {
     pub fn event<K, E>(&mut self, event: &Result<kube::runtime::watcher::Event<K>, E>) {
+        self.set(self.after(event));
+    }
+
+    /// Whether a list is under way after `event`; [`set`](Self::set) it once the store holds
+    /// the event.
+    pub fn after<K, E>(&self, event: &Result<kube::runtime::watcher::Event<K>, E>) -> bool {
         use kube::runtime::watcher::Event;
-        let on = match event {
+        match event {
             Ok(Event::Init) => true,
             Ok(Event::InitApply(_)) => self.on,
             _ => false,
-        };
-        self.set(on);
+        }
     }
 
-    fn set(&mut self, on: bool) {
+    pub fn set(&mut self, on: bool) {
         use std::sync::atomic::Ordering::Relaxed;
         if on != self.on {
             match on {

@@ -86,7 +86,8 @@ where
     let store = reader.clone();
     let stream = stream
         .flat_map(move |event| {
-            listing.event(&event);
+            // Told once the store holds the event: a reconcile woken at a list's end must find it.
+            let listing_after = listing.after(&event);
             if let Some(served) = &served {
                 tell_served(served, kind, &event);
             }
@@ -102,6 +103,7 @@ where
                     Vec::new()
                 }
             };
+            listing.set(listing_after);
             futures::stream::iter(touched)
         })
         .boxed();
