@@ -40,6 +40,12 @@ impl Cached {
         ConsulBinding { metadata, spec: self.spec(), status: None }
     }
 
+    /// The uid, which the metadata no longer holds.
+    pub fn uid(&self) -> Option<&str> {
+        let (uid, _) = self.unpacked();
+        if uid.is_empty() { self.metadata.uid.as_deref() } else { Some(uid) }
+    }
+
     pub fn spec(&self) -> ConsulBindingSpec {
         serde_json::from_slice(self.unpacked().1).expect("a spec this process wrote as JSON reads back")
     }
@@ -100,12 +106,15 @@ mod tests {
         binding.metadata.uid = Some("4a1f0c2e-0000-4000-8000-000000000001".into());
         let cached = Cached::from(binding.clone());
         assert_eq!(cached.meta().uid, None, "kept with the spec");
+        assert_eq!(cached.uid(), binding.metadata.uid.as_deref());
         assert_eq!(cached.meta().name.as_deref(), Some("web"));
         let json = |b: &ConsulBinding| serde_json::to_value(b).expect("serializes");
         assert_eq!(json(&cached.binding()), json(&binding));
 
         binding.metadata.uid = Some("u".repeat(300));
-        assert_eq!(json(&Cached::from(binding.clone()).binding()), json(&binding), "a uid of any length");
+        let long = Cached::from(binding.clone());
+        assert_eq!(json(&long.binding()), json(&binding), "a uid of any length");
+        assert_eq!(long.uid(), binding.metadata.uid.as_deref());
     }
 
     /// Every field the examples set, waves, windows and all, reads back as it was.

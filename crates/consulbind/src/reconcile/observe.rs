@@ -164,7 +164,7 @@ pub async fn observe<'a>(ctx: &Context, binding: &'a ConsulBinding, started: Ins
     // only when the store holds more than one namespace may.
     let limit = ctx.max_bindings_per_namespace;
     let crowded = || ctx.bindings.state_filter(|b| b.metadata.namespace == binding.metadata.namespace);
-    let cached = || ctx.bindings.get(&oref.object_ref()).is_some_and(|b| b.metadata.uid == binding.metadata.uid);
+    let cached = || ctx.bindings.get(&oref.object_ref()).is_some_and(|b| b.uid() == binding.metadata.uid.as_deref());
     let beyond = || {
         let judged = cached() && ctx.bindings.len() > limit;
         judged.then(|| read::beyond_namespace_share(limit, &crowded(), binding)).flatten()
