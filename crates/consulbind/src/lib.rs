@@ -35,7 +35,7 @@ mod sim;
 pub mod watches;
 pub mod writes;
 
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use kube::runtime::reflector::ObjectRef;
 
@@ -49,6 +49,22 @@ pub trait Lock<T> {
 impl<T> Lock<T> for Mutex<T> {
     fn locked(&self) -> MutexGuard<'_, T> {
         self.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// [`Lock`] for a lock of many readers.
+pub trait ReadWrite<T> {
+    fn read_locked(&self) -> RwLockReadGuard<'_, T>;
+    fn write_locked(&self) -> RwLockWriteGuard<'_, T>;
+}
+
+impl<T> ReadWrite<T> for RwLock<T> {
+    fn read_locked(&self) -> RwLockReadGuard<'_, T> {
+        self.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn write_locked(&self) -> RwLockWriteGuard<'_, T> {
+        self.write().unwrap_or_else(PoisonError::into_inner)
     }
 }
 

@@ -22,7 +22,7 @@ use tokio::sync::watch;
 
 use super::Relist;
 use crate::{
-    Lock,
+    Lock, ReadWrite,
     checksum::{self, DIGEST_LEN, Field},
 };
 
@@ -142,7 +142,7 @@ impl Objects {
             Listed::NotYet => return Err(Unknown::Waiting),
             Listed::Failing(error) => return Err(Unknown::Failed(error)),
         }
-        let version = self.versions[id.0 as usize].read().unwrap().version(id).map(str::to_owned);
+        let version = self.versions[id.0 as usize].read_locked().version(id).map(str::to_owned);
         let Some(version) = version else { return Ok(None) };
         let known = self.digests.locked().get(id).cloned();
         if let Some(known) = known.as_ref().filter(|d| d.version == version) {
@@ -279,7 +279,7 @@ where
     let touched = events.flat_map(move |event| {
         let touched = match &event {
             Ok(event) => {
-                let mut versions = versions.write().unwrap();
+                let mut versions = versions.write_locked();
                 let touched = versions.event(event, id);
                 let gone = touched.iter().filter(|o| versions.version(o).is_none());
                 gone.for_each(|o| drop(digests.locked().remove(o)));

@@ -30,7 +30,7 @@ pub use self::{
     path::{Content, KeyState, Wake},
     runner::{KvSource, Limits},
 };
-use crate::{BindingRef, Lock, metrics::Metrics};
+use crate::{BindingRef, Lock, ReadWrite, metrics::Metrics};
 
 /// How long membership changes settle before the groups are planned again, so that a burst of
 /// new bindings costs one re-plan rather than one per binding.
@@ -88,7 +88,7 @@ impl Watches {
     /// every path of the binding and returns how many that would be.
     pub fn subscribe(&self, binding: &BindingRef, queries: &[KvQuery], limit: usize) -> Result<Vec<KeyState>, usize> {
         let mut inner = self.shared.inner.locked();
-        let _answers = self.shared.runner.answers.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let _answers = self.shared.runner.answers.read_locked();
         let after = inner.namespace_paths_with(binding, queries);
         let (replan, result) = match after > limit {
             true => (inner.release(binding), Err(after)),

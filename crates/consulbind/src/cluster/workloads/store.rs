@@ -15,6 +15,7 @@ use kube::runtime::watcher;
 use tokio::sync::watch;
 
 use super::kept::Kept;
+use crate::ReadWrite;
 
 type Shelves = HashMap<Box<str>, BTreeSet<ByName>>;
 
@@ -88,20 +89,20 @@ pub fn store() -> (Store, Writer) {
 
 impl Store {
     pub fn get(&self, namespace: &str, name: &str) -> Option<Arc<Kept>> {
-        let shelves = self.shelves.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let shelves = self.shelves.read_locked();
         Some(shelves.get(namespace)?.get(name)?.0.clone())
     }
 
     /// Those of `namespace` that `wanted` keeps, by name.
     pub fn filtered(&self, namespace: &str, wanted: impl Fn(&Kept) -> bool) -> Vec<Arc<Kept>> {
-        let shelves = self.shelves.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let shelves = self.shelves.read_locked();
         let shelf = shelves.get(namespace).into_iter().flatten();
         shelf.filter(|w| wanted(&w.0)).map(|w| w.0.clone()).collect()
     }
 
     #[cfg(test)]
     pub fn len(&self) -> usize {
-        self.shelves.read().unwrap().values().map(BTreeSet::len).sum()
+        self.shelves.read_locked().values().map(BTreeSet::len).sum()
     }
 
     /// Waits for the first list to be done.
@@ -114,7 +115,7 @@ impl Writer {
     /// Applies `event`. At the end of a list, returns what the store held that the list did not
     /// show: deleted while the watch was down.
     pub fn apply(&mut self, event: watcher::Event<Kept>) -> Vec<Arc<Kept>> {
-        let write = || self.shelves.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let write = || self.shelves.write_locked();
         match event {
             watcher::Event::Apply(workload) => insert(&mut write(), workload),
             watcher::Event::Delete(workload) => {
@@ -132,7 +133,7 @@ impl Writer {
                 let listed = self.listing.take().unwrap_or_default();
                 let held = std::mem::replace(&mut *write(), listed);
                 self.ready.send_replace(true);
-                let now = self.shelves.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+                let now = self.shelves.read_locked();
                 let gone = held.into_iter().flat_map(|(namespace, shelf)| {
                     let now = &now;
                     shelf.into_iter().filter(move |w| !contains(now, &namespace, w.0.name()))

@@ -15,7 +15,10 @@ use super::{
     Runner,
     roster::{MIN_WAIT, Roster},
 };
-use crate::watches::path::{Path, Update, View};
+use crate::{
+    ReadWrite,
+    watches::path::{Path, Update, View},
+};
 
 /// Reads started at once: more than the Consul client runs at its default budget (24 requests),
 /// where a cold start's group may read a thousand new paths, each read's state some kilobytes.
@@ -94,7 +97,7 @@ impl Runner {
         let held = self.entries.share(&mut merged);
         self.metrics.consul_entries.set(held as i64);
         let entries: Arc<[KvEntry]> = merged.into();
-        let applying = self.answers.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let applying = self.answers.write_locked();
         let mut news = Vec::new();
         for (i, path) in members.paths().iter().enumerate() {
             let view = View::new(entries.clone(), group::span(&entries, path));
@@ -192,7 +195,7 @@ impl Runner {
         // Every path takes its part of the answer before any binding hears of it, and a reconcile
         // reads the paths before or after, never between: a binding reading overlapping paths
         // must not roll their mix and then the whole (two rollouts for one change).
-        let applying = self.answers.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let applying = self.answers.write_locked();
         let mut news = Vec::new();
         for (i, reason, message) in &refused {
             let cell = &members.cells[*i];
