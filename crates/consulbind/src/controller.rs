@@ -50,7 +50,7 @@ const RECONCILE_CONCURRENCY: u16 = 32;
 
 /// Runs until `shutdown` turns true.
 pub async fn run(config: Config, shutdown: signal::Receiver<bool>) -> Result<(), Error> {
-    let client = Client::try_default().await?;
+    let client = crate::cluster::client::connect(config.api_http2).await?;
     let consul = consul_kv::Client::new(config.consul().map_err(Error::Config)?).await?;
     tokio::spawn(reload_consul_files(consul.clone()));
     let mut registry = Registry::default();

@@ -62,6 +62,14 @@ fn workload(w: usize) -> String {
     format!("w{w:05}")
 }
 
+/// TCP connections the controller held: the most to Consul, the most to the API server, and to
+/// the API server at the end.
+struct Connections {
+    consul: usize,
+    api_most: usize,
+    api_end: usize,
+}
+
 /// What the changes and the idle time came to.
 struct Figures {
     latencies: Vec<Duration>,
@@ -100,7 +108,8 @@ async fn measure(bench: &Bench, sizes: &Sizes) -> Result<()> {
     let release =
         Release { name: "bench-scale-controller", namespaces: &ns, admin_port: ADMIN_PORT, args: &args, env: &env };
     let controller = bench.controller(release)?;
-    let connections = Sampler::start(controller.pid, consul_port);
+    let consul_connections = Sampler::start(controller.pid, consul_port);
+    let api_connections = Sampler::start(controller.pid, crate::env::apiserver_port());
 
     let ready = all_ready(&bench.api(&ns), sizes.bindings, Duration::from_secs(600)).await?;
     let cold_start = controller.started.elapsed();
@@ -111,8 +120,12 @@ async fn measure(bench: &Bench, sizes: &Sizes) -> Result<()> {
 
     let mut figures = changes(bench, &ns, sizes, &generations).await?;
     figures.idle_writes = idle_writes(bench, &ns, sizes.idle).await?;
-    let most_connections = connections.stop();
-    print(sizes, &controller_consul, cold_start, most_connections, &mut figures, &controller, (rss_ready, cpu_ready))?;
+    let connections = Connections {
+        consul: consul_connections.stop(),
+        api_most: api_connections.stop(),
+        api_end: connections(controller.pid, crate::env::apiserver_port()),
+    };
+    print(sizes, &controller_consul, cold_start, connections, &mut figures, &controller, (rss_ready, cpu_ready))?;
     ensure!(
         figures.missed == 0 && figures.spurious == 0,
         "{} missed and {} spurious rollouts",
@@ -187,7 +200,7 @@ fn print(
     sizes: &Sizes,
     controller_consul: &str,
     cold_start: Duration,
-    most_connections: usize,
+    connections: Connections,
     figures: &mut Figures,
     controller: &Controller,
     (rss_ready, cpu_ready): (u64, Duration),
@@ -205,7 +218,8 @@ fn print(
     );
     println!("  the controller reads Consul at {controller_consul}");
     println!("  cold start, controller start to every binding Ready:  {:.1} s", cold_start.as_secs_f64());
-    println!("  most Consul connections held (sampled every 100 ms): {most_connections}");
+    println!("  most Consul connections held (sampled every 100 ms): {}", connections.consul);
+    println!("  API server connections: at most {}, {} at the end", connections.api_most, connections.api_end);
     println!(
         "  blocking queries serving {} watched keys:           {}",
         metric(&metrics, "consulbind_consul_watches").unwrap_or(f64::NAN),

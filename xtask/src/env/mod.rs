@@ -22,6 +22,11 @@ pub mod image;
 mod kubernetes;
 pub mod provision;
 
+/// The API server's port, whose connections the benchmarks count.
+pub fn apiserver_port() -> u16 {
+    port(APISERVER_PORT)
+}
+
 /// `base` shifted by CONSULBIND_ENV_PORT_OFFSET (default 0), so two environments can run side by
 /// side on one machine, e.g. two worktrees. Read once: every port of a run must agree.
 fn port(base: u16) -> u16 {

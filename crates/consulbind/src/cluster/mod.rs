@@ -5,6 +5,7 @@
 //! selectors the API server would take ([`selector`]). Nothing here writes to the cluster.
 
 pub mod argo;
+pub mod client;
 pub mod cronjob;
 pub mod health;
 pub mod interest;

@@ -101,3 +101,45 @@ async fn metrics_health_and_json_logs_describe_the_work() {
     assert_eq!(rolled["fields"]["binding"], format!("{}/cfg", s.ns));
     s.finish().await;
 }
+
+/// With `--api-http2=true` its requests and watches share one connection to the API server,
+/// however many reconciles run at once: over HTTP/1.1 each request in flight and each watch
+/// holds its own.
+#[tokio::test]
+async fn over_http2_requests_and_watches_share_one_connection_to_the_api_server() {
+    let Some(s) = Scene::with_args("one-conn", &["--api-http2=true"]).await else { return };
+    let key = s.key("config");
+    s.put(&key, "v1").await;
+    let names: Vec<String> = (0..20).map(|i| format!("web{i}")).collect();
+    for name in &names {
+        s.workload(DEPLOY, name, json!({})).await;
+    }
+    let bindings = names.iter().map(|name| s.binding(name, spec(json!([{"key": key}]), deploy(name), "0s")));
+    futures::future::join_all(bindings).await;
+    for name in &names {
+        s.wait_condition(name, conditions::READY, "True", reason::BASELINED).await;
+    }
+    s.put(&key, "v2").await;
+    for name in &names {
+        s.wait_revisions(DEPLOY, name, 2).await;
+    }
+    let server = kube::Config::infer().await.unwrap().cluster_url;
+    let port = server.port_u16().expect("the API server's port");
+    assert_eq!(established(s.controller().pid(), port), 1, "connections to {server}");
+    s.finish().await;
+}
+
+/// Established TCP connections of process `pid` to `port`, from /proc.
+fn established(pid: u32, port: u16) -> usize {
+    let sockets: std::collections::HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+        .filter_map(|target| Some(target.to_str()?.strip_prefix("socket:[")?.strip_suffix(']')?.to_owned()))
+        .collect();
+    let table = ["tcp", "tcp6"].map(|t| std::fs::read_to_string(format!("/proc/{pid}/net/{t}")).unwrap_or_default());
+    let rows = table.iter().flat_map(|t| t.lines().skip(1)).map(|l| l.split_whitespace().collect::<Vec<_>>());
+    // Columns: sl, local, remote (hex address:port), state (01 established), ..., inode (10th).
+    rows.filter(|row| row.len() > 9 && row[3] == "01" && sockets.contains(row[9]))
+        .filter(|row| row[2].rsplit(':').next().and_then(|p| u16::from_str_radix(p, 16).ok()) == Some(port))
+        .count()
+}
