@@ -178,9 +178,9 @@ pub struct Config {
     ///
     /// Over HTTP/1.1 each request in flight and each watch holds a connection (about a hundred
     /// during a cold start of 10,000 bindings), kept 90 s once idle. HTTP/2 saves their memory
-    /// (4 to 5 MiB at that size) and the API server's connections, but on the benchmarks'
-    /// servers a change took a fifth longer to patch and the cold start a sixth longer. It
-    /// takes a value: `--api-http2=true`.
+    /// (4 to 7 MiB at that size) and the API server's connections, but on the benchmarks'
+    /// servers the cold start took a sixth to a third longer, the controller more CPU, and a
+    /// change's patch mostly longer. It takes a value: `--api-http2=true`.
     #[arg(long, env = "CONSULBIND_API_HTTP2", default_value_t = false, action = clap::ArgAction::Set)]
     pub api_http2: bool,
 
