@@ -7,7 +7,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use serde_json::json;
 
-use crate::support::{Controller, SYSTEM_NS, Scene, deploy, spec, wait};
+use crate::support::{Controller, SYSTEM_NS, Scene, connections_to, deploy, spec, wait};
 
 const DEPLOY: &str = "Deployment";
 
@@ -125,21 +125,6 @@ async fn over_http2_requests_and_watches_share_one_connection_to_the_api_server(
     }
     let server = kube::Config::infer().await.unwrap().cluster_url;
     let port = server.port_u16().expect("the API server's port");
-    assert_eq!(established(s.controller().pid(), port), 1, "connections to {server}");
+    assert_eq!(connections_to(s.controller().pid(), port), 1, "connections to {server}");
     s.finish().await;
-}
-
-/// Established TCP connections of process `pid` to `port`, from /proc.
-fn established(pid: u32, port: u16) -> usize {
-    let sockets: std::collections::HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .unwrap()
-        .filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
-        .filter_map(|target| Some(target.to_str()?.strip_prefix("socket:[")?.strip_suffix(']')?.to_owned()))
-        .collect();
-    let table = ["tcp", "tcp6"].map(|t| std::fs::read_to_string(format!("/proc/{pid}/net/{t}")).unwrap_or_default());
-    let rows = table.iter().flat_map(|t| t.lines().skip(1)).map(|l| l.split_whitespace().collect::<Vec<_>>());
-    // Columns: sl, local, remote (hex address:port), state (01 established), ..., inode (10th).
-    rows.filter(|row| row.len() > 9 && row[3] == "01" && sockets.contains(row[9]))
-        .filter(|row| row[2].rsplit(':').next().and_then(|p| u16::from_str_radix(p, 16).ok()) == Some(port))
-        .count()
 }
