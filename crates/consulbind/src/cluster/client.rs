@@ -1,8 +1,8 @@
-//! The API server's client: kube's own stack, offering HTTP/2 if asked. Over HTTP/1.1 every
-//! request in flight and every watch holds a connection of its own, kept 90 s once idle: a cold
-//! start of 10,000 bindings opens about a hundred, each with its TLS state and buffers. Over
-//! HTTP/2 one connection carries them all. The controller makes no upgraded requests (exec,
-//! attach, port-forward), which HTTP/2 cannot carry.
+//! The API server's client: kube's own stack, offering HTTP/2 unless told not to. Over
+//! HTTP/1.1 every request in flight and every watch holds a connection of its own, kept 90 s
+//! once idle: a cold start of 10,000 bindings opens about a hundred, each with its TLS state and
+//! buffers. Over HTTP/2 one connection carries them all. The controller makes no upgraded
+//! requests (exec, attach, port-forward), which HTTP/2 cannot carry.
 
 use std::time::Duration;
 
@@ -27,7 +27,14 @@ const PING_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// A client as `Client::try_default` builds it, offering HTTP/2 if `http2`.
 pub async fn connect(http2: bool) -> kube::Result<Client> {
-    let config = Config::infer().await.map_err(kube::Error::InferConfig)?;
+    build(Config::infer().await.map_err(kube::Error::InferConfig)?, http2)
+}
+
+fn build(config: Config, http2: bool) -> kube::Result<Client> {
+    // A proxy this client would not use: kube's own builder says so, as it is built without one.
+    if config.proxy_url.is_some() {
+        return Client::try_from(config);
+    }
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     // Over HTTP/2 many small frames share the connection: Nagle's wait on the server's delayed
@@ -62,4 +69,17 @@ pub async fn connect(http2: bool) -> kube::Result<Client> {
         .map_err(BoxError::from)
         .service(pool);
     Ok(Client::new(service, config.default_namespace))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_proxy_it_cannot_use_is_refused_not_ignored() {
+        let mut config = Config::new("https://127.0.0.1:6443".parse().unwrap());
+        config.proxy_url = Some("http://proxy.internal:3128".parse().unwrap());
+        let refused = build(config, true).err().expect("refused");
+        assert!(matches!(refused, kube::Error::ProxyProtocolDisabled { .. }), "{refused}");
+    }
 }

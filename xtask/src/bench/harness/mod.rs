@@ -57,17 +57,20 @@ pub(crate) fn run(env: &Env, measure: impl AsyncFnOnce(&Bench) -> Result<()>) ->
 /// builds on the same servers, back to back.
 const BINARY: &str = "CONSULBIND_BENCH_BINARY";
 
-/// The release controller the benchmarks run.
+/// The release controller the benchmarks run; for a heap profile, on the C library's malloc,
+/// which heaptrack sees (jemalloc it does not).
 fn build_release() -> Result<()> {
     println!("==> building the controller (release)");
-    process::run(Command::new(env!("CARGO")).current_dir(repo_root()).args([
-        "build",
-        "--release",
-        "--quiet",
-        "-p",
-        "consulbind",
-    ]))
+    let mut cargo = Command::new(env!("CARGO"));
+    cargo.current_dir(repo_root()).args(["build", "--release", "--quiet", "-p", "consulbind"]);
+    if std::env::var_os(HEAPTRACK).is_some() {
+        cargo.arg("--no-default-features");
+    }
+    process::run(&mut cargo)
 }
+
+/// Where a heap profile of the controller goes, if anywhere.
+const HEAPTRACK: &str = "CONSULBIND_BENCH_HEAPTRACK";
 
 /// Debian's heaptrack library, preloaded into the controller when `CONSULBIND_BENCH_HEAPTRACK`
 /// names where its raw profile goes.
@@ -183,7 +186,7 @@ impl Bench {
             .envs(self.vars.iter().map(|(k, v)| (*k, v)))
             .envs(release.env.iter().copied());
         // A heap profile of the controller, for heaptrack_interpret to read afterwards.
-        if let Ok(profile) = std::env::var("CONSULBIND_BENCH_HEAPTRACK") {
+        if let Ok(profile) = std::env::var(HEAPTRACK) {
             command
                 .env("LD_PRELOAD", HEAPTRACK_PRELOAD)
                 .env("DUMP_HEAPTRACK_OUTPUT", format!("{profile}.{}.raw", release.name));
