@@ -176,11 +176,13 @@ pub struct Config {
 
     /// Speak HTTP/2 to the API server: one connection for every request and watch.
     ///
-    /// Over HTTP/1.1 (`--api-http2=false`) each request in flight and each watch holds a
-    /// connection (about a hundred during a cold start of 10,000 bindings), kept 90 s once
-    /// idle: 5 MiB more at that size, and a hundred connections more on the API server, for a
-    /// change's patch a few milliseconds shorter on the benchmarks' servers.
-    #[arg(long, env = "CONSULBIND_API_HTTP2", default_value_t = true, action = clap::ArgAction::Set)]
+    /// Over HTTP/1.1 each request in flight and each watch holds a connection (about a hundred
+    /// during a cold start of 10,000 bindings), kept 90 s once idle. HTTP/2 saves their memory
+    /// (5 MiB at that size) and the API server's connections, and its cold start took longer.
+    /// One connection carries at most the API server's streams per connection (250 by
+    /// default), and a controller given many `--namespaces` holds about ten watches for each:
+    /// past that, requests wait. It takes a value: `--api-http2=true`.
+    #[arg(long, env = "CONSULBIND_API_HTTP2", default_value_t = false, action = clap::ArgAction::Set)]
     pub api_http2: bool,
 
     /// A hard limit on each namespace's writes, as `N/span` such as `100/1m` (N at least 1,

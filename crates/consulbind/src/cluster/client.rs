@@ -1,4 +1,4 @@
-//! The API server's client: kube's own stack, offering HTTP/2 unless told not to. Over
+//! The API server's client: kube's own stack, offering HTTP/2 if asked. Over
 //! HTTP/1.1 every request in flight and every watch holds a connection of its own, kept 90 s
 //! once idle: a cold start of 10,000 bindings opens about a hundred, each with its TLS state and
 //! buffers. Over HTTP/2 one connection carries them all. The controller makes no upgraded

@@ -102,12 +102,12 @@ async fn metrics_health_and_json_logs_describe_the_work() {
     s.finish().await;
 }
 
-/// By default (HTTP/2) its requests and watches share one connection to the API server,
-/// however many reconciles run at once: over HTTP/1.1 (`--api-http2=false`) each request in
-/// flight and each watch holds its own.
+/// With `--api-http2=true` its requests and watches share one connection to the API server,
+/// however many reconciles run at once: over HTTP/1.1 each request in flight and each watch
+/// holds its own.
 #[tokio::test]
-async fn requests_and_watches_share_one_connection_to_the_api_server() {
-    let Some(s) = Scene::with_args("one-conn", &[]).await else { return };
+async fn over_http2_requests_and_watches_share_one_connection_to_the_api_server() {
+    let Some(s) = Scene::with_args("one-conn", &["--api-http2=true"]).await else { return };
     let key = s.key("config");
     s.put(&key, "v1").await;
     let names: Vec<String> = (0..20).map(|i| format!("web{i}")).collect();
