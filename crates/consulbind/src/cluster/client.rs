@@ -1,8 +1,8 @@
-//! The API server's client: kube's own stack, offering HTTP/2 if asked. Over
-//! HTTP/1.1 every request in flight and every watch holds a connection of its own, kept 90 s
-//! once idle: a cold start of 10,000 bindings opens about a hundred, each with its TLS state and
-//! buffers. Over HTTP/2 one connection carries them all. The controller makes no upgraded
-//! requests (exec, attach, port-forward), which HTTP/2 cannot carry.
+//! The API server's client: kube's own stack, offering HTTP/2 if asked. Over HTTP/1.1 every
+//! request in flight and every watch holds a connection of its own, kept 90 s once idle: a cold
+//! start of 10,000 bindings opens about a hundred, each with its TLS state and buffers. Over
+//! HTTP/2 one connection carries them all. The controller makes no upgraded requests (exec,
+//! attach, port-forward), which HTTP/2 cannot carry.
 
 use std::time::Duration;
 
