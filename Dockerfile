@@ -2,8 +2,9 @@
 #
 # The same image as `cargo xtask image`, for those who build with Docker: from scratch, the binary of
 # `cargo build --release -p consulbind`, the glibc libraries `ldd` lists, Debian's CA bundle, the
-# nonroot user 65532, and the OCI labels. `cargo xtask image` (buildah, no daemon) is the build that
-# the end-to-end tests run; this file follows xtask/src/env/image.rs but is not run in CI.
+# crates' licences (`cargo xtask notices`), the nonroot user 65532, and the OCI labels. `cargo
+# xtask image` (buildah, no daemon) is the build that the end-to-end tests run; this file follows
+# xtask/src/env/image.rs but is not run in CI.
 #
 #   docker build --build-arg REVISION=$(git rev-parse HEAD) -t consulbind:0.1.0 .
 #
@@ -17,7 +18,8 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/usr/local/cargo/git \
     --mount=type=cache,target=/src/target \
     cargo build --release -p consulbind --locked \
- && install -D -m 0755 target/release/consulbind /rootfs/consulbind
+ && install -D -m 0755 target/release/consulbind /rootfs/consulbind \
+ && cargo xtask notices /rootfs/usr/share/doc/consulbind/THIRD-PARTY-NOTICES
 
 # The root file system, laid out as xtask/src/env/image.rs does it, from this stage's Debian packages.
 RUN set -eu; \

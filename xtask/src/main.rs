@@ -62,6 +62,8 @@ enum Command {
     Book,
     /// Build the controller image with buildah (no daemon) into target/consulbind-image.oci.tar.
     Image,
+    /// Write the licences of every crate the controller is built from, as the image carries them.
+    Notices { file: std::path::PathBuf },
     /// Measure the controller on the local servers and print the figures.
     Bench {
         #[command(subcommand)]
@@ -325,6 +327,7 @@ fn run(command: Command) -> Result<()> {
         Command::Helm { write } => check::helm::check(write),
         Command::Book => check::book::check(),
         Command::Image => env::image::build(),
+        Command::Notices { file } => env::notices::write(&file),
         Command::Demo => env::demo::run(&env),
         Command::Sim { seeds, seed } => check::test::sim(seeds, seed),
         Command::Mutants { totals: true, .. } => check::mutants::totals(),

@@ -174,14 +174,14 @@ pub struct Config {
     #[arg(long, env = "CONSULBIND_MAX_CONCURRENT_WRITES", default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..))]
     pub max_concurrent_writes: u16,
 
-    /// Speak HTTP/2 to the API server: one connection for every request and watch.
+    /// Speak HTTP/2 to the API server: a connection carries up to 100 requests and watches at
+    /// once, and another opens past that.
     ///
-    /// Over HTTP/1.1 each request in flight and each watch holds a connection (about a hundred
-    /// during a cold start of 10,000 bindings), kept 90 s once idle. HTTP/2 saves their memory
-    /// (5 MiB at that size) and the API server's connections, and its cold start took longer.
-    /// One connection carries at most the API server's streams per connection (250 by
-    /// default), and a controller given many `--namespaces` holds about ten watches for each:
-    /// past that, requests wait. It takes a value: `--api-http2=true`.
+    /// Over HTTP/1.1 each request in flight and each watch holds a connection, about a hundred
+    /// during a cold start of 10,000 bindings, each closed after 10 s unused. HTTP/2 holds one
+    /// connection on the API server where a cold start opened a hundred, and 1 to 2 MiB less
+    /// at that size, but its cold starts and patches were slower in most runs (the benchmarks'
+    /// Scale page). It takes a value: `--api-http2=true`.
     #[arg(long, env = "CONSULBIND_API_HTTP2", default_value_t = false, action = clap::ArgAction::Set)]
     pub api_http2: bool,
 

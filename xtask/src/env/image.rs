@@ -1,6 +1,7 @@
 //! `cargo xtask image`: the controller image, built with buildah and no daemon, written as an OCI
 //! archive. The root file system holds the release binary, the glibc libraries `ldd` lists, the CA
-//! bundle and a non-root user, all taken from the machine's Debian packages.
+//! bundle and a non-root user, all taken from the machine's Debian packages, and the licences of
+//! the crates and packages it is built from.
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -99,6 +100,7 @@ fn fill_rootfs(rootfs: &Path, binary: &Path) -> Result<()> {
         packages.insert(owning_package(&lib)?);
     }
     copy(Path::new(CA_BUNDLE), &rootfs.join(CA_BUNDLE.trim_start_matches('/')))?;
+    super::notices::write(&rootfs.join(super::notices::IN_IMAGE))?;
     // Debian's copyright files of every package the image takes files from.
     for package in &packages {
         let copyright = PathBuf::from(format!("/usr/share/doc/{package}/copyright"));

@@ -20,6 +20,7 @@ mod consul;
 pub mod demo;
 pub mod image;
 mod kubernetes;
+pub mod notices;
 pub mod provision;
 
 /// The API server's port, whose connections the benchmarks count.

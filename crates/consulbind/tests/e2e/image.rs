@@ -1,6 +1,7 @@
 //! The controller image that `cargo xtask image` writes (CONSULBIND_E2E_IMAGE): its root file
 //! system unpacked and run with chroot, as the image's user and entrypoint, against the local
 //! servers. A Consul write rolls a Deployment, and /metrics has every metric config/monitoring/ uses.
+//! The image carries the licences of what it is built from.
 
 use std::{
     collections::BTreeSet,
@@ -33,6 +34,13 @@ async fn controller_from_the_image_rolls_out_and_exports_every_monitored_metric(
     assert_eq!(image.user, "65532:65532", "the image must run as the non-root user");
     for label in LABELS {
         assert!(image.labels.get(label).and_then(Value::as_str).is_some_and(|v| !v.is_empty()), "no {label} label");
+    }
+    // The crates linked in, each with its licence, and jemalloc's own notice, which the
+    // binary's allocator needs beside it.
+    let notices = std::fs::read_to_string(image.rootfs.join("usr/share/doc/consulbind/THIRD-PARTY-NOTICES"))
+        .expect("the crates' licences in the image");
+    for line in ["\nkube 5.", "\ntikv-jemalloc-sys ", "Copyright (C) 2002-present Jason Evans"] {
+        assert!(notices.contains(line), "{line:?} is not among the image's notices");
     }
     let controller = ImageController::start(image, &s.ns).await.unwrap();
 

@@ -102,9 +102,9 @@ async fn metrics_health_and_json_logs_describe_the_work() {
     s.finish().await;
 }
 
-/// With `--api-http2=true` its requests and watches share one connection to the API server,
-/// however many reconciles run at once: over HTTP/1.1 each request in flight and each watch
-/// holds its own.
+/// With `--api-http2=true` its requests and watches share one connection to the API server
+/// while they number fewer than a connection carries, however many reconciles run at once:
+/// over HTTP/1.1 each request in flight and each watch holds its own.
 #[tokio::test]
 async fn over_http2_requests_and_watches_share_one_connection_to_the_api_server() {
     let Some(s) = Scene::with_args("one-conn", &["--api-http2=true"]).await else { return };

@@ -15,6 +15,9 @@ use crate::support::{self, Controller, SYSTEM_NS, Scene, deploy, spec, wait, wai
 
 const NAMESPACES: usize = 30;
 const LEASE_SECS: u64 = 6;
+/// It speaks HTTP/2 to the API server: thirty scopes' watches are more than one connection
+/// carries.
+const OVER_HTTP2: &str = "replica-a";
 
 struct Ring {
     scene: Scene,
@@ -28,6 +31,7 @@ impl Ring {
 
     async fn start(&self, identity: &str) -> Controller {
         let args = [
+            format!("--api-http2={}", identity == OVER_HTTP2),
             "--sharding=true".to_owned(),
             format!("--lease-namespace={SYSTEM_NS}"),
             format!("--shard-ring={}", self.scene.ns),
@@ -158,6 +162,16 @@ async fn sharded_replicas_hand_namespaces_over_on_a_crash_a_restart_and_a_partit
         let binding = ring.binding(ns).await;
         let ready = support::ready(&binding).unwrap();
         assert_eq!(ready.status, "True", "{ns}: {}", ready.message);
+    }
+    // Over HTTP/2 thirty scopes' watches spread over a few connections; over HTTP/1.1 each
+    // holds one of its own.
+    let port = kube::Config::infer().await.unwrap().cluster_url.port_u16().expect("the API server's port");
+    for (name, replica) in names.iter().zip(replicas.iter().flatten()) {
+        let connections = support::connections_to(replica.pid(), port);
+        match *name == OVER_HTTP2 {
+            true => assert!((2..=8).contains(&connections), "{name}: {connections} HTTP/2 connections"),
+            false => assert!(connections > NAMESPACES, "{name}: {connections} HTTP/1.1 connections"),
+        }
     }
     let leases = Api::<Lease>::namespaced(client.clone(), SYSTEM_NS);
     let selector = format!("consulbind.dev/ring={}", ring.scene.ns);

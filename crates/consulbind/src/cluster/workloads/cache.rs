@@ -86,15 +86,12 @@ where
     let store = reader.clone();
     let stream = stream
         .flat_map(move |event| {
-            // Told once the store holds the event: a reconcile woken at a list's end must find it.
             let listing_after = listing.after(&event);
-            if let Some(served) = &served {
-                tell_served(served, kind, &event);
-            }
+            let now = served.as_ref().and_then(|_| served_after_event(&event));
             let touched: Vec<Touched> = match event {
                 Ok(event) => news.apply(&store, &mut writer, event),
                 // An optional kind that is not installed is no news on every retry.
-                Err(error) if served.as_ref().is_some_and(|s| *s.borrow() == Served::NotInstalled) => {
+                Err(error) if now == Some(Served::NotInstalled) => {
                     tracing::debug!(%kind, %error, "kind not served; retrying");
                     Vec::new()
                 }
@@ -103,6 +100,10 @@ where
                     Vec::new()
                 }
             };
+            // Told once the store holds the event: a reconcile woken at a list's end must find it.
+            if let (Some(served), Some(now)) = (&served, now) {
+                tell_served(served, kind, now);
+            }
             listing.set(listing_after);
             futures::stream::iter(touched)
         })
@@ -110,27 +111,24 @@ where
     (reader, stream)
 }
 
-/// Tells `served` what a list or watch event says about whether the kind is served.
-fn tell_served<T>(
-    served: &watch::Sender<Served>,
-    kind: WorkloadKind,
-    event: &Result<watcher::Event<T>, watcher::Error>,
-) {
-    let now = match event {
+/// What a list or watch event says about whether the kind is served.
+fn served_after_event<T>(event: &Result<watcher::Event<T>, watcher::Error>) -> Option<Served> {
+    match event {
         Ok(watcher::Event::InitDone) => Some(Served::Yes),
         Err(error) => served_after(error),
         _ => None,
-    };
-    if let Some(now) = now {
-        served.send_if_modified(|state| {
-            let changed = *state != now;
-            if changed {
-                tracing::info!(%kind, served = ?now, "the cluster's answer for this kind changed");
-            }
-            *state = now;
-            changed
-        });
     }
+}
+
+fn tell_served(served: &watch::Sender<Served>, kind: WorkloadKind, now: Served) {
+    served.send_if_modified(|state| {
+        let changed = *state != now;
+        if changed {
+            tracing::info!(%kind, served = ?now, "the cluster's answer for this kind changed");
+        }
+        *state = now;
+        changed
+    });
 }
 
 /// Which of one kind's watch events are news to the bindings: judged against the store's
