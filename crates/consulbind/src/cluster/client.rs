@@ -51,10 +51,10 @@ const STREAMS: usize = 100;
 
 /// How long an idle HTTP/1.1 connection is kept (kube's and client-go's pools: 90 s). A cold
 /// start opens one per request in flight, about a hundred at 10,000 bindings, each holding its
-/// TLS state and buffers; one opened again costs a TLS handshake, a millisecond of CPU.
+/// TLS state and buffers; one opened again costs a TLS handshake.
 const IDLE: Duration = Duration::from_secs(10);
-/// The same for HTTP/2, kube's: hyper's pool times a connection out by when it was last handed
-/// a request, even while its watches stream on, and the next request opens another beside it.
+/// An HTTP/2 connection's, kube's: hyper's pool times one out by when it last took a request,
+/// even while its watches stream on, and the next request then opens another beside it.
 const IDLE_HTTP2: Duration = Duration::from_secs(90);
 
 /// A client as `Client::try_default` builds it, offering HTTP/2 if `http2`.
