@@ -11,6 +11,13 @@ pub fn repo_root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask is inside the workspace")
 }
 
+/// Cargo, as the one running xtask, in the workspace root.
+pub fn cargo() -> std::process::Command {
+    let mut cmd = std::process::Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    cmd.current_dir(repo_root());
+    cmd
+}
+
 /// Where downloads and built binaries are kept between runs, keyed by version.
 pub fn cache_dir() -> Result<PathBuf> {
     let base = match std::env::var_os("XDG_CACHE_HOME").filter(|v| !v.is_empty()) {

@@ -1,12 +1,11 @@
 //! `cargo xtask test`, everything CI checks, and `cargo xtask e2e`, the end-to-end tests alone.
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
 
 use super::{book, crdgen, explain, helm, monitoring};
-use crate::common::{minutes, repo_root};
+use crate::common::{cargo, minutes};
 use crate::env::Env;
 use crate::env::{apt, image, provision};
 use crate::process::{capture, catch_interrupts, interrupted, run};
@@ -97,12 +96,6 @@ fn has_integration_tests() -> Result<bool> {
         .flatten()
         .flat_map(|package| package["targets"].as_array().into_iter().flatten());
     Ok(targets.flat_map(|target| target["kind"].as_array().into_iter().flatten()).any(|kind| kind == "test"))
-}
-
-fn cargo() -> Command {
-    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-    cmd.current_dir(repo_root());
-    cmd
 }
 
 /// Stops the environment when dropped, so a panicking step doesn't leave servers running.

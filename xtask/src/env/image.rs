@@ -11,7 +11,7 @@ use std::process::Command;
 use anyhow::{Context, Result, bail, ensure};
 
 use super::apt;
-use crate::common::{remove_all, repo_root};
+use crate::common::{cargo, remove_all, repo_root};
 use crate::process::{capture, run};
 
 pub const ARCHIVE: &str = "target/consulbind-image.oci.tar";
@@ -225,12 +225,6 @@ impl Buildah {
     fn output(&self, args: &[&str]) -> Result<String> {
         Ok(capture(&mut self.command(args))?.trim().to_owned())
     }
-}
-
-fn cargo() -> Command {
-    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-    cmd.current_dir(repo_root());
-    cmd
 }
 
 fn git() -> Command {

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use serde_json::Value;
 
-use crate::common::repo_root;
+use crate::common::cargo;
 use crate::process::capture;
 
 /// Where the image keeps the file.
@@ -20,11 +20,8 @@ const NAMES: [&str; 5] = ["LICENSE", "LICENCE", "COPYING", "NOTICE", "COPYRIGHT"
 
 pub fn write(to: &Path) -> Result<()> {
     let host = capture(std::process::Command::new("rustc").args(["--print", "host-tuple"]))?;
-    let metadata = capture(
-        std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-            .current_dir(repo_root())
-            .args(["metadata", "--format-version=1", "--locked", "--filter-platform", host.trim()]),
-    )?;
+    let metadata =
+        capture(cargo().args(["metadata", "--format-version=1", "--locked", "--filter-platform", host.trim()]))?;
     let crates = linked(&serde_json::from_str(&metadata)?, "consulbind")?;
     if let Some(dir) = to.parent() {
         fs::create_dir_all(dir)?;

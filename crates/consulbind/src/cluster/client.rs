@@ -185,7 +185,7 @@ impl Drop for Stream {
 }
 
 /// A response's body, holding its stream's place.
-pub struct Counted<B> {
+struct Counted<B> {
     body: B,
     _stream: Stream,
 }

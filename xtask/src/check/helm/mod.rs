@@ -12,7 +12,7 @@ use anyhow::{Context, Result, bail, ensure};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::common::repo_root;
+use crate::common::{cargo, repo_root};
 use crate::env::provision;
 use crate::process::{capture, run};
 
@@ -541,14 +541,7 @@ fn values_are_the_defaults(defaults: &BTreeMap<String, String>) -> Result<()> {
 
 /// `consulbind -h`, whose short help keeps each flag's environment variable and default on one line.
 fn controller_help() -> Result<String> {
-    run(Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into())).current_dir(repo_root()).args([
-        "build",
-        "--quiet",
-        "--package",
-        "consulbind",
-        "--bin",
-        "consulbind",
-    ]))?;
+    run(cargo().args(["build", "--quiet", "--package", "consulbind", "--bin", "consulbind"]))?;
     let binary: PathBuf = repo_root().join("target/debug/consulbind");
     capture(Command::new(binary).arg("-h"))
 }
