@@ -46,7 +46,7 @@ pub fn build() -> Result<()> {
     ];
 
     println!("==> buildah: from scratch, then {ARCHIVE}");
-    let buildah = Buildah { storage: work.join("storage") };
+    let buildah = Buildah::new(work.join("storage"));
     let container = buildah.output(&["from", "scratch"])?;
     let result = (|| {
         // The contents of rootfs/ become /, owned by root and read-only to UID, which is all it needs.
@@ -203,11 +203,15 @@ fn go_arch() -> Result<&'static str> {
 
 /// buildah as root without a daemon: vfs storage kept under target/, so the machine's own
 /// container storage is left alone.
-struct Buildah {
+pub(super) struct Buildah {
     storage: PathBuf,
 }
 
 impl Buildah {
+    pub(super) fn new(storage: PathBuf) -> Self {
+        Self { storage }
+    }
+
     fn command(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new("buildah");
         cmd.arg("--storage-driver=vfs")
@@ -218,11 +222,11 @@ impl Buildah {
         cmd
     }
 
-    fn run(&self, args: &[&str]) -> Result<()> {
+    pub(super) fn run(&self, args: &[&str]) -> Result<()> {
         run(&mut self.command(args))
     }
 
-    fn output(&self, args: &[&str]) -> Result<String> {
+    pub(super) fn output(&self, args: &[&str]) -> Result<String> {
         Ok(capture(&mut self.command(args))?.trim().to_owned())
     }
 }

@@ -47,10 +47,12 @@ impl Env {
         controller_manager.ensure_started(
             Command::new(&tools.kube_controller_manager).args([
                 format!("--kubeconfig={}", self.kubeconfig().display()),
-                // Enough for Deployments to roll out as new ReplicaSets, and for aggregated roles to
-                // reach the built-in ones. Nothing schedules or runs pods.
+                // What workloads and their pods need on the one node: the workloads' controllers,
+                // the node's lifecycle (which lifts its `not-ready` taint), endpoints and the
+                // collection of finished pods. No cloud and no node IPAM: the pods share the
+                // node's network. No Jobs yet: the CronJobs' tests judge the job template.
                 "--controllers=deployment,replicaset,statefulset,daemonset,garbagecollector,namespace,\
-             serviceaccount,serviceaccount-token,clusterrole-aggregation"
+             serviceaccount,serviceaccount-token,clusterrole-aggregation,nodelifecycle,podgc,endpoint"
                     .to_owned(),
                 format!("--service-account-private-key-file={}", pki.join("sa.key").display()),
                 format!("--root-ca-file={}", pki.join("apiserver.crt").display()),
@@ -92,6 +94,8 @@ impl Env {
             format!("--service-account-signing-key-file={}", pki.join("sa.key").display()),
             "--service-account-issuer=https://kubernetes.default.svc".to_owned(),
             "--service-cluster-ip-range=10.0.0.0/24".to_owned(),
+            // The node's name resolves to loopback, where its kubelet listens.
+            "--kubelet-preferred-address-types=Hostname".to_owned(),
         ]);
         cmd
     }
@@ -208,7 +212,7 @@ current-context: consulbind
         ))
     }
 
-    fn kubectl(&self, kubectl: &Path) -> Command {
+    pub(super) fn kubectl(&self, kubectl: &Path) -> Command {
         let mut cmd = Command::new(kubectl);
         cmd.arg(format!("--kubeconfig={}", self.kubeconfig().display()));
         cmd

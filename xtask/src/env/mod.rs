@@ -1,6 +1,7 @@
-//! `cargo xtask env up|down|status`: etcd, kube-apiserver, kube-controller-manager and two Consul
-//! agents (one plain, one with ACLs) on loopback. Their data, certs, tokens, logs and pid files live
-//! in `target/consulbind-env/`.
+//! `cargo xtask env up|down|status`: etcd, kube-apiserver, kube-controller-manager, a node
+//! (containerd, kube-scheduler, kubelet) and three Consul agents (plain, with ACLs, and one for
+//! the fault tests) on loopback. Their data, certs, tokens, logs and pid files live in
+//! `target/consulbind-env/`.
 
 use std::fs::{self, File};
 use std::io::Read;
@@ -20,6 +21,7 @@ mod consul;
 pub mod demo;
 pub mod image;
 mod kubernetes;
+pub mod node;
 pub mod notices;
 pub mod provision;
 
@@ -69,9 +71,13 @@ impl Env {
     }
 
     /// Every process, in start order.
-    fn daemons(&self) -> [Daemon; 6] {
-        ["etcd", "kube-apiserver", "kube-controller-manager", CONSUL.name, CONSUL_ACL.name, CONSUL_FAULTS.name]
+    fn daemons(&self) -> Vec<Daemon> {
+        let [containerd, scheduler, kubelet] = node::DAEMONS;
+        ["etcd", "kube-apiserver", "kube-controller-manager", containerd, scheduler, kubelet]
+            .into_iter()
+            .chain(AGENTS.map(|a| a.name))
             .map(|n| self.daemon(n))
+            .collect()
     }
 
     /// Starts whatever isn't running, waits until all of it is ready, installs the CRDs and writes the
@@ -91,6 +97,7 @@ impl Env {
             self.start_agent(&tools, agent, &master_token)?;
         }
         self.start_kubernetes(&tools)?;
+        self.start_node(&tools)?;
         for agent in AGENTS {
             self.daemon(agent.name)
                 .wait_ready("serving with a leader", Duration::from_secs(60), || agent.ready(&master_token))?;
@@ -118,9 +125,19 @@ impl Env {
             self.daemon("apiextensions-apiserver"),
         ];
         for daemon in controllers.into_iter().chain(self.daemons().into_iter().rev()) {
+            // The pods go with their runtime, and what they leave goes after it.
+            let node = daemon.name == "containerd";
+            if node && let Err(e) = self.remove_pods() {
+                eprintln!("{e:#}");
+                failed.push("the pods");
+            }
             if let Err(e) = daemon.stop() {
                 eprintln!("{e:#}");
                 failed.push(daemon.name);
+            }
+            if node && let Err(e) = self.remove_node_leftovers() {
+                eprintln!("{e:#}");
+                failed.push("the pods' leftovers");
             }
         }
         ensure!(failed.is_empty(), "could not stop {}", failed.join(", "));
@@ -141,6 +158,9 @@ impl Env {
             (format!("https://127.0.0.1:{}", port(APISERVER_PORT)), apiserver_ready),
             // No health port: running is all we can tell.
             ("-".to_owned(), true),
+            (self.containerd_socket().display().to_string(), self.containerd_serving()),
+            (format!("http://127.0.0.1:{}", self.scheduler_port()), self.scheduler_healthy()),
+            (format!("https://{}:{}", node::NODE, self.kubelet_port()), self.kubelet_healthy()),
             (CONSUL.addr(), CONSUL.ready("")),
             (CONSUL_ACL.addr(), CONSUL_ACL.ready(master_token.trim())),
             (CONSUL_FAULTS.addr(), CONSUL_FAULTS.ready("")),

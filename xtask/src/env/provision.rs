@@ -15,7 +15,7 @@ use crate::process::{capture, run, succeeds, tail};
 
 const KUBE_VERSION: &str = "1.20.2";
 /// Bumped whenever the build recipe changes, so an older cached build is not reused.
-const KUBE_BUILD: &str = "reflect2-1.0.2";
+const KUBE_BUILD: &str = "node-1";
 /// Debian's reflect2 1.0.2, whose map iteration works with the Go 1.18+ runtime. The 1.0.1 that
 /// Kubernetes 1.20 vendors crashes kube-apiserver (SIGSEGV in aeshashbody) when built with Go 1.19.
 const REFLECT2_SRC: &str = "/usr/share/gocode/src/github.com/modern-go/reflect2";
@@ -27,6 +27,8 @@ pub struct Tools {
     pub etcd: PathBuf,
     pub kube_apiserver: PathBuf,
     pub kube_controller_manager: PathBuf,
+    pub kube_scheduler: PathBuf,
+    pub kubelet: PathBuf,
     pub consul: PathBuf,
     pub kubectl: PathBuf,
 }
@@ -44,6 +46,8 @@ pub fn tools() -> Result<Tools> {
         etcd: "/usr/bin/etcd".into(),
         kube_apiserver: kube_bin.join("kube-apiserver"),
         kube_controller_manager: kube_bin.join("kube-controller-manager"),
+        kube_scheduler: kube_bin.join("kube-scheduler"),
+        kubelet: kube_bin.join("kubelet"),
         consul: consul(&cache)?,
         kubectl,
     })
@@ -177,10 +181,11 @@ fn lock(cache: &Path) -> Result<File> {
     Ok(file)
 }
 
-/// Installs the Debian packages that are missing, and skips apt entirely when none are.
-/// kube-apiserver and kube-controller-manager, which Debian ships only as source.
+/// The Kubernetes servers, which Debian ships only as source.
+const PROGRAMS: [&str; 4] = ["kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet"];
+
+/// The servers' binaries, built once into the cache.
 fn kubernetes(cache: &Path) -> Result<PathBuf> {
-    const PROGRAMS: [&str; 2] = ["kube-apiserver", "kube-controller-manager"];
     let all_run = |dir: &Path| PROGRAMS.iter().all(|p| succeeds(Command::new(dir.join(p)).arg("--version")));
     let entry = cache.join(format!("kubernetes-{KUBE_VERSION}-{KUBE_BUILD}"));
     if all_run(&entry.join("bin")) {
@@ -203,18 +208,30 @@ fn kubernetes(cache: &Path) -> Result<PathBuf> {
     Ok(entry.join("bin"))
 }
 
-fn build_kubernetes(cache: &Path, build: &Path) -> Result<()> {
-    println!(
-        "==> building kube-apiserver and kube-controller-manager {KUBE_VERSION} from Debian's source \
-         package (once; about 8 minutes on 2 cores)"
-    );
-    apt::ensure_packages(&["golang-go", "rsync", "make", "golang-github-modern-go-reflect2-dev"], true)?;
-    let orig = download(
+/// One file of the Kubernetes source, by its path in the tree, read from the cached tarball.
+pub fn kubernetes_source(file: &str) -> Result<String> {
+    let cache = cache_dir()?;
+    let orig = kubernetes_tarball(&cache)?;
+    capture(Command::new("tar").arg("-xzOf").arg(&orig).arg(format!("kubernetes-{KUBE_VERSION}/{file}")))
+}
+
+/// Debian's source tarball of Kubernetes, downloaded once.
+fn kubernetes_tarball(cache: &Path) -> Result<PathBuf> {
+    download(
         cache,
         ("kubernetes_", ".orig.tar.gz"),
         |path| succeeds(Command::new("gzip").arg("-t").arg(path)),
         &["source", "--download-only", "kubernetes"],
-    )?;
+    )
+}
+
+fn build_kubernetes(cache: &Path, build: &Path) -> Result<()> {
+    println!(
+        "==> building {} {KUBE_VERSION} from Debian's source package (once; about 13 minutes on 2 cores)",
+        PROGRAMS.join(", ")
+    );
+    apt::ensure_packages(&["golang-go", "rsync", "make", "golang-github-modern-go-reflect2-dev"], true)?;
+    let orig = kubernetes_tarball(cache)?;
     // Start from a clean tree: a half-finished build is in an unknown state.
     remove_all(build)?;
     fs::create_dir_all(build)?;
@@ -233,7 +250,7 @@ fn build_kubernetes(cache: &Path, build: &Path) -> Result<()> {
     let log_path = cache.join("src/kubernetes-build.log");
     let log = File::create(&log_path)?;
     let mut make = Command::new("make")
-        .arg("WHAT=cmd/kube-apiserver cmd/kube-controller-manager")
+        .arg(format!("WHAT={}", PROGRAMS.map(|p| format!("cmd/{p}")).join(" ")))
         .current_dir(&link)
         .env("GOPATH", &gopath)
         .env("GOFLAGS", "-mod=vendor")

@@ -13,6 +13,8 @@ pub enum Health {
     Healthy,
     /// Not there yet; what it reports.
     Progressing(String),
+    /// Held by a person (a Deployment's `spec.paused`): it waits for them, not for a timeout.
+    Paused(String),
     /// Its controller gave up (`Progressing=False`, or an Argo Rollout `Degraded`).
     Failed(String),
 }
@@ -27,6 +29,7 @@ impl Health {
         let (verdict, detail) = match self {
             Self::Healthy => return None,
             Self::Progressing(d) => ("Progressing", d),
+            Self::Paused(d) => ("Paused", d),
             Self::Failed(d) => ("Failed", d),
         };
         Some([(VERDICT.into(), verdict.into()), (DETAIL.into(), detail.clone())])
@@ -36,6 +39,7 @@ impl Health {
         let detail = annotations.get(DETAIL).unwrap_or_default().to_owned();
         match annotations.get(VERDICT) {
             Some("Failed") => Self::Failed(detail),
+            Some("Paused") => Self::Paused(detail),
             Some(_) => Self::Progressing(detail),
             None => Self::Healthy,
         }
@@ -54,18 +58,22 @@ fn verdict(f: impl FnOnce() -> Result<(), Health>) -> Health {
 }
 
 /// As `kubectl rollout status`: observed; then not past its progress deadline
-/// (`Progressing=False`), every replica updated, no old replica left, and every updated one
-/// available. A condition of a generation not yet observed says nothing of the current one.
+/// (`Progressing=False` for `ProgressDeadlineExceeded`, the one reason it fails on), every
+/// replica updated, no old replica left, and every updated one available. A condition of a
+/// generation not yet observed says nothing of the current one. A paused Deployment that has
+/// not finished waits for whoever paused it, and says so.
 pub fn deployment(d: &Deployment) -> Health {
-    verdict(|| {
+    let health = verdict(|| {
         let status = d.status.as_ref().cloned().unwrap_or_default();
         observed(d.metadata.generation, status.observed_generation)?;
         let stalled = |c: &&DeploymentCondition| {
-            c.type_.as_deref() == Some("Progressing") && c.status.as_deref() == Some("False")
+            c.type_.as_deref() == Some("Progressing")
+                && c.status.as_deref() == Some("False")
+                && c.reason.as_deref() == Some("ProgressDeadlineExceeded")
         };
         if let Some(c) = status.conditions.iter().flatten().find(stalled) {
-            let reason = c.reason.as_deref().unwrap_or("Progressing=False");
-            return Err(Health::Failed(format!("{reason}: {}", c.message.as_deref().unwrap_or_default())));
+            let message = c.message.as_deref().unwrap_or_default();
+            return Err(Health::Failed(format!("ProgressDeadlineExceeded: {message}")));
         }
         let replicas = d.spec.replicas.unwrap_or(1);
         let updated = status.updated_replicas.unwrap_or(0);
@@ -81,7 +89,13 @@ pub fn deployment(d: &Deployment) -> Health {
             return Err(Health::Progressing(format!("{available} of {updated} updated replicas are available")));
         }
         Ok(())
-    })
+    });
+    match health {
+        Health::Progressing(what) if d.spec.paused == Some(true) => {
+            Health::Paused(format!("paused (spec.paused), so it rolls once resumed (kubectl rollout resume): {what}"))
+        }
+        health => health,
+    }
 }
 
 /// Observed; with `OnDelete`, nothing more (its pods change only when deleted); otherwise every
@@ -200,6 +214,41 @@ mod tests {
     }
 
     #[test]
+    fn a_deployment_fails_only_past_its_progress_deadline_and_a_paused_one_says_so() {
+        let with = |spec: serde_json::Value, status: serde_json::Value| {
+            let mut spec = spec;
+            spec.as_object_mut().unwrap().extend([("selector".into(), json!({})), ("template".into(), json!({}))]);
+            deploy(json!({"metadata": {"name": "web", "generation": 3}, "spec": spec, "status": status}))
+        };
+        // What the deployment controller writes while a ReplicaSet cannot make its pods (a
+        // quota, an admission webhook): `kubectl rollout status` waits on, and so does this.
+        let quota = with(
+            json!({"replicas": 2}),
+            json!({"observedGeneration": 3, "replicas": 1, "updatedReplicas": 0, "conditions": [
+                {"type": "Progressing", "status": "False", "reason": "ReplicaSetCreateError",
+                 "message": "exceeded quota"}]}),
+        );
+        assert_eq!(deployment(&quota), Health::Progressing("0 of 2 replicas updated".into()));
+        let paused = with(
+            json!({"replicas": 2, "paused": true}),
+            json!({"observedGeneration": 3, "replicas": 2, "updatedReplicas": 0, "availableReplicas": 2,
+                "conditions": [{"type": "Progressing", "status": "Unknown", "reason": "DeploymentPaused"}]}),
+        );
+        assert_eq!(
+            deployment(&paused),
+            Health::Paused(
+                "paused (spec.paused), so it rolls once resumed (kubectl rollout resume): 0 of 2 replicas updated"
+                    .into()
+            )
+        );
+        let done = with(
+            json!({"replicas": 2, "paused": true}),
+            json!({"observedGeneration": 3, "replicas": 2, "updatedReplicas": 2, "availableReplicas": 2}),
+        );
+        assert_eq!(deployment(&done), Health::Healthy, "paused with nothing left to roll");
+    }
+
+    #[test]
     fn a_daemon_set_is_healthy_once_every_node_runs_it_updated_and_one_updated_on_delete_once_observed() {
         let ds = |strategy: &str, status: serde_json::Value| -> DaemonSet {
             serde_json::from_value(json!({"metadata": {"generation": 2}, "spec": {"selector": {}, "template": {},
@@ -248,7 +297,7 @@ mod tests {
     #[test]
     fn only_a_workload_that_is_not_healthy_costs_an_annotation() {
         assert_eq!(Health::Healthy.encode(), None);
-        for health in [Health::Progressing("1 of 2".into()), Health::Failed("x".into())] {
+        for health in [Health::Progressing("1 of 2".into()), Health::Paused("p".into()), Health::Failed("x".into())] {
             let annotations = health.encode().unwrap().into_iter().collect();
             assert_eq!(Health::decode(&annotations), health);
         }

@@ -198,6 +198,8 @@ fn judge_health(
         let state = match input.health.get(w) {
             None | Some(Health::Healthy) => (TargetState::Healthy, None),
             Some(Health::Failed(what)) => (TargetState::Halted, Some(what.clone())),
+            // A person holds it; their resume wakes the binding through the watch.
+            Some(Health::Paused(what)) => (TargetState::Rolling, Some(what.clone())),
             Some(Health::Progressing(what)) => {
                 let waited = Duration::try_from(now.duration_since(base)).unwrap_or_default();
                 match waited >= staging.health_timeout {
@@ -414,6 +416,15 @@ fn through_waves(
             names(rolling.iter().copied()),
             human(staging.health_timeout)
         );
+        let paused = rolling.iter().copied().filter(|w| matches!(input.health.get(*w), Some(Health::Paused(_))));
+        let paused: Vec<&Workload> = paused.collect();
+        if !paused.is_empty() {
+            message = format!(
+                "wave {shown_wave}/{count}: waiting for {}, paused (spec.paused), to be resumed \
+                 (kubectl rollout resume) and healthy",
+                names(paused)
+            );
+        }
         if !waiting.is_empty() {
             message.push_str(&format!("; {} more to roll in this wave", waiting.len()));
         }

@@ -102,6 +102,23 @@ fn a_target_not_healthy_within_the_health_timeout_halts_the_rollout() {
 }
 
 #[test]
+fn a_paused_canary_holds_the_rest_past_the_health_timeout_and_says_it_is_paused() {
+    let mut world = World::staged(&["canary", "web-a"], canary_then_rest(None, None));
+    world.spec.rollout.as_mut().unwrap().health_timeout = Some("5m".into());
+    world.write("v2");
+    assert_eq!(world.tick(), ["canary"]);
+    world.health.insert(deploy("canary"), Health::Paused("paused (spec.paused): 0 of 1 replicas updated".into()));
+    world.advance(Duration::from_secs(3600));
+    world.tick();
+    let ready = world.ready();
+    assert_eq!(ready.reason, reason::ROLLOUT_IN_PROGRESS, "{}", ready.message);
+    assert!(ready.message.contains("paused (spec.paused)"), "{}", ready.message);
+    assert_eq!(world.rolls("web-a"), 0);
+    world.healthy("canary");
+    assert_eq!(world.tick(), ["web-a"], "resumed and healthy, the rest follow");
+}
+
+#[test]
 fn max_parallel_rolls_a_wave_in_groups_as_each_becomes_healthy() {
     let names = ["a", "b", "c", "d", "e", "f"];
     let mut world = World::staged(&names, vec![Wave { max_parallel: Some(2), ..Default::default() }]);
