@@ -48,7 +48,9 @@ pub fn run(env: &Env) -> Result<()> {
     consul_put(FEATURE_KEY, "on")?;
     let examples = repo_root().join("examples");
     for file in ["deployment.yaml", "consulbinding.yaml"] {
-        process::run(&mut kubectl(&["apply", "--server-side", "-f", &examples.join(file).display().to_string()]))?;
+        // The app reads Consul where this environment's agent listens (its ports may be offset).
+        let text = std::fs::read_to_string(examples.join(file))?.replace("http://127.0.0.1:18500", &consul_addr);
+        apply(kubectl(&["apply", "--server-side", "-f", "-"]), &text)?;
     }
     let quiet = format!(r#"{{"spec": {{"rollout": {{"quietPeriod": "{}s"}}}}}}"#, QUIET.as_secs());
     process::run(&mut kubectl(&["patch", "consulbinding", "web-config", "--type=merge", "-p", &quiet]))?;
@@ -73,7 +75,11 @@ pub fn run(env: &Env) -> Result<()> {
     };
     wait("the binding to record its baseline", Duration::from_secs(60), &controller, || status_has("appliedChecksum"))?;
     show(kubectl(&["get", "consulbindings"]))?;
-    show(kubectl(&["get", "replicasets", "-l", "app=web"]))?;
+    wait("the application's pods to be Ready", Duration::from_secs(120), &controller, || {
+        app_reports(&kubectl).is_ok_and(|reports| reports.len() == REPLICAS)
+    })?;
+    show(kubectl(&["get", "pods", "-l", "app=web"]))?;
+    let reports_before = app_reports(&kubectl)?;
     // A rollout is a new generation of the Deployment (a ReplicaSet may be reused).
     let generation = || -> Result<i64> {
         let text =
@@ -114,10 +120,36 @@ pub fn run(env: &Env) -> Result<()> {
         ),
     }
 
+    // The new pods read the new content at start-up: every Ready pod reports it.
+    let written = format!("\"written\": {stamp}");
+    wait("every pod to run the new configuration", Duration::from_secs(120), &controller, || {
+        app_reports(&kubectl).is_ok_and(|reports| {
+            reports.len() == REPLICAS && reports.iter().all(|(_, report)| report.contains(&written))
+        })
+    })?;
+    let took = first.elapsed();
+
     step("the rollout");
     show(kubectl(&["get", "consulbindings", "-o", "wide"]))?;
     show(kubectl(&["get", "replicasets", "-l", "app=web"]))?;
+    show(kubectl(&["get", "pods", "-l", "app=web"]))?;
     show(kubectl(&["get", "events", "--field-selector", "reason=RolledOut"]))?;
+
+    step("what the application read at start-up (kubectl exec POD -- /demo-app report)");
+    for (when, reports) in [("before the change", &reports_before), ("after it", &app_reports(&kubectl)?)] {
+        println!("{when}:");
+        for (pod, report) in reports {
+            for line in report.lines() {
+                println!("  {pod:<24} {line}");
+            }
+        }
+    }
+    println!(
+        "\nfrom the Consul write to the last new pod Ready and reporting the new content: {:.1} s, \
+         the binding's {} s quiet period included",
+        took.as_secs_f64(),
+        QUIET.as_secs()
+    );
 
     let env_file = env.env_file();
     println!(
@@ -127,7 +159,8 @@ pub fn run(env: &Env) -> Result<()> {
          \n    kubectl patch configmap web-settings --type=merge -p '{{\"data\": {{\"log-level\": \"warn\"}}}}'\
          \n    kubectl get consulbindings -w\
          \n    kubectl describe consulbinding web-config\
-         \n    kubectl get replicasets -l app=web\
+         \n    kubectl get pods -l app=web\
+         \n    kubectl logs deploy/web\
          \n    curl -s http://{ADMIN_ADDR}/metrics | grep consulbind_\
          \n    tail -f {log}\
          \n\nTear it all down (controller included):\n\n    cargo xtask env down\n",
@@ -135,6 +168,38 @@ pub fn run(env: &Env) -> Result<()> {
         consul = tools.consul.display(),
         log = shown(&controller.log()),
     );
+    Ok(())
+}
+
+/// The Deployment's replicas, as in examples/deployment.yaml.
+const REPLICAS: usize = 2;
+
+/// Each Ready pod of `web` that is not on its way out, with what it says it read.
+fn app_reports(kubectl: &impl Fn(&[&str]) -> Command) -> Result<Vec<(String, String)>> {
+    let pods: serde_json::Value =
+        serde_json::from_str(&process::capture(&mut kubectl(&["get", "pods", "-l", "app=web", "-o", "json"]))?)?;
+    let ready = |pod: &&serde_json::Value| {
+        pod["metadata"]["deletionTimestamp"].is_null()
+            && pod["status"]["conditions"]
+                .as_array()
+                .is_some_and(|cs| cs.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
+    };
+    let mut reports = Vec::new();
+    for pod in pods["items"].as_array().into_iter().flatten().filter(ready) {
+        let name = pod["metadata"]["name"].as_str().context("a pod's name")?.to_owned();
+        let report = process::capture(&mut kubectl(&["exec", &name, "--", "/demo-app", "report"]))?;
+        reports.push((name, report));
+    }
+    Ok(reports)
+}
+
+/// Runs `cmd` with `input` on its standard input.
+fn apply(mut cmd: Command, input: &str) -> Result<()> {
+    use std::io::Write;
+    let mut child = cmd.stdin(std::process::Stdio::piped()).spawn()?;
+    child.stdin.take().context("a pipe to kubectl")?.write_all(input.as_bytes())?;
+    let status = child.wait()?;
+    ensure!(status.success(), "kubectl apply failed ({status})");
     Ok(())
 }
 
