@@ -6,15 +6,16 @@
 //! (`demo-app report` prints them, for `kubectl exec`). Content it cannot use makes it exit 1, so
 //! a bad change crash-loops its pods. `demo-app ready` is its readiness probe.
 //!
-//! In a key that ends in `.json`: the object must parse, and `"crashAfterSeconds": N` makes the
-//! app exit 2 that long after start-up, content that passes a first look and fails later.
+//! In a key that ends in `.json` the object must parse. `"expiresAt": T` (seconds since the
+//! epoch), as a certificate's end of validity would, makes content refused from T on: a pod that
+//! started before exits 2 at T, and every start after it fails.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use std::{env, fs, thread};
 
 const DEFAULT_REPORT: &str = "/tmp/demo-report";
@@ -54,10 +55,10 @@ fn main() -> ExitCode {
         libc::signal(libc::SIGINT, on_term as *const () as libc::sighandler_t);
     }
     match start(&report) {
-        Ok(crash_after) => {
-            if let Some(after) = crash_after {
-                thread::sleep(after);
-                eprintln!("demo-app: crashing {}s after start, as its configuration says", after.as_secs());
+        Ok(expires) => {
+            if let Some(left) = expires {
+                thread::sleep(left);
+                eprintln!("demo-app: the configuration expired (expiresAt)");
                 return ExitCode::from(2);
             }
             loop {
@@ -71,7 +72,8 @@ fn main() -> ExitCode {
     }
 }
 
-/// Reads and checks every source, then writes the report. Returns when to crash, if asked to.
+/// Reads and checks every source, then writes the report. Returns how long until the content
+/// expires, if it does.
 fn start(report: &str) -> Result<Option<Duration>, String> {
     let consul = env::var("CONSUL_HTTP_ADDR").unwrap_or_else(|_| "http://127.0.0.1:8500".into());
     let mut read = BTreeMap::new();
@@ -106,14 +108,17 @@ fn start(report: &str) -> Result<Option<Duration>, String> {
             read.insert(format!("file:{name}"), value);
         }
     }
-    let mut crash_after = None;
+    let mut expires: Option<Duration> = None;
     for (source, value) in read.iter().filter(|(s, _)| s.ends_with(".json")) {
         let parsed: serde_json::Value =
             serde_json::from_str(value).map_err(|e| format!("{source} is not valid JSON ({e}): {value:?}"))?;
         let object = parsed.as_object().ok_or(format!("{source} is not a JSON object: {value:?}"))?;
-        if let Some(secs) = object.get("crashAfterSeconds") {
-            let secs = secs.as_u64().ok_or(format!("{source}: crashAfterSeconds is not a whole number"))?;
-            crash_after = Some(Duration::from_secs(secs));
+        if let Some(at) = object.get("expiresAt") {
+            let at = at.as_u64().ok_or(format!("{source}: expiresAt is not a whole number of seconds"))?;
+            let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+            let left = Duration::from_secs(at).checked_sub(now).filter(|left| !left.is_zero());
+            let left = left.ok_or(format!("{source} expired at {at} (expiresAt)"))?;
+            expires = Some(expires.map_or(left, |e| e.min(left)));
         }
     }
     let mut lines = String::new();
@@ -126,7 +131,7 @@ fn start(report: &str) -> Result<Option<Duration>, String> {
     let tmp = format!("{report}.tmp");
     fs::write(&tmp, &lines).and_then(|()| fs::rename(&tmp, report)).map_err(|e| format!("{report}: {e}"))?;
     println!("ready");
-    Ok(crash_after)
+    Ok(expires)
 }
 
 /// A GET on Consul's HTTP API: the body of a 200, none for a 404.

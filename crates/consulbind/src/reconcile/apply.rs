@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use consulbind_api::{ConsulBinding, ConsulBindingStatus};
+use consulbind_api::{ConsulBinding, ConsulBindingStatus, conditions};
 use kube::{
     Resource,
     runtime::{controller::Action, events::EventType},
@@ -60,8 +60,9 @@ pub async fn apply(port: &mut impl Port, observed: &Observed<'_>, decision: Deci
         port.record(|record| record.pending = record.pending.take().or_else(|| act.settled.clone()));
     }
     port.due(act.plan.wake_at);
-    // What the targets carried last, to name what a rollout brings.
-    let settled = match outcome.rolled.is_empty() {
+    // What the targets carried last, to name what a rollout, or a halt, brings.
+    let halted = act.plan.hold.as_ref().is_some_and(|(reason, _)| *reason == conditions::reason::ROLLOUT_HALTED);
+    let settled = match outcome.rolled.is_empty() && !halted {
         true => None,
         false => port.record(|record| record.written.settled.clone()),
     };
@@ -152,9 +153,9 @@ impl Port for Cluster<'_> {
             }
             Event::Rebased(message) => {
                 info!(binding = %self.oref, %message, "references changed");
-                (consulbind_api::conditions::reason::BASELINED, message)
+                (conditions::reason::BASELINED, message)
             }
-            Event::Baselined(message) => (consulbind_api::conditions::reason::BASELINED, message),
+            Event::Baselined(message) => (conditions::reason::BASELINED, message),
             Event::Notice { reason, message } => {
                 info!(binding = %self.oref, %reason, %message, "rolled outside the rollout windows");
                 (reason, message)

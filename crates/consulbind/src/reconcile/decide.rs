@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use consulbind_api::{ConsulBindingStatus, conditions};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::runtime::controller::Action;
 use tokio::time::Instant;
 
@@ -204,8 +204,9 @@ pub fn conclude(observed: &Observed<'_>, act: &Act<'_>, outcome: &Outcome, settl
     let input = act.input(observed);
     let mut status = status::status(&input, plan, outcome, &Time(observed.clock));
     let mut events: Vec<Event> = caution(observed, previous, act.read, &mut status).into_iter().collect();
+    let applied = settled.and_then(|s| s.fingerprints_of(previous.applied_checksum.as_deref()));
+    name_what_halted(applied, &mut status);
     let event = if !outcome.rolled.is_empty() {
-        let applied = settled.and_then(|s| s.fingerprints_of(previous.applied_checksum.as_deref()));
         Some(Event::RolledOut { applied: applied.map(<[u64]>::to_vec) })
     } else if !plan.would_roll.is_empty() && status.dry_run != previous.dry_run {
         plan.hold.as_ref().map(|(reason, message)| Event::DryRun { reason, message: message.clone() })
@@ -230,6 +231,18 @@ pub fn conclude(observed: &Observed<'_>, act: &Act<'_>, outcome: &Outcome, settl
     }
     let healthy = outcome.failed.is_empty() && matches!(input.consul, Consul::Ready(_)) && input.objects.is_ok();
     Report { status, events, wake_at: plan.wake_at, healthy }
+}
+
+/// A halt says which sources brought the content that halted it, as the rollout's event named
+/// them: the person told of it knows what to revert.
+fn name_what_halted(applied: Option<&[u64]>, status: &mut ConsulBindingStatus) {
+    let changed = report::changed_sources(applied, status);
+    let halted = |c: &&mut Condition| c.type_ == conditions::READY && c.reason == conditions::reason::ROLLOUT_HALTED;
+    if let Some(ready) = status.conditions.iter_mut().find(halted)
+        && !changed.is_empty()
+    {
+        ready.message.push_str(&format!(" (the content came with a change of {})", changed.join(", ")));
+    }
 }
 
 /// Shows what the spec does that newer API servers refuse, as the `SpecWarning` condition; a
@@ -376,6 +389,38 @@ mod tests {
             };
         assert_eq!(applied_of("a"), Some(vec![1, 2]));
         assert_eq!(applied_of("b"), None, "a record of other content names nothing");
+    }
+
+    #[test]
+    fn a_halt_names_the_sources_that_brought_its_content() {
+        let key = |name: &str, checksum: &str| consulbind_api::KeyStatus {
+            key: name.into(),
+            checksum: checksum.into(),
+            ..Default::default()
+        };
+        let halted = |message: &str| Condition {
+            type_: conditions::READY.into(),
+            status: "False".into(),
+            reason: conditions::reason::ROLLOUT_HALTED.into(),
+            message: message.into(),
+            last_transition_time: Time(Timestamp::UNIX_EPOCH),
+            observed_generation: None,
+        };
+        let before = ConsulBindingStatus { keys: vec![key("app/db", "1"), key("app/ui", "2")], ..Default::default() };
+        let applied = status::fingerprints(&before);
+        let mut now = ConsulBindingStatus {
+            keys: vec![key("app/db", "1"), key("app/ui", "3")],
+            conditions: vec![halted("wave 1/2: halted")],
+            ..Default::default()
+        };
+        name_what_halted(Some(&applied), &mut now);
+        assert_eq!(
+            now.conditions[0].message,
+            "wave 1/2: halted (the content came with a change of Consul key \"app/ui\")"
+        );
+        let mut unknown = ConsulBindingStatus { conditions: vec![halted("wave 1/2: halted")], ..now.clone() };
+        name_what_halted(None, &mut unknown);
+        assert_eq!(unknown.conditions[0].message, "wave 1/2: halted", "no record of what was carried: nothing named");
     }
 
     #[test]

@@ -218,7 +218,7 @@ fn workload_reference(api_version: &str, namespace: &str, kind: WorkloadKind, na
     }
 }
 
-fn changed_sources(applied: Option<&[u64]>, status: &ConsulBindingStatus) -> Vec<String> {
+pub(super) fn changed_sources(applied: Option<&[u64]>, status: &ConsulBindingStatus) -> Vec<String> {
     let now = status::fingerprints(status);
     let Some(applied) = applied.filter(|a| a.len() == now.len()) else { return Vec::new() };
     let keys = status.keys.iter().map(|k| format!("Consul {} {:?}", if k.recurse { "prefix" } else { "key" }, k.key));

@@ -11,6 +11,7 @@ mod helm;
 mod image;
 mod migrate;
 mod operations;
+mod pods;
 mod rbac;
 mod relist;
 mod rollouts;
