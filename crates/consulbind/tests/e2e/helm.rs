@@ -100,7 +100,8 @@ async fn the_chart_installs_and_its_rbac_serves_every_namespace() {
     s.finish().await;
 }
 
-/// `helm test` on the bed. The bed has no kubelet, so the test plays one for the chart's test
+/// `helm test` on the bed. The bed's node runs only pods that tolerate its taint, and the chart's test
+/// pod does not, so the test plays the kubelet for the chart's test
 /// pod alone: it runs the pod's own arguments with this build's `consulbind`, as the pod's
 /// ServiceAccount, the Service's name standing for the controller's address (the bed has no
 /// cluster DNS either), and reports the exit as the pod's phase, which is all Helm waits on.

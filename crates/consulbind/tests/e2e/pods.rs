@@ -7,7 +7,10 @@ use std::time::Duration;
 
 use consulbind_api::conditions::{self, reason};
 use k8s_openapi::api::core::v1::Pod;
-use kube::{Api, api::ListParams};
+use kube::{
+    Api,
+    api::{ApiResource, DynamicObject, GroupVersionKind, ListParams},
+};
 use serde_json::{Value, json};
 
 use crate::support::{self, Scene, wait_for};
@@ -33,6 +36,20 @@ fn app(name: &str, replicas: i32, track: &str, key: &str) -> Value {
                 "containers": [{"name": "app", "image": "consulbind.local/demo-app:dev", "imagePullPolicy": "Never",
                     "env": [{"name": "CONSUL_HTTP_ADDR", "value": consul}, {"name": "DEMO_KEYS", "value": key}],
                     "readinessProbe": {"exec": {"command": ["/demo-app", "ready"]}, "periodSeconds": 1}}]}}}})
+}
+
+/// The app as a StatefulSet or a DaemonSet, with that kind's default update strategy.
+fn app_as(kind: &str, name: &str, replicas: i32, key: &str) -> Value {
+    let mut workload = app(name, replicas, kind, key);
+    workload["kind"] = json!(kind);
+    let spec = workload["spec"].as_object_mut().unwrap();
+    spec.remove("strategy");
+    spec.remove("progressDeadlineSeconds");
+    match kind {
+        "DaemonSet" => drop(spec.remove("replicas")),
+        _ => drop(spec.insert("serviceName".into(), json!(name))),
+    }
+    workload
 }
 
 /// A pod of the app: its name, uid, whether it is Ready, and how often its container restarted.
@@ -86,6 +103,18 @@ impl Scene {
         if let Err(e) = wait_for(&what, PODS, check).await {
             panic!("{e}\n{}\n{}", self.kubectl(&["get", "pods", "-o", "wide"]), self.log());
         }
+    }
+
+    /// `metadata.generation` of a workload of any kind.
+    async fn generation_of(&self, kind: &str, name: &str) -> i64 {
+        let resource = ApiResource::from_gvk(&GroupVersionKind::gvk("apps", "v1", kind));
+        let api = Api::<DynamicObject>::namespaced_with(self.client.clone(), &self.ns, &resource);
+        api.get(name).await.unwrap().metadata.generation.unwrap_or_default()
+    }
+
+    /// What the pod `pod` read at start-up.
+    fn report_of(&self, pod: &str) -> String {
+        self.kubectl(&["exec", pod, "--", "/demo-app", "report"])
     }
 
     async fn uids(&self, app: &str) -> Vec<String> {
@@ -269,5 +298,51 @@ async fn a_pod_of_an_image_not_on_the_node_fails_without_reaching_a_registry() {
     wait_for("the pull to fail", PODS, pulled).await.unwrap();
     let message = message().await.unwrap();
     assert!(message.contains("proxyconnect tcp: dial tcp 127.0.0.1:1: connect: connection refused"), "{message}");
+    s.finish().await;
+}
+
+/// A StatefulSet's ordered update and a DaemonSet's pod on the node, each in a wave of its own:
+/// the DaemonSet rolls only once every pod of the StatefulSet runs the new content, and the
+/// binding is up to date only once the DaemonSet's new pod does. A partitioned StatefulSet
+/// updates the ordinals above its partition and counts healthy with the rest left as they are.
+#[tokio::test]
+async fn a_stateful_set_then_a_daemon_set_each_healthy_once_its_new_pods_are_ready() {
+    let Some(s) = Scene::new("pods-kinds").await else { return };
+    let key = s.key("config.json");
+    let (v1, v2) = (r#"{"v": 1}"#, r#"{"v": 2}"#);
+    s.put(&key, v1).await;
+    s.apply(app_as("StatefulSet", "db", 2, &key)).await.unwrap();
+    let mut partitioned = app_as("StatefulSet", "cache", 2, &key);
+    partitioned["spec"]["updateStrategy"] = json!({"type": "RollingUpdate", "rollingUpdate": {"partition": 1}});
+    s.apply(partitioned).await.unwrap();
+    s.apply(app_as("DaemonSet", "agent", 0, &key)).await.unwrap();
+    for (app, replicas) in [("db", 2), ("cache", 2), ("agent", 1)] {
+        s.wait_running(app, replicas, &key, v1).await;
+    }
+    let spec = json!({"keys": [{"key": key}],
+        "targets": [{"kind": "StatefulSet", "selector": {"matchLabels": {}}},
+            {"kind": "DaemonSet", "name": "agent"}],
+        "rollout": {"quietPeriod": "0s", "waves": [{"kind": "StatefulSet"}, {"kind": "DaemonSet"}]}});
+    s.binding("cfg", spec).await;
+    s.wait_condition("cfg", conditions::READY, "True", reason::BASELINED).await;
+    let agent = s.generation_of("DaemonSet", "agent").await;
+
+    s.put(&key, v2).await;
+    let rolled = || async { Ok(s.generation_of("DaemonSet", "agent").await > agent) };
+    wait_for("the DaemonSet's wave", PODS, rolled).await.unwrap();
+    // The first wave was healthy: both of db's pods, ordinal by ordinal, run the new content.
+    let line = |value: &str| format!("read consul:{key} = {value}\n");
+    assert_eq!(s.report_of("db-0"), line(v2));
+    assert_eq!(s.report_of("db-1"), line(v2));
+    assert_eq!((s.report_of("cache-0"), s.report_of("cache-1")), (line(v1), line(v2)), "above the partition only");
+    let check = || async {
+        let ready = support::ready(&s.get_binding("cfg").await);
+        Ok(ready.is_some_and(|r| r.status == "True" && r.reason == reason::UP_TO_DATE))
+    };
+    wait_for("the binding to be up to date", PODS, check).await.unwrap();
+    let reports = s.reports("agent").await.expect("the DaemonSet's pod Ready");
+    assert_eq!(reports, [line(v2)], "up to date once the DaemonSet's new pod runs");
+    tokio::time::sleep(support::SETTLE).await;
+    assert_eq!(s.generation_of("DaemonSet", "agent").await, agent + 1, "one rollout\n{}", s.log());
     s.finish().await;
 }

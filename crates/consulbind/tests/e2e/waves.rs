@@ -1,4 +1,5 @@
-//! Staged rollouts on the real servers. The bed has no kubelet: a Deployment of zero replicas
+//! Staged rollouts on the real servers, on workloads whose pods never run: the bed's node
+//! takes only pods that tolerate its taint (`pods.rs` has those). A Deployment of zero replicas
 //! is healthy once its controller observes a new template; one of one replica never is, and
 //! with `progressDeadlineSeconds` it reports `ProgressDeadlineExceeded`. A rollout is counted
 //! as a bump of `metadata.generation`, the binding's stamp as its pod-template annotation.
@@ -882,7 +883,11 @@ async fn on_delete_stateful_sets_and_daemon_sets_in_the_first_wave_let_the_secon
     s.apply(sts).await.unwrap();
     let mut ds = support::workload("DaemonSet", "agent", json!({}));
     ds["spec"]["updateStrategy"] = json!({"type": "OnDelete"});
-    ds["spec"]["template"]["spec"]["tolerations"] = json!([{"operator": "Exists"}]);
+    // Its own node's taint, and those the node-lifecycle controller gives a node with no
+    // kubelet; not the bed's node, which runs only local images.
+    ds["spec"]["template"]["spec"]["tolerations"] = json!([{"key": "consulbind-e2e", "operator": "Exists"},
+        {"key": "node.kubernetes.io/not-ready", "operator": "Exists"},
+        {"key": "node.kubernetes.io/unreachable", "operator": "Exists"}]);
     s.apply(ds).await.unwrap();
     s.deployments(&[("web", 0, "stable")]).await;
     let spec = json!({"keys": [{"key": key}],
