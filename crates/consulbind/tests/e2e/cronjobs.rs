@@ -127,8 +127,7 @@ async fn a_cronjob_rolls_once_per_change_and_its_jobs_are_left_alone() {
     assert_eq!(job_after.metadata.generation, job_before.metadata.generation, "a Job already made is left alone");
     let annotations = job_after.spec.unwrap().template.metadata.unwrap().annotations.unwrap_or_default();
     assert!(!annotations.contains_key(&names::annotation_key("cfg")), "{annotations:?}");
-    let events = s.events_for("nightly").await;
-    assert!(events.iter().any(|(r, _)| r == reason::ROLLED_OUT), "an event on the CronJob: {events:?}");
+    s.wait_event("nightly", reason::ROLLED_OUT).await;
     s.finish().await;
 }
 

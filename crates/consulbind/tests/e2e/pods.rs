@@ -191,9 +191,11 @@ async fn bad_content_crash_loops_the_canary_halts_the_waves_and_the_revert_heals
     s.put(&key, r#"{"pool": "#).await;
     let halted = s.wait_message("cfg", conditions::READY, "False", reason::ROLLOUT_HALTED).await;
     assert!(halted.contains("Deployment canary ProgressDeadlineExceeded"), "{halted}");
-    let warnings = s.warnings_for("cfg").await;
-    let named = warnings.iter().any(|(r, note)| r == reason::ROLLOUT_HALTED && note.contains(&key));
-    assert!(named, "a Warning naming the key: {warnings:?}");
+    let named = || async {
+        let warnings = s.warnings_for("cfg").await;
+        Ok(warnings.iter().any(|(r, note)| r == reason::ROLLOUT_HALTED && note.contains(&key)))
+    };
+    wait_for("a Warning naming the key", PODS, named).await.unwrap();
     let crashed = s.pods("canary").await.into_iter().filter(|p| !p.ready && p.restarts > 0).count();
     assert!(crashed >= 1, "the canary's new pod crash-loops\n{}", s.kubectl(&["get", "pods"]));
     // Its old pods serve on with the content they read.

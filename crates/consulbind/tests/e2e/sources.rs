@@ -55,9 +55,8 @@ async fn a_config_map_rolls_once_on_a_data_change_and_not_on_labels_neighbours_o
     let rolled = s.wait_condition("cfg", conditions::READY, "True", reason::UP_TO_DATE).await.status.unwrap();
     assert_ne!(rolled.applied_checksum, baselined.applied_checksum);
     assert_ne!(rolled.objects[0].checksum, object.checksum);
-    let events = s.events_for("cfg").await;
-    let note = events.iter().find(|(r, _)| r == reason::ROLLED_OUT).map(|(_, n)| n.clone()).unwrap_or_default();
-    assert!(note.contains(r#"ConfigMap "app""#), "the event does not say which source changed: {events:?}");
+    let note = s.wait_event("cfg", reason::ROLLED_OUT).await;
+    assert!(note.contains(r#"ConfigMap "app""#), "the event does not say which source changed: {note}");
 
     // binaryData counts like data.
     let binary = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "app", "labels": {"team": "b"}},
@@ -122,9 +121,8 @@ async fn a_consul_key_and_a_config_map_changed_half_a_second_apart_roll_once() {
     s.wait_revisions(DEPLOY, "web", 2).await;
     tokio::time::sleep(std::time::Duration::from_secs(3)).await;
     assert_eq!(settled_revisions(&s).await, 2, "two sources changed together rolled more than once");
-    let events = s.events_for("cfg").await;
-    let note = events.iter().find(|(r, _)| r == reason::ROLLED_OUT).map(|(_, n)| n.clone()).unwrap_or_default();
-    assert!(note.contains(r#"ConfigMap "app""#) && note.contains(&format!("Consul key {key:?}")), "{events:?}");
+    let note = s.wait_event("cfg", reason::ROLLED_OUT).await;
+    assert!(note.contains(r#"ConfigMap "app""#) && note.contains(&format!("Consul key {key:?}")), "{note}");
     s.finish().await;
 }
 
@@ -217,9 +215,11 @@ async fn references_through_env_from_a_secret_volume_a_projected_volume_and_a_se
     s.wait_revisions(DEPLOY, "web", 4).await;
     s.apply(secret("db", json!({"password": "p2", "user": "u2"}))).await.unwrap();
     s.wait_revisions(DEPLOY, "web", 5).await;
-    let events = s.events_for("cfg").await;
-    let notes: Vec<&String> = events.iter().filter(|(r, _)| r == reason::ROLLED_OUT).map(|(_, n)| n).collect();
-    assert!(notes.iter().any(|n| n.contains(r#"Secret "db""#)), "{events:?}");
+    let named = || async {
+        let events = s.events_for("cfg").await;
+        Ok(events.iter().any(|(r, n)| r == reason::ROLLED_OUT && n.contains(r#"Secret "db""#)))
+    };
+    support::wait("a RolledOut event naming the Secret", named).await.unwrap();
     s.finish().await;
 }
 
@@ -253,8 +253,8 @@ async fn a_template_change_that_adds_or_drops_a_reference_rolls_once_and_a_resta
     let status = s.wait_condition("cfg", conditions::READY, "True", reason::UP_TO_DATE).await.status.unwrap();
     assert_eq!(status.target_summary.as_deref(), Some("1/1"));
     assert_eq!(status.targets[0].stamp.as_deref(), Some(stamp.as_str()));
-    let events = s.events_for("cfg").await;
-    assert!(events.iter().any(|(r, n)| r == reason::BASELINED && n.contains("restarted nothing")), "{events:?}");
+    let note = s.wait_event("cfg", reason::BASELINED).await;
+    assert!(note.contains("restarted nothing"), "{note}");
 
     // After a restart the old stamp still stands for the new content.
     s.stop_controller().await;
@@ -333,8 +333,7 @@ async fn a_template_over_the_reference_limit_is_refused_without_a_rollout_and_ot
     s.binding("over", spec_over).await;
     let ready = s.wait_message("over", conditions::READY, "False", reason::BINDING_TOO_LARGE).await;
     assert!(ready.contains(&MAX_REFERENCES.to_string()), "{}", ready);
-    let events = s.events_for("over").await;
-    assert!(events.iter().any(|(r, _)| r == reason::BINDING_TOO_LARGE), "{events:?}");
+    s.wait_event("over", reason::BINDING_TOO_LARGE).await;
     s.apply(config_map("ref-00", json!({}), json!({"a": "2"}))).await.unwrap();
     assert_eq!(settled_revisions(&s).await, 1, "a refused binding rolled its target");
 
@@ -547,8 +546,7 @@ async fn a_config_map_over_the_key_limit_is_refused_and_rolls_nothing() {
     let message = s.wait_message("many", conditions::READY, "False", reason::BINDING_TOO_LARGE).await;
     assert!(message.contains(r#"ConfigMap "many""#) && message.contains("--max-object-keys"), "{message}");
     s.wait_condition("few", conditions::READY, "True", reason::BASELINED).await;
-    let events = s.events_for("many").await;
-    assert!(events.iter().any(|(r, _)| r == reason::BINDING_TOO_LARGE), "{events:?}");
+    s.wait_event("many", reason::BINDING_TOO_LARGE).await;
     // Looked at again every 15 s, and read again only once it changes.
     let reads = || {
         s.log().matches(&format!("reading a bound object's data kind=ConfigMap namespace={} name=many", s.ns)).count()
@@ -653,7 +651,7 @@ async fn a_config_map_unreadable_for_less_than_the_grace_shows_nowhere_and_for_l
     let message = s.wait_message("cfg", conditions::READY, "False", reason::OBJECT_UNREADABLE).await;
     assert!(changed.elapsed() >= Duration::from_secs(7), "shown after {:?}, within the grace", changed.elapsed());
     assert!(message.contains("ConfigMap") && message.contains("forbidden"), "{message}");
-    assert!(s.events_for("cfg").await.iter().any(|(r, _)| r == reason::OBJECT_UNREADABLE));
+    s.wait_event("cfg", reason::OBJECT_UNREADABLE).await;
     twin.set_rules(&twin.cluster_rules, &twin.own_rules).await;
     s.wait_revisions(DEPLOY, "web", 3).await;
     s.wait_condition("cfg", conditions::READY, "True", reason::UP_TO_DATE).await;

@@ -312,6 +312,18 @@ impl Scene {
             .collect()
     }
 
+    /// Waits for an event about `name` with `reason`, and returns its note. Events are raised
+    /// beside the status write that shows their news, not before it: one may land a moment
+    /// after the condition it tells of.
+    pub async fn wait_event(&self, name: &str, reason: &str) -> String {
+        let note = || async { self.events_for(name).await.into_iter().find(|(r, _)| r == reason).map(|(_, n)| n) };
+        let what = format!("a {reason} event about {name}");
+        if let Err(e) = wait(&what, || async { Ok(note().await.is_some()) }).await {
+            panic!("{e}: {:?}\n{}", self.events_for(name).await, self.log());
+        }
+        note().await.unwrap_or_default()
+    }
+
     pub fn log(&self) -> String {
         self.controller.as_ref().map(|c| c.log()).unwrap_or_default()
     }
