@@ -98,7 +98,7 @@ async fn make_unbound(bench: &Bench, ns: &str, sizes: &Sizes) -> Result<()> {
     let value = "x".repeat(sizes.bytes);
     println!(
         "==> {} ConfigMaps and {} Secrets of {} bytes, and {} Deployments of one replica (never healthy \
-         here: no kubelet), that no binding reads, in {ns}",
+         here: their pods never run), that no binding reads, in {ns}",
         sizes.config_maps, sizes.secrets, sizes.bytes, sizes.deployments
     );
     let made = Instant::now();

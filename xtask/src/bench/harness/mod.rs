@@ -329,7 +329,7 @@ pub(crate) fn deployment(name: &str) -> Value {
     deployment_of(name, 0)
 }
 
-/// A Deployment of `replicas`; here no kubelet runs them, so it is never healthy.
+/// A Deployment of `replicas`; the bed's node takes none of its pods, so it is never healthy.
 pub(crate) fn deployment_of(name: &str, replicas: u32) -> Value {
     json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name}, "spec": {
         "replicas": replicas,
