@@ -32,6 +32,11 @@ pub const REASONS: &[Reason] = &[
         action: "Nothing. If you expected a rollout, see [Nothing changed?](#nothing-changed) below.",
     },
     Reason {
+        name: reason::PODS_AWAIT_DELETION,
+        means: "The targets carry the current content, but a StatefulSet's or DaemonSet's pods run the old one until they are deleted: its `updateStrategy` is `OnDelete`. The message names the workloads and how many pods are updated.",
+        action: "Delete the pods named when it suits you (`kubectl delete pod`), one at a time if they serve; each comes back with the current content. Or switch the workload to `RollingUpdate`.",
+    },
+    Reason {
         name: reason::BASELINED,
         means: "The binding found a running workload and recorded its content as a baseline, without a rollout; or a template's references changed and the new content was recorded.",
         action: "Nothing: the next change rolls it once. To roll on bind, create the binding with `rollout.onBind: true`.",
@@ -200,6 +205,8 @@ pub const REASONS: &[Reason] = &[
 
 pub mod reason {
     pub const UP_TO_DATE: &str = "UpToDate";
+    /// Up to date but for the pods of `OnDelete` workloads, which take the content when deleted.
+    pub const PODS_AWAIT_DELETION: &str = "PodsAwaitDeletion";
     pub const ROLLED_OUT: &str = "RolledOut";
     pub const BASELINED: &str = "Baselined";
     pub const SYNCED: &str = "Synced";

@@ -15,6 +15,9 @@ pub enum Health {
     Progressing(String),
     /// Held by a person (a Deployment's `spec.paused`): it waits for them, not for a timeout.
     Paused(String),
+    /// Done as far as its controller goes (`updateStrategy: OnDelete`), but some pods run the
+    /// old template until someone deletes them.
+    AwaitsDeletion(String),
     /// Its controller gave up (`Progressing=False`, or an Argo Rollout `Degraded`).
     Failed(String),
 }
@@ -30,6 +33,7 @@ impl Health {
             Self::Healthy => return None,
             Self::Progressing(d) => ("Progressing", d),
             Self::Paused(d) => ("Paused", d),
+            Self::AwaitsDeletion(d) => ("AwaitsDeletion", d),
             Self::Failed(d) => ("Failed", d),
         };
         Some([(VERDICT.into(), verdict.into()), (DETAIL.into(), detail.clone())])
@@ -40,6 +44,7 @@ impl Health {
         match annotations.get(VERDICT) {
             Some("Failed") => Self::Failed(detail),
             Some("Paused") => Self::Paused(detail),
+            Some("AwaitsDeletion") => Self::AwaitsDeletion(detail),
             Some(_) => Self::Progressing(detail),
             None => Self::Healthy,
         }
@@ -98,7 +103,14 @@ pub fn deployment(d: &Deployment) -> Health {
     }
 }
 
-/// Observed; with `OnDelete`, nothing more (its pods change only when deleted); otherwise every
+/// `updated` of `all` pods run the current template; the rest take it once deleted.
+fn awaits_deletion(updated: i32, all: i32) -> Health {
+    Health::AwaitsDeletion(format!(
+        "{updated} of {all} pods run the current template; the rest take it when deleted (updateStrategy OnDelete)"
+    ))
+}
+
+/// Observed; with `OnDelete`, the pods still on the old template await deletion; otherwise every
 /// replica ready and those above the partition updated, the update complete when unpartitioned.
 pub fn stateful_set(s: &StatefulSet) -> Health {
     verdict(|| {
@@ -106,10 +118,14 @@ pub fn stateful_set(s: &StatefulSet) -> Health {
         observed(s.metadata.generation, status.observed_generation)?;
         let spec = &s.spec;
         let strategy = spec.update_strategy.clone().unwrap_or_default();
-        if strategy.type_.as_deref() == Some("OnDelete") {
-            return Ok(());
-        }
         let replicas = spec.replicas.unwrap_or(1);
+        if strategy.type_.as_deref() == Some("OnDelete") {
+            let updated = status.updated_replicas.unwrap_or(0);
+            return match updated < replicas {
+                true => Err(awaits_deletion(updated, replicas)),
+                false => Ok(()),
+            };
+        }
         let partition = strategy.rolling_update.and_then(|r| r.partition).unwrap_or(0).clamp(0, replicas);
         let updated = status.updated_replicas.unwrap_or(0);
         let ready = status.ready_replicas.unwrap_or(0);
@@ -121,17 +137,20 @@ pub fn stateful_set(s: &StatefulSet) -> Health {
     })
 }
 
-/// As `kubectl rollout status`: observed; with `OnDelete`, nothing more (its pods change only
-/// when deleted); otherwise updated and available on every node it should run on.
+/// As `kubectl rollout status`: observed; with `OnDelete`, the pods still on the old template
+/// await deletion; otherwise updated and available on every node it should run on.
 pub fn daemon_set(d: &DaemonSet) -> Health {
     verdict(|| {
         let status = d.status.clone().unwrap_or_default();
         observed(d.metadata.generation, status.observed_generation)?;
-        if d.spec.update_strategy.as_ref().and_then(|u| u.type_.as_deref()) == Some("OnDelete") {
-            return Ok(());
-        }
         let desired = status.desired_number_scheduled;
         let updated = status.updated_number_scheduled.unwrap_or(0);
+        if d.spec.update_strategy.as_ref().and_then(|u| u.type_.as_deref()) == Some("OnDelete") {
+            return match updated < desired {
+                true => Err(awaits_deletion(updated, desired)),
+                false => Ok(()),
+            };
+        }
         let available = status.number_available.unwrap_or(0);
         if updated < desired || available < desired {
             return Err(Health::Progressing(format!("{updated} of {desired} nodes updated, {available} available")));
@@ -249,7 +268,7 @@ mod tests {
     }
 
     #[test]
-    fn a_daemon_set_is_healthy_once_every_node_runs_it_updated_and_one_updated_on_delete_once_observed() {
+    fn a_daemon_set_is_healthy_once_every_node_runs_it_updated_and_one_on_delete_awaits_its_pods_deletion() {
         let ds = |strategy: &str, status: serde_json::Value| -> DaemonSet {
             serde_json::from_value(json!({"metadata": {"generation": 2}, "spec": {"selector": {}, "template": {},
                 "updateStrategy": {"type": strategy}}, "status": status}))
@@ -262,7 +281,14 @@ mod tests {
         };
         assert!(matches!(daemon_set(&ds("RollingUpdate", counts(3, 2))), Health::Progressing(_)));
         assert_eq!(daemon_set(&ds("RollingUpdate", counts(3, 3))), Health::Healthy);
-        assert_eq!(daemon_set(&ds("OnDelete", counts(0, 3))), Health::Healthy, "its pods change when deleted");
+        assert_eq!(
+            daemon_set(&ds("OnDelete", counts(1, 3))),
+            Health::AwaitsDeletion(
+                "1 of 3 pods run the current template; the rest take it when deleted (updateStrategy OnDelete)".into()
+            ),
+            "done as far as its controller goes, but the old pods run on"
+        );
+        assert_eq!(daemon_set(&ds("OnDelete", counts(3, 3))), Health::Healthy, "every pod deleted and back");
         let unobserved = json!({"observedGeneration": 1, "desiredNumberScheduled": 3, "currentNumberScheduled": 3,
             "numberMisscheduled": 0, "numberReady": 3});
         assert!(matches!(daemon_set(&ds("OnDelete", unobserved)), Health::Progressing(_)));
@@ -275,6 +301,10 @@ mod tests {
             "updatedReplicas": 2, "readyReplicas": 2, "currentRevision": "a", "updateRevision": "b"}}))
         .unwrap();
         assert!(matches!(stateful_set(&sts), Health::Progressing(_)), "the update is not complete");
+        let mut on_delete = sts.clone();
+        on_delete.spec.update_strategy = Some(serde_json::from_value(json!({"type": "OnDelete"})).unwrap());
+        on_delete.status.as_mut().unwrap().updated_replicas = Some(0);
+        assert!(matches!(stateful_set(&on_delete), Health::AwaitsDeletion(_)), "{:?}", stateful_set(&on_delete));
         let ds: DaemonSet = serde_json::from_value(json!({"metadata": {"generation": 1}, "spec": {"selector": {},
             "template": {}}, "status": {"observedGeneration": 1, "desiredNumberScheduled": 0,
             "currentNumberScheduled": 0, "numberMisscheduled": 0, "numberReady": 0}}))
@@ -297,7 +327,13 @@ mod tests {
     #[test]
     fn only_a_workload_that_is_not_healthy_costs_an_annotation() {
         assert_eq!(Health::Healthy.encode(), None);
-        for health in [Health::Progressing("1 of 2".into()), Health::Paused("p".into()), Health::Failed("x".into())] {
+        let all = [
+            Health::Progressing("1 of 2".into()),
+            Health::Paused("p".into()),
+            Health::AwaitsDeletion("d".into()),
+            Health::Failed("x".into()),
+        ];
+        for health in all {
             let annotations = health.encode().unwrap().into_iter().collect();
             assert_eq!(Health::decode(&annotations), health);
         }

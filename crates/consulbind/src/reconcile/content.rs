@@ -123,7 +123,13 @@ impl<'a> Rebase<'a> {
     ) -> Self {
         // A status written while a change was held records sources that the targets' rows do
         // not stand for; so does one from a failed patch.
-        let settled = [reason::UP_TO_DATE, reason::BASELINED, reason::TARGET_MISSING, reason::KIND_NOT_SERVED];
+        let settled = [
+            reason::UP_TO_DATE,
+            reason::PODS_AWAIT_DELETION,
+            reason::BASELINED,
+            reason::TARGET_MISSING,
+            reason::KIND_NOT_SERVED,
+        ];
         let staged = [
             reason::ROLLOUT_IN_PROGRESS,
             reason::WAVE_PAUSED,

@@ -12,7 +12,7 @@ use super::{
     input::{Consul, Input, Outcome, Plan},
     loss,
 };
-use crate::checksum;
+use crate::{checksum, cluster::health::Health};
 
 /// The status to write after carrying out `plan`.
 pub fn status(input: &Input<'_>, plan: &Plan, outcome: &Outcome, now: &Time) -> ConsulBindingStatus {
@@ -97,7 +97,11 @@ pub fn status(input: &Input<'_>, plan: &Plan, outcome: &Outcome, now: &Time) -> 
                 _ if input.dry_run => " (dry run: nothing is patched)",
                 _ => "",
             };
-            (true, reason::UP_TO_DATE, format!("{} the current content{suffix}", carry(targets.len())))
+            let carried = format!("{} the current content{suffix}", carry(targets.len()));
+            match awaiting_deletion(input) {
+                Some(which) => (true, reason::PODS_AWAIT_DELETION, format!("{carried}; {which}")),
+                None => (true, reason::UP_TO_DATE, carried),
+            }
         }
     };
     set(conditions::READY, Some(ready), ready_reason, ready_message);
@@ -221,6 +225,19 @@ fn count(n: usize, noun: &str) -> String {
 }
 
 /// "1 target carries", "2 targets carry", "0 targets carry".
+/// The `OnDelete` targets whose pods still run an older template, for people to read.
+fn awaiting_deletion(input: &Input<'_>) -> Option<String> {
+    let waiting: Vec<String> = input
+        .health
+        .iter()
+        .filter_map(|((kind, name), health)| match health {
+            Health::AwaitsDeletion(what) => Some(format!("{kind} {name}: {what}")),
+            _ => None,
+        })
+        .collect();
+    (!waiting.is_empty()).then(|| waiting.join("; "))
+}
+
 fn carry(targets: usize) -> String {
     format!("{} {}", count(targets, "target"), if targets == 1 { "carries" } else { "carry" })
 }

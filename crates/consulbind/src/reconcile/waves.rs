@@ -197,6 +197,8 @@ fn judge_health(
         });
         let state = match input.health.get(w) {
             None | Some(Health::Healthy) => (TargetState::Healthy, None),
+            // Its controller is done; its pods wait for a person, who need not hold the rest.
+            Some(Health::AwaitsDeletion(what)) => (TargetState::Healthy, Some(what.clone())),
             Some(Health::Failed(what)) => (TargetState::Halted, Some(what.clone())),
             // A person holds it; their resume wakes the binding through the watch.
             Some(Health::Paused(what)) => (TargetState::Rolling, Some(what.clone())),

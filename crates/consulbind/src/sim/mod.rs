@@ -394,7 +394,8 @@ impl Sim {
     /// The last status rolled out what it read.
     fn settled(&self) -> bool {
         let ready = self.status.conditions.iter().find(|c| c.type_ == conditions::READY);
-        ready.is_some_and(|c| [reason::UP_TO_DATE, reason::BASELINED].contains(&c.reason.as_str()))
+        let settled = [reason::UP_TO_DATE, reason::PODS_AWAIT_DELETION, reason::BASELINED];
+        ready.is_some_and(|c| settled.contains(&c.reason.as_str()))
     }
 
     /// Content held as lost shows as such, naming the key.

@@ -348,3 +348,37 @@ async fn a_stateful_set_then_a_daemon_set_each_healthy_once_its_new_pods_are_rea
     assert_eq!(s.generation_of("DaemonSet", "agent").await, agent + 1, "one rollout\n{}", s.log());
     s.finish().await;
 }
+
+/// A StatefulSet that updates its pods only when they are deleted: once stamped it lets the
+/// next wave through, and the binding says its pods still run the old content until someone
+/// deletes them, not that it is up to date. Deleted, each comes back with the new content.
+#[tokio::test]
+async fn an_on_delete_stateful_set_says_its_pods_await_deletion_until_they_are_deleted() {
+    let Some(s) = Scene::new("pods-ondelete").await else { return };
+    let key = s.key("config.json");
+    let (v1, v2) = (r#"{"v": 1}"#, r#"{"v": 2}"#);
+    s.put(&key, v1).await;
+    let mut db = app_as("StatefulSet", "db", 2, &key);
+    db["spec"]["updateStrategy"] = json!({"type": "OnDelete"});
+    s.apply(db).await.unwrap();
+    s.apply(app("web", 1, "main", &key)).await.unwrap();
+    s.wait_running("db", 2, &key, v1).await;
+    s.wait_running("web", 1, &key, v1).await;
+    let spec = json!({"keys": [{"key": key}],
+        "targets": [{"kind": "StatefulSet", "name": "db"}, {"kind": "Deployment", "name": "web"}],
+        "rollout": {"quietPeriod": "0s", "waves": [{"kind": "StatefulSet"}, {}]}});
+    s.binding("cfg", spec).await;
+    s.wait_condition("cfg", conditions::READY, "True", reason::BASELINED).await;
+
+    s.put(&key, v2).await;
+    let message = s.wait_message("cfg", conditions::READY, "True", reason::PODS_AWAIT_DELETION).await;
+    assert!(message.contains("StatefulSet db: 0 of 2 pods run the current template"), "{message}");
+    s.wait_running("web", 1, &key, v2).await;
+    let line = |value: &str| format!("read consul:{key} = {value}\n");
+    assert_eq!((s.report_of("db-0"), s.report_of("db-1")), (line(v1), line(v1)), "nothing restarted them");
+
+    s.kubectl(&["delete", "pod", "db-0", "db-1"]);
+    s.wait_running("db", 2, &key, v2).await;
+    s.wait_condition("cfg", conditions::READY, "True", reason::UP_TO_DATE).await;
+    s.finish().await;
+}

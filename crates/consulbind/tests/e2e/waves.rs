@@ -903,7 +903,9 @@ async fn on_delete_stateful_sets_and_daemon_sets_in_the_first_wave_let_the_secon
     wait("the DaemonSet to have its node", scheduled).await.unwrap();
 
     s.put(&key, "v2").await;
-    s.wait_condition("app", conditions::READY, "True", reason::UP_TO_DATE).await;
+    let message = s.wait_message("app", conditions::READY, "True", reason::PODS_AWAIT_DELETION).await;
+    assert!(message.contains("StatefulSet db: 0 of 1 pods run the current template"), "{message}");
+    assert!(message.contains("DaemonSet agent: 0 of 1 pods"), "{message}");
     tokio::time::sleep(support::SETTLE).await;
     assert_eq!(s.generation("web").await, 2, "the last wave rolled");
     nodes.delete(&node, &Default::default()).await.unwrap();
