@@ -265,7 +265,32 @@ evictionHard:
     /// this containerd, mounts under the environment's directory and the cgroups themselves.
     pub(super) fn remove_node_leftovers(&self) -> Result<()> {
         self.kill_pod_processes()?;
+        for pid in self.shims()? {
+            // SAFETY: kill(2) has no memory effects.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        for point in self.mounts()? {
+            run(Command::new("umount").args(["--lazy", &point]))?;
+        }
+        for hierarchy in cgroup_hierarchies()? {
+            remove_cgroup(&hierarchy.join(self.cgroup_root()))?;
+        }
+        // Checked, not assumed: whatever is left would outlive the environment.
+        std::thread::sleep(Duration::from_millis(200));
+        let shims = self.shims()?;
+        ensure!(shims.is_empty(), "the shims {shims:?} of the node's containerd survived SIGKILL");
+        let mounts = self.mounts()?;
+        ensure!(mounts.is_empty(), "the pods' mounts {mounts:?} are still there");
+        let cgroups: Vec<PathBuf> =
+            cgroup_hierarchies()?.iter().map(|h| h.join(self.cgroup_root())).filter(|c| c.exists()).collect();
+        ensure!(cgroups.is_empty(), "the pods' cgroups {cgroups:?} are still there");
+        Ok(())
+    }
+
+    /// The live shims of this environment's containerd.
+    fn shims(&self) -> Result<Vec<i32>> {
         let socket = self.containerd_socket().display().to_string();
+        let mut found = Vec::new();
         for entry in fs::read_dir("/proc")?.flatten() {
             let Some(pid) = entry.file_name().to_str().and_then(|p| p.parse::<i32>().ok()) else { continue };
             let cmdline = fs::read(entry.path().join("cmdline")).unwrap_or_default();
@@ -273,35 +298,37 @@ evictionHard:
             if args.first().is_some_and(|a| a.ends_with(b"containerd-shim-runc-v2"))
                 && args.contains(&socket.as_bytes())
             {
-                // SAFETY: kill(2) has no memory effects.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
+                found.push(pid);
             }
         }
+        Ok(found)
+    }
+
+    /// Mount points under the node's directory, a mount inside another before it.
+    fn mounts(&self) -> Result<Vec<String>> {
         let dir = self.path("node").display().to_string();
         let mountinfo = fs::read_to_string("/proc/self/mountinfo")?;
-        let mut mounts: Vec<&str> = mountinfo
+        let mut mounts: Vec<String> = mountinfo
             .lines()
             .filter_map(|line| line.split(' ').nth(4))
             .filter(|point| point.starts_with(&dir))
+            .map(str::to_owned)
             .collect();
-        // Deepest first: a mount inside another goes before it.
         mounts.sort_by_key(|point| std::cmp::Reverse(point.len()));
-        for point in mounts {
-            run(Command::new("umount").args(["--lazy", point]))?;
-        }
-        for hierarchy in cgroup_hierarchies()? {
-            remove_cgroup(&hierarchy.join(self.cgroup_root()))?;
-        }
-        Ok(())
+        mounts.dedup();
+        Ok(mounts)
     }
 
     /// SIGKILL to every process in the pods' cgroups, until none is left.
     fn kill_pod_processes(&self) -> Result<()> {
-        let Some(pids) = cgroup_hierarchies()?.into_iter().find(|h| h.ends_with("pids")) else { return Ok(()) };
-        let root = pids.join(self.cgroup_root());
+        let roots: Vec<PathBuf> = cgroup_hierarchies()?.iter().map(|h| h.join(self.cgroup_root())).collect();
         for _ in 0..50 {
             let mut procs = Vec::new();
-            collect_procs(&root, &mut procs);
+            for root in &roots {
+                collect_procs(root, &mut procs);
+            }
+            procs.sort_unstable();
+            procs.dedup();
             if procs.is_empty() {
                 return Ok(());
             }
@@ -311,7 +338,7 @@ evictionHard:
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        anyhow::bail!("processes in {} survived SIGKILL", root.display())
+        anyhow::bail!("processes in the cgroups {} survived SIGKILL", self.cgroup_root())
     }
 
     pub(super) fn kubelet_port(&self) -> u16 {
@@ -375,22 +402,17 @@ fn local_image(dir: &Path, name: &str, binary: &Path, archive: &Path) -> Result<
     remove_all(&rootfs)
 }
 
-/// The mounted cgroup v1 hierarchies (`/sys/fs/cgroup/cpu`, …), or the one cgroup v2 tree.
+/// Every mounted cgroup hierarchy: v1's (`/sys/fs/cgroup/cpu`, …) and v2's, which runc fills
+/// too where both are mounted.
 fn cgroup_hierarchies() -> Result<Vec<PathBuf>> {
     let mounts = fs::read_to_string("/proc/self/mounts")?;
-    let mut found: Vec<PathBuf> = mounts
+    let found: Vec<PathBuf> = mounts
         .lines()
         .filter_map(|line| {
             let fields: Vec<&str> = line.split(' ').collect();
-            (fields.get(2) == Some(&"cgroup")).then(|| PathBuf::from(fields[1]))
+            matches!(fields.get(2), Some(&"cgroup" | &"cgroup2")).then(|| PathBuf::from(fields[1]))
         })
         .collect();
-    if found.is_empty() {
-        found.extend(mounts.lines().filter_map(|line| {
-            let fields: Vec<&str> = line.split(' ').collect();
-            (fields.get(2) == Some(&"cgroup2")).then(|| PathBuf::from(fields[1]))
-        }));
-    }
     ensure!(!found.is_empty(), "no cgroup file system is mounted");
     Ok(found)
 }
