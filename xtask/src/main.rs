@@ -24,7 +24,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Manage the local environment: etcd, kube-apiserver, kube-controller-manager and two Consul agents.
+    /// Manage the local environment: etcd, kube-apiserver, kube-controller-manager, a node and three Consul agents.
     Env {
         #[command(subcommand)]
         action: EnvAction,
@@ -69,7 +69,7 @@ enum Command {
         #[command(subcommand)]
         bench: Bench,
     },
-    /// Bring the environment up, run the controller on examples/, and show a rollout caused by a Consul write.
+    /// Bring the environment up, run the controller on examples/, and show a Consul write rolling the demo app's pods.
     Demo,
     /// Run the decision core's deterministic simulator on seeds 0..N, or replay one seed with its steps.
     Sim {

@@ -382,3 +382,40 @@ async fn an_on_delete_stateful_set_says_its_pods_await_deletion_until_they_are_d
     s.wait_condition("cfg", conditions::READY, "True", reason::UP_TO_DATE).await;
     s.finish().await;
 }
+
+/// A canary someone paused (`kubectl rollout pause`) takes its stamp and rolls no pod: the
+/// binding says it is paused and waits past `healthTimeout` without calling it a failure; once
+/// resumed, its pods take the content and the rest follow.
+#[tokio::test]
+async fn a_paused_canary_says_so_holds_the_rest_past_the_health_timeout_and_goes_on_once_resumed() {
+    let Some(s) = Scene::new("pods-paused").await else { return };
+    let key = s.key("config.json");
+    let (v1, v2) = (r#"{"v": 1}"#, r#"{"v": 2}"#);
+    s.put(&key, v1).await;
+    s.apply(app("canary", 1, "canary", &key)).await.unwrap();
+    s.apply(app("web", 1, "main", &key)).await.unwrap();
+    s.wait_running("canary", 1, &key, v1).await;
+    s.wait_running("web", 1, &key, v1).await;
+    let mut rollout = canary_first("0s");
+    rollout["healthTimeout"] = json!("10s");
+    s.binding("cfg", crate::waves::staged(&key, rollout)).await;
+    s.wait_condition("cfg", conditions::READY, "True", reason::BASELINED).await;
+    s.kubectl(&["rollout", "pause", "deployment/canary"]);
+    let web = s.generation("web").await;
+
+    s.put(&key, v2).await;
+    let paused = s.wait_message_containing("cfg", conditions::READY, reason::ROLLOUT_IN_PROGRESS, "paused").await;
+    assert!(paused.contains("kubectl rollout resume"), "{paused}");
+    // Past the health timeout, with room: still waiting, not halted.
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    let ready = support::ready(&s.get_binding("cfg").await).unwrap();
+    assert_eq!(ready.reason, reason::ROLLOUT_IN_PROGRESS, "{}", ready.message);
+    assert_eq!(s.generation("web").await, web);
+    assert_eq!(s.reports("canary").await.unwrap(), [format!("read consul:{key} = {v1}\n")], "no pod rolled");
+
+    s.kubectl(&["rollout", "resume", "deployment/canary"]);
+    s.wait_running("canary", 1, &key, v2).await;
+    s.wait_running("web", 1, &key, v2).await;
+    s.wait_condition("cfg", conditions::READY, "True", reason::UP_TO_DATE).await;
+    s.finish().await;
+}
