@@ -241,7 +241,9 @@ fn name_what_halted(applied: Option<&[u64]>, status: &mut ConsulBindingStatus) {
     if let Some(ready) = status.conditions.iter_mut().find(halted)
         && !changed.is_empty()
     {
-        ready.message.push_str(&format!(" (the content came with a change of {})", changed.join(", ")));
+        let named =
+            format!("{}; the content that halted it came with a change of {}", ready.message, changed.join(", "));
+        ready.message = report::clip(named, status::MESSAGE_LIMIT);
     }
 }
 
@@ -416,7 +418,7 @@ mod tests {
         name_what_halted(Some(&applied), &mut now);
         assert_eq!(
             now.conditions[0].message,
-            "wave 1/2: halted (the content came with a change of Consul key \"app/ui\")"
+            "wave 1/2: halted; the content that halted it came with a change of Consul key \"app/ui\""
         );
         let mut unknown = ConsulBindingStatus { conditions: vec![halted("wave 1/2: halted")], ..now.clone() };
         name_what_halted(None, &mut unknown);

@@ -189,7 +189,7 @@ pub fn kstatus(previous: &[Condition], conditions: &mut Vec<Condition>, generati
 
 /// The longest message a condition keeps, as Kubernetes' own conditions: one that names what a
 /// spec holds (every target missing, say) could otherwise make the status too large to write.
-const MESSAGE_LIMIT: usize = 32 * 1024;
+pub(super) const MESSAGE_LIMIT: usize = 32 * 1024;
 
 /// A condition, keeping the previous transition time when its status did not change.
 pub fn condition(

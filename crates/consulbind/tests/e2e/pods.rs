@@ -123,6 +123,19 @@ impl Scene {
         uids
     }
 
+    /// A canary and `web` of the app, both running `value` of `key`, and the binding `cfg`
+    /// staging `rollout` over them, baselined. Returns `web`'s generation.
+    async fn canary_and_web(&self, key: &str, value: &str, (canary, web): (i32, i32), rollout: Value) -> i64 {
+        self.put(key, value).await;
+        self.apply(app("canary", canary, "canary", key)).await.unwrap();
+        self.apply(app("web", web, "main", key)).await.unwrap();
+        self.wait_running("canary", canary as usize, key, value).await;
+        self.wait_running("web", web as usize, key, value).await;
+        self.binding("cfg", crate::waves::staged(key, rollout)).await;
+        self.wait_condition("cfg", conditions::READY, "True", reason::BASELINED).await;
+        self.generation("web").await
+    }
+
     /// Warning events about `name`: reason and note.
     async fn warnings_for(&self, name: &str) -> Vec<(String, String)> {
         let api: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(self.client.clone(), &self.ns);
@@ -178,15 +191,8 @@ async fn bad_content_crash_loops_the_canary_halts_the_waves_and_the_revert_heals
     let Some(s) = Scene::new("pods-bad").await else { return };
     let key = s.key("config.json");
     let good = r#"{"pool": 1}"#;
-    s.put(&key, good).await;
-    s.apply(app("canary", 2, "canary", &key)).await.unwrap();
-    s.apply(app("web", 2, "main", &key)).await.unwrap();
-    s.wait_running("canary", 2, &key, good).await;
-    s.wait_running("web", 2, &key, good).await;
-    let spec = crate::waves::staged(&key, canary_first("0s"));
-    s.binding("cfg", spec).await;
-    s.wait_condition("cfg", conditions::READY, "True", reason::BASELINED).await;
-    let (canary, web, web_pods) = (s.generation("canary").await, s.generation("web").await, s.uids("web").await);
+    let web = s.canary_and_web(&key, good, (2, 2), canary_first("0s")).await;
+    let (canary, web_pods) = (s.generation("canary").await, s.uids("web").await);
 
     s.put(&key, r#"{"pool": "#).await;
     let halted = s.wait_message("cfg", conditions::READY, "False", reason::ROLLOUT_HALTED).await;
@@ -222,14 +228,7 @@ async fn a_canary_whose_pods_crash_during_its_pause_holds_the_next_wave() {
     let Some(s) = Scene::new("pods-sour").await else { return };
     let key = s.key("config.json");
     let good = r#"{"pool": 1}"#;
-    s.put(&key, good).await;
-    s.apply(app("canary", 2, "canary", &key)).await.unwrap();
-    s.apply(app("web", 1, "main", &key)).await.unwrap();
-    s.wait_running("canary", 2, &key, good).await;
-    s.wait_running("web", 1, &key, good).await;
-    s.binding("cfg", crate::waves::staged(&key, canary_first("30s"))).await;
-    s.wait_condition("cfg", conditions::READY, "True", reason::BASELINED).await;
-    let web = s.generation("web").await;
+    let web = s.canary_and_web(&key, good, (2, 1), canary_first("30s")).await;
 
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
     let expiring = format!(r#"{{"pool": 2, "expiresAt": {}}}"#, now + 20);
@@ -391,17 +390,10 @@ async fn a_paused_canary_says_so_holds_the_rest_past_the_health_timeout_and_goes
     let Some(s) = Scene::new("pods-paused").await else { return };
     let key = s.key("config.json");
     let (v1, v2) = (r#"{"v": 1}"#, r#"{"v": 2}"#);
-    s.put(&key, v1).await;
-    s.apply(app("canary", 1, "canary", &key)).await.unwrap();
-    s.apply(app("web", 1, "main", &key)).await.unwrap();
-    s.wait_running("canary", 1, &key, v1).await;
-    s.wait_running("web", 1, &key, v1).await;
     let mut rollout = canary_first("0s");
     rollout["healthTimeout"] = json!("10s");
-    s.binding("cfg", crate::waves::staged(&key, rollout)).await;
-    s.wait_condition("cfg", conditions::READY, "True", reason::BASELINED).await;
+    let web = s.canary_and_web(&key, v1, (1, 1), rollout).await;
     s.kubectl(&["rollout", "pause", "deployment/canary"]);
-    let web = s.generation("web").await;
 
     s.put(&key, v2).await;
     let paused = s.wait_message_containing("cfg", conditions::READY, reason::ROLLOUT_IN_PROGRESS, "paused").await;

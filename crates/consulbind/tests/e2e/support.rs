@@ -316,8 +316,16 @@ impl Scene {
     /// beside the status write that shows their news, not before it: one may land a moment
     /// after the condition it tells of.
     pub async fn wait_event(&self, name: &str, reason: &str) -> String {
-        let note = || async { self.events_for(name).await.into_iter().find(|(r, _)| r == reason).map(|(_, n)| n) };
-        let what = format!("a {reason} event about {name}");
+        self.wait_event_containing(name, reason, "").await
+    }
+
+    /// [`Scene::wait_event`] for an event whose note contains `part`.
+    pub async fn wait_event_containing(&self, name: &str, reason: &str, part: &str) -> String {
+        let note = || async {
+            let events = self.events_for(name).await.into_iter();
+            events.filter(|(r, n)| r == reason && n.contains(part)).map(|(_, n)| n).next()
+        };
+        let what = format!("a {reason} event about {name} containing {part:?}");
         if let Err(e) = wait(&what, || async { Ok(note().await.is_some()) }).await {
             panic!("{e}: {:?}\n{}", self.events_for(name).await, self.log());
         }
