@@ -6,6 +6,9 @@
 //! (`demo-app report` prints them, for `kubectl exec`). Content it cannot use makes it exit 1, so
 //! a bad change crash-loops its pods. `demo-app ready` is its readiness probe.
 //!
+//! With `DEMO_ONCE` set it exits 0 once it has read and reported everything, as a Job's
+//! program would.
+//!
 //! In a key that ends in `.json` the object must parse. `"expiresAt": T` (seconds since the
 //! epoch), as a certificate's end of validity would, makes content refused from T on: a pod that
 //! started before exits 2 at T, and every start after it fails.
@@ -55,6 +58,7 @@ fn main() -> ExitCode {
         libc::signal(libc::SIGINT, on_term as *const () as libc::sighandler_t);
     }
     match start(&report) {
+        Ok(_) if env::var_os("DEMO_ONCE").is_some() => ExitCode::SUCCESS,
         Ok(expires) => {
             if let Some(left) = expires {
                 thread::sleep(left);

@@ -48,11 +48,11 @@ impl Env {
             Command::new(&tools.kube_controller_manager).args([
                 format!("--kubeconfig={}", self.kubeconfig().display()),
                 // What workloads and their pods need on the one node: the workloads' controllers,
-                // the node's lifecycle (which lifts its `not-ready` taint), endpoints and the
-                // collection of finished pods. No cloud and no node IPAM: the pods share the
-                // node's network. No Jobs yet: the CronJobs' tests judge the job template.
-                "--controllers=deployment,replicaset,statefulset,daemonset,garbagecollector,namespace,\
-             serviceaccount,serviceaccount-token,clusterrole-aggregation,nodelifecycle,podgc,endpoint"
+                // Jobs and CronJobs, the node's lifecycle (which lifts its `not-ready` taint),
+                // endpoints and the collection of finished pods. No cloud and no node IPAM: the
+                // pods share the node's network.
+                "--controllers=deployment,replicaset,statefulset,daemonset,job,cronjob,garbagecollector,\
+             namespace,serviceaccount,serviceaccount-token,clusterrole-aggregation,nodelifecycle,podgc,endpoint"
                     .to_owned(),
                 format!("--service-account-private-key-file={}", pki.join("sa.key").display()),
                 format!("--root-ca-file={}", pki.join("apiserver.crt").display()),

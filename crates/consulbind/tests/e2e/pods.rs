@@ -411,3 +411,90 @@ async fn a_paused_canary_says_so_holds_the_rest_past_the_health_timeout_and_goes
     s.wait_condition("cfg", conditions::READY, "True", reason::UP_TO_DATE).await;
     s.finish().await;
 }
+
+/// A CronJob's next Job runs the new content: the binding stamps the job template and makes no
+/// Job itself; a Job made from it after the change (as its schedule, or `kubectl create job
+/// --from=cronjob/…`, makes one) reads the new value, and one made before keeps what it read.
+#[tokio::test]
+async fn a_cronjobs_next_job_reads_the_new_content_and_one_made_before_keeps_the_old() {
+    let Some(s) = Scene::new("pods-cron").await else { return };
+    let key = s.key("config.json");
+    let (v1, v2) = (r#"{"v": 1}"#, r#"{"v": 2}"#);
+    s.put(&key, v1).await;
+    let (api, version) = crate::cronjobs::cronjobs(&s).await;
+    let mut cron = crate::cronjobs::cronjob(&version, "nightly");
+    let mut pod = app("nightly", 1, "job", &key)["spec"]["template"]["spec"].clone();
+    pod["restartPolicy"] = json!("Never");
+    let container = &mut pod["containers"][0];
+    container.as_object_mut().unwrap().remove("readinessProbe");
+    container["env"].as_array_mut().unwrap().push(json!({"name": "DEMO_ONCE", "value": "1"}));
+    cron["spec"]["jobTemplate"]["spec"]["template"]["spec"] = pod;
+    s.apply(cron).await.unwrap();
+    let job_from_template = |name: &str, template: Value| json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name}, "spec": template});
+    let template = || async { api.get("nightly").await.unwrap().data["spec"]["jobTemplate"]["spec"].clone() };
+    let ran = |name: &'static str| {
+        let s = &s;
+        async move {
+            let done =
+                || async { Ok(s.kubectl(&["get", "job", name, "-o", "jsonpath={.status.succeeded}"]).trim() == "1") };
+            wait_for(&format!("Job {name} to succeed"), PODS, done).await.unwrap();
+            s.kubectl(&["logs", &format!("job/{name}")])
+        }
+    };
+    s.apply(job_from_template("before", template().await)).await.unwrap();
+    let line = |value: &str| format!("read consul:{key} = {value}\n");
+    assert_eq!(ran("before").await, line(v1) + "ready\n");
+
+    let targets = json!([{"kind": "CronJob", "name": "nightly"}]);
+    s.binding("cfg", support::spec(json!([{"key": key}]), targets, "0s")).await;
+    s.wait_condition("cfg", conditions::READY, "True", reason::BASELINED).await;
+    s.put(&key, v2).await;
+    s.wait_condition("cfg", conditions::READY, "True", reason::UP_TO_DATE).await;
+    s.apply(job_from_template("after", template().await)).await.unwrap();
+    assert_eq!(ran("after").await, line(v2) + "ready\n", "the next Job reads the new content");
+    assert_eq!(ran("before").await, line(v1) + "ready\n", "a Job made before is left as it ran");
+    let jobs: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(s.client.clone(), &s.ns);
+    let mut names: Vec<String> =
+        jobs.list(&ListParams::default()).await.unwrap().items.into_iter().filter_map(|j| j.metadata.name).collect();
+    names.sort();
+    assert_eq!(names, ["after", "before"], "the binding made no Job of its own");
+    s.finish().await;
+}
+
+/// `minReadySeconds`: the canary's new pod counts as available only once it has been Ready that
+/// long, and the next wave starts no sooner.
+#[tokio::test]
+async fn the_next_wave_waits_out_the_canarys_min_ready_seconds() {
+    let Some(s) = Scene::new("pods-minready").await else { return };
+    let key = s.key("config.json");
+    let (v1, v2) = (r#"{"v": 1}"#, r#"{"v": 2}"#);
+    s.put(&key, v1).await;
+    let mut canary = app("canary", 1, "canary", &key);
+    canary["spec"]["minReadySeconds"] = json!(10);
+    s.apply(canary).await.unwrap();
+    s.apply(app("web", 1, "main", &key)).await.unwrap();
+    s.wait_running("canary", 1, &key, v1).await;
+    s.wait_running("web", 1, &key, v1).await;
+    s.binding("cfg", crate::waves::staged(&key, canary_first("0s"))).await;
+    s.wait_condition("cfg", conditions::READY, "True", reason::BASELINED).await;
+    let web = s.generation("web").await;
+
+    s.put(&key, v2).await;
+    let rolled = || async { Ok(s.generation("web").await > web) };
+    wait_for("the second wave", PODS, rolled).await.unwrap();
+    let api: Api<Pod> = Api::namespaced(s.client.clone(), &s.ns);
+    let pods = api.list(&ListParams::default().labels("app=canary")).await.unwrap().items;
+    let ready_since = pods
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .flat_map(|p| p.status.as_ref().and_then(|s| s.conditions.clone()).unwrap_or_default())
+        .filter(|c| c.type_ == "Ready" && c.status == "True")
+        .filter_map(|c| c.last_transition_time)
+        .max()
+        .expect("the canary's new pod is Ready");
+    let ready_for = k8s_openapi::jiff::Timestamp::now().duration_since(ready_since.0);
+    // The condition's time is in whole seconds.
+    assert!(ready_for.as_secs() >= 9, "the next wave started {ready_for:?} after the canary's pod was Ready");
+    s.wait_running("canary", 1, &key, v2).await;
+    s.finish().await;
+}
