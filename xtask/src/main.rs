@@ -283,6 +283,10 @@ enum EnvAction {
         #[arg(long)]
         stop: bool,
     },
+    /// Check that the node comes back from a crash: a pod runs, containerd and the kubelet are
+    /// killed (SIGKILL), and `up` leaves no process, shim, mount or cgroup of the old pod and runs
+    /// it again. Part of `cargo xtask test`.
+    NodeCrash,
     /// Freeze a Consul agent (SIGSTOP) and thaw it (SIGCONT) after a while: its connections stay
     /// open and nothing answers, as in a long pause of the agent or its machine.
     ConsulHang {
@@ -317,6 +321,7 @@ fn run(command: Command) -> Result<()> {
                 env.restart_consul(&agent, empty, Duration::from_secs(down))
             }
             EnvAction::SecondApiserver { stop } => env.second_apiserver(!stop),
+            EnvAction::NodeCrash => env.check_node_crash(),
             EnvAction::ConsulHang { agent, seconds } => env.hang_consul(&agent, Duration::from_secs(seconds)),
         },
         Command::Test { args } => check::test::all(&env, &args),

@@ -33,9 +33,11 @@ pub fn all(env: &Env, e2e_args: &[String]) -> Result<()> {
         env.up()
     });
     if up {
+        report.step("the node comes back from a crash (cargo xtask env node-crash)", || env.check_node_crash());
         report.step("kubectl explain shows every field's type", || explain::check(env));
         report.step("end-to-end tests", || e2e(env, e2e_args));
     } else {
+        report.skip("the node comes back from a crash (cargo xtask env node-crash)");
         report.skip("kubectl explain shows every field's type");
         report.skip("end-to-end tests");
     }

@@ -341,6 +341,58 @@ evictionHard:
         anyhow::bail!("processes in the cgroups {} survived SIGKILL", self.cgroup_root())
     }
 
+    /// A pod runs; containerd and the kubelet die as in a crash, leaving the pod's processes
+    /// and shims behind; `up` removes those and the pod runs again in new ones.
+    pub fn check_node_crash(&self) -> Result<()> {
+        let tools = provision::tools()?;
+        let kubectl = |args: &[&str]| {
+            let mut cmd = self.kubectl(&tools.kubectl);
+            cmd.args(["--namespace=default"]).args(args);
+            cmd
+        };
+        let pod = format!(
+            r#"{{"apiVersion": "v1", "kind": "Pod", "metadata": {{"name": "node-crash"}}, "spec": {{
+                "hostNetwork": true, "automountServiceAccountToken": false, "terminationGracePeriodSeconds": 1,
+                "tolerations": [{{"key": "{TAINT}", "operator": "Exists"}}],
+                "containers": [{{"name": "app", "image": "{DEMO_IMAGE}", "imagePullPolicy": "Never",
+                    "readinessProbe": {{"exec": {{"command": ["/demo-app", "ready"]}}, "periodSeconds": 1}}}}]}}}}"#
+        );
+        let _ = capture(&mut kubectl(&["delete", "pod", "node-crash", "--wait=true", "--ignore-not-found"]));
+        let mut create = kubectl(&["create", "-f", "-"]);
+        super::demo::with_input(&mut create, &pod)?;
+        // The container's id, once it is ready.
+        let running = || {
+            let jsonpath = "jsonpath={.status.containerStatuses[0].ready} {.status.containerStatuses[0].containerID}";
+            let out = capture(&mut kubectl(&["get", "pod", "node-crash", "-o", jsonpath])).unwrap_or_default();
+            out.strip_prefix("true ").map(|id| id.trim().to_owned())
+        };
+        let kubelet = self.daemon("kubelet");
+        kubelet.wait_ready("running the pod node-crash", Duration::from_secs(120), || running().is_some())?;
+        let before = running().context("the pod node-crash stopped running")?;
+        let shims = self.shims()?;
+        ensure!(!shims.is_empty(), "the pod node-crash runs in no shim of the node's containerd");
+        for daemon in [self.daemon("kubelet"), self.daemon("containerd")] {
+            let pid = daemon.pid().with_context(|| format!("{} is not running", daemon.name))?;
+            // SAFETY: kill(2) has no memory effects.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        }
+        let gone = |name: &'static str| self.daemon(name).pid().is_none();
+        for _ in 0..100 {
+            if gone("kubelet") && gone("containerd") {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        println!("==> killed containerd and the kubelet; the pods' shims {shims:?} live on");
+        self.up()?;
+        let left: Vec<i32> = self.shims()?.into_iter().filter(|pid| shims.contains(pid)).collect();
+        ensure!(left.is_empty(), "the old shims {left:?} outlived `up`");
+        kubelet.wait_ready("running the pod node-crash in a new container", Duration::from_secs(120), || {
+            running().is_some_and(|id| id != before)
+        })?;
+        run(&mut kubectl(&["delete", "pod", "node-crash", "--wait=true"]))
+    }
+
     pub(super) fn kubelet_port(&self) -> u16 {
         port(KUBELET_PORT)
     }
