@@ -103,11 +103,15 @@ pub fn deployment(d: &Deployment) -> Health {
     }
 }
 
-/// `updated` of `all` pods run the current template; the rest take it once deleted.
-fn awaits_deletion(updated: i32, all: i32) -> Health {
-    Health::AwaitsDeletion(format!(
-        "{updated} of {all} pods run the current template; the rest take it when deleted (updateStrategy OnDelete)"
-    ))
+/// An `OnDelete` workload of which `updated` of `all` pods run the current template: done once
+/// all do; until then the rest take it when deleted.
+fn on_delete(updated: i32, all: i32) -> Result<(), Health> {
+    match updated < all {
+        true => Err(Health::AwaitsDeletion(format!(
+            "{updated} of {all} pods run the current template; the rest take it when deleted (updateStrategy OnDelete)"
+        ))),
+        false => Ok(()),
+    }
 }
 
 /// Observed; with `OnDelete`, the pods still on the old template await deletion; otherwise every
@@ -119,15 +123,11 @@ pub fn stateful_set(s: &StatefulSet) -> Health {
         let spec = &s.spec;
         let strategy = spec.update_strategy.clone().unwrap_or_default();
         let replicas = spec.replicas.unwrap_or(1);
+        let updated = status.updated_replicas.unwrap_or(0);
         if strategy.type_.as_deref() == Some("OnDelete") {
-            let updated = status.updated_replicas.unwrap_or(0);
-            return match updated < replicas {
-                true => Err(awaits_deletion(updated, replicas)),
-                false => Ok(()),
-            };
+            return on_delete(updated, replicas);
         }
         let partition = strategy.rolling_update.and_then(|r| r.partition).unwrap_or(0).clamp(0, replicas);
-        let updated = status.updated_replicas.unwrap_or(0);
         let ready = status.ready_replicas.unwrap_or(0);
         let complete = partition > 0 || status.current_revision == status.update_revision;
         if updated < replicas - partition || ready < replicas || !complete {
@@ -146,10 +146,7 @@ pub fn daemon_set(d: &DaemonSet) -> Health {
         let desired = status.desired_number_scheduled;
         let updated = status.updated_number_scheduled.unwrap_or(0);
         if d.spec.update_strategy.as_ref().and_then(|u| u.type_.as_deref()) == Some("OnDelete") {
-            return match updated < desired {
-                true => Err(awaits_deletion(updated, desired)),
-                false => Ok(()),
-            };
+            return on_delete(updated, desired);
         }
         let available = status.number_available.unwrap_or(0);
         if updated < desired || available < desired {
