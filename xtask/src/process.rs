@@ -20,6 +20,15 @@ pub fn run(cmd: &mut Command) -> Result<()> {
     Ok(())
 }
 
+/// Runs a command with `input` on its standard input, failing if it exits non-zero.
+pub fn with_input(cmd: &mut Command, input: &str) -> Result<()> {
+    let mut child = cmd.stdin(Stdio::piped()).spawn().with_context(|| format!("cannot run `{}`", show(cmd)))?;
+    child.stdin.take().context("a pipe to the command")?.write_all(input.as_bytes())?;
+    let status = child.wait()?;
+    ensure!(status.success(), "`{}` failed ({status})", show(cmd));
+    Ok(())
+}
+
 /// Runs a command and returns its stdout, failing with its stderr if it exits non-zero.
 pub fn capture(cmd: &mut Command) -> Result<String> {
     let out = cmd.output().with_context(|| format!("cannot run `{}`", show(cmd)))?;

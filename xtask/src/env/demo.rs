@@ -50,7 +50,7 @@ pub fn run(env: &Env) -> Result<()> {
     for file in ["deployment.yaml", "consulbinding.yaml"] {
         // The app reads Consul where this environment's agent listens (its ports may be offset).
         let text = std::fs::read_to_string(examples.join(file))?.replace("http://127.0.0.1:18500", &consul_addr);
-        with_input(&mut kubectl(&["apply", "--server-side", "-f", "-"]), &text)?;
+        process::with_input(&mut kubectl(&["apply", "--server-side", "-f", "-"]), &text)?;
     }
     let quiet = format!(r#"{{"spec": {{"rollout": {{"quietPeriod": "{}s"}}}}}}"#, QUIET.as_secs());
     process::run(&mut kubectl(&["patch", "consulbinding", "web-config", "--type=merge", "-p", &quiet]))?;
@@ -191,16 +191,6 @@ fn app_reports(kubectl: &impl Fn(&[&str]) -> Command) -> Result<Vec<(String, Str
         reports.push((name, report));
     }
     Ok(reports)
-}
-
-/// Runs `cmd` with `input` on its standard input, failing if it exits non-zero.
-pub(super) fn with_input(cmd: &mut Command, input: &str) -> Result<()> {
-    use std::io::Write;
-    let mut child = cmd.stdin(std::process::Stdio::piped()).spawn()?;
-    child.stdin.take().context("a pipe to the command")?.write_all(input.as_bytes())?;
-    let status = child.wait()?;
-    ensure!(status.success(), "`{cmd:?}` failed ({status})");
-    Ok(())
 }
 
 fn step(what: &str) {

@@ -21,7 +21,7 @@ use super::image::Buildah;
 use super::provision::{self, Tools};
 use super::{Env, apt, port};
 use crate::common::{cargo, remove_all, repo_root};
-use crate::process::{capture, http_get, run, succeeds};
+use crate::process::{capture, http_get, run, succeeds, with_input};
 
 const KUBELET_PORT: u16 = 16460;
 const KUBELET_HEALTHZ_PORT: u16 = 16461;
@@ -359,7 +359,7 @@ evictionHard:
         );
         let _ = capture(&mut kubectl(&["delete", "pod", "node-crash", "--wait=true", "--ignore-not-found"]));
         let mut create = kubectl(&["create", "-f", "-"]);
-        super::demo::with_input(&mut create, &pod)?;
+        with_input(&mut create, &pod)?;
         // The container's id, once it is ready.
         let running = || {
             let jsonpath = "jsonpath={.status.containerStatuses[0].ready} {.status.containerStatuses[0].containerID}";
